@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+
+pub mod clock;
+pub mod fingerprint;
+pub mod ids;
+pub mod intent;
+pub mod key;
+pub mod money;
+pub mod state;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use fingerprint::{CONTRACT_VERSION, Fingerprint};
+pub use ids::{AccountId, AttemptId, IntentId, OutboxId, PaymentId, RefundId, RunId, TokenId};
+pub use intent::{IntentName, Operation, OrderRef, OrderRefError};
+pub use key::{IdempotencyKey, KeyError, KeyHash};
+pub use money::{Amount, AmountError, Currency, CurrencyError};
+pub use state::{
+    AttemptState, CaptureMethod, IllegalTransition, PaymentEvent, PaymentStatus, RefundStatus,
+};

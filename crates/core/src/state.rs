@@ -1,0 +1,359 @@
+//! Payment, refund and attempt state machines as pure transition functions.
+//!
+//! The store applies a transition with a compare-and-set on the state read
+//! here, so two incompatible decisions can never both commit: the second one
+//! finds the state changed and updates zero rows.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! string_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name { $($(#[$vdoc])* $variant),+ }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(&self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(raw: &str) -> Option<Self> {
+                match raw { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+string_enum!(
+    /// When the money moves: at authorisation, or on an explicit capture.
+    CaptureMethod { Automatic => "automatic", Manual => "manual" }
+);
+
+string_enum!(
+    /// The merchant-visible state of a payment.
+    PaymentStatus {
+        Processing => "processing",
+        Authorized => "authorized",
+        Captured => "captured",
+        Declined => "declined",
+        Failed => "failed",
+        RequiresReconciliation => "requires_reconciliation",
+        NeedsReview => "needs_review",
+        Capturing => "capturing",
+        Canceling => "canceling",
+        Canceled => "canceled",
+        PartiallyRefunded => "partially_refunded",
+        Refunded => "refunded",
+    }
+);
+
+string_enum!(
+    /// The state of a refund.
+    RefundStatus {
+        Processing => "processing",
+        Succeeded => "succeeded",
+        Failed => "failed",
+        RequiresReconciliation => "requires_reconciliation",
+        NeedsReview => "needs_review",
+    }
+);
+
+string_enum!(
+    /// The state of one attempt (one provider idempotency key).
+    AttemptState {
+        /// Created, not yet answered; the outbox drives it.
+        Pending => "pending",
+        /// Sent at least once without a definitive answer; retried with the same key.
+        Unknown => "unknown",
+        /// Handed to the reconciler; the worker no longer sends it.
+        Reconciling => "reconciling",
+        Succeeded => "succeeded",
+        Declined => "declined",
+        Failed => "failed",
+        /// Proven by the provider to have had no effect; a new attempt may follow.
+        NoEffect => "no_effect",
+    }
+);
+
+/// What happened to a payment, as reported by the worker, the reconciler, a
+/// webhook, the API or an operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentEvent {
+    /// The provider holds an authorisation (manual capture).
+    Authorized,
+    /// The provider captured the money (automatic capture, or a capture).
+    Captured,
+    /// The provider refused definitively.
+    Declined,
+    /// The request can never succeed (invalid at the provider, or proven no
+    /// effect with retries disabled).
+    Failed,
+    /// A send ended without a provable outcome and the worker gave up on it.
+    OutcomeUnknown,
+    /// The reconciler's escalation horizon passed.
+    Escalated,
+    /// The provider proved the previous attempt had no effect; a new attempt
+    /// with a new provider key is scheduled.
+    RetryScheduled,
+    CaptureRequested,
+    CaptureRefused,
+    CancelRequested,
+    Voided,
+    VoidRefused,
+    /// A refund succeeded; `fully` when refunds now equal the captured amount.
+    Refunded {
+        fully: bool,
+    },
+}
+
+/// A transition that the state machine does not allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("payment in state {from} cannot take event {event:?}")]
+pub struct IllegalTransition {
+    pub from: PaymentStatus,
+    pub event: PaymentEvent,
+}
+
+impl PaymentStatus {
+    /// Where `event` takes a payment in this state, or why it cannot.
+    pub fn apply(self, event: PaymentEvent) -> Result<PaymentStatus, IllegalTransition> {
+        use PaymentEvent as E;
+        use PaymentStatus as S;
+        let awaiting_authorisation = matches!(
+            self,
+            S::Processing | S::RequiresReconciliation | S::NeedsReview
+        );
+        let next = match (self, event) {
+            (_, E::Authorized | E::Declined | E::Failed) if awaiting_authorisation => match event {
+                E::Authorized => S::Authorized,
+                E::Declined => S::Declined,
+                _ => S::Failed,
+            },
+            (_, E::Captured) if awaiting_authorisation => S::Captured,
+            (S::Processing, E::OutcomeUnknown) => S::RequiresReconciliation,
+            (S::RequiresReconciliation, E::Escalated) => S::NeedsReview,
+            (S::RequiresReconciliation, E::RetryScheduled) => S::Processing,
+            (S::Authorized, E::CaptureRequested) => S::Capturing,
+            (S::Capturing, E::Captured) => S::Captured,
+            (S::Capturing, E::CaptureRefused) => S::Authorized,
+            (S::Authorized, E::CancelRequested) => S::Canceling,
+            (S::Canceling, E::Voided) => S::Canceled,
+            (S::Canceling, E::VoidRefused) => S::Authorized,
+            (S::Captured | S::PartiallyRefunded, E::Refunded { fully }) => {
+                if fully {
+                    S::Refunded
+                } else {
+                    S::PartiallyRefunded
+                }
+            }
+            _ => return Err(IllegalTransition { from: self, event }),
+        };
+        Ok(next)
+    }
+
+    /// `declined`, `failed` and `canceled` free the order for a new payment;
+    /// the partial unique index on payments uses exactly this list.
+    pub fn is_terminal_failure(self) -> bool {
+        matches!(
+            self,
+            PaymentStatus::Declined | PaymentStatus::Failed | PaymentStatus::Canceled
+        )
+    }
+
+    /// The authorisation outcome is not known yet: no new charge may be made,
+    /// and a cancel is recorded to be carried out once it is known.
+    pub fn authorisation_pending(self) -> bool {
+        matches!(
+            self,
+            PaymentStatus::Processing
+                | PaymentStatus::RequiresReconciliation
+                | PaymentStatus::NeedsReview
+        )
+    }
+}
+
+impl AttemptState {
+    /// An attempt that still may have (or get) an effect at the provider. At
+    /// most one per payment and operation exists (a partial unique index).
+    pub fn is_unresolved(self) -> bool {
+        matches!(
+            self,
+            AttemptState::Pending | AttemptState::Unknown | AttemptState::Reconciling
+        )
+    }
+
+    /// Whether an attempt may move from this state to `to`.
+    pub fn can_become(self, to: AttemptState) -> bool {
+        use AttemptState as A;
+        match self {
+            A::Pending | A::Unknown => matches!(
+                to,
+                A::Unknown | A::Reconciling | A::Succeeded | A::Declined | A::Failed
+            ),
+            A::Reconciling => matches!(to, A::Succeeded | A::Declined | A::Failed | A::NoEffect),
+            A::Succeeded | A::Declined | A::Failed | A::NoEffect => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use PaymentEvent as E;
+    use PaymentStatus as S;
+
+    const EVENTS: &[PaymentEvent] = &[
+        E::Authorized,
+        E::Captured,
+        E::Declined,
+        E::Failed,
+        E::OutcomeUnknown,
+        E::Escalated,
+        E::RetryScheduled,
+        E::CaptureRequested,
+        E::CaptureRefused,
+        E::CancelRequested,
+        E::Voided,
+        E::VoidRefused,
+        E::Refunded { fully: false },
+        E::Refunded { fully: true },
+    ];
+
+    /// The whole legal table, written out independently of `apply`.
+    const LEGAL: &[(PaymentStatus, PaymentEvent, PaymentStatus)] = &[
+        (S::Processing, E::Authorized, S::Authorized),
+        (S::Processing, E::Captured, S::Captured),
+        (S::Processing, E::Declined, S::Declined),
+        (S::Processing, E::Failed, S::Failed),
+        (S::Processing, E::OutcomeUnknown, S::RequiresReconciliation),
+        (S::RequiresReconciliation, E::Authorized, S::Authorized),
+        (S::RequiresReconciliation, E::Captured, S::Captured),
+        (S::RequiresReconciliation, E::Declined, S::Declined),
+        (S::RequiresReconciliation, E::Failed, S::Failed),
+        (S::RequiresReconciliation, E::Escalated, S::NeedsReview),
+        (S::RequiresReconciliation, E::RetryScheduled, S::Processing),
+        (S::NeedsReview, E::Authorized, S::Authorized),
+        (S::NeedsReview, E::Captured, S::Captured),
+        (S::NeedsReview, E::Declined, S::Declined),
+        (S::NeedsReview, E::Failed, S::Failed),
+        (S::Authorized, E::CaptureRequested, S::Capturing),
+        (S::Authorized, E::CancelRequested, S::Canceling),
+        (S::Capturing, E::Captured, S::Captured),
+        (S::Capturing, E::CaptureRefused, S::Authorized),
+        (S::Canceling, E::Voided, S::Canceled),
+        (S::Canceling, E::VoidRefused, S::Authorized),
+        (
+            S::Captured,
+            E::Refunded { fully: false },
+            S::PartiallyRefunded,
+        ),
+        (S::Captured, E::Refunded { fully: true }, S::Refunded),
+        (
+            S::PartiallyRefunded,
+            E::Refunded { fully: false },
+            S::PartiallyRefunded,
+        ),
+        (
+            S::PartiallyRefunded,
+            E::Refunded { fully: true },
+            S::Refunded,
+        ),
+    ];
+
+    #[test]
+    fn every_legal_transition_lands_where_the_table_says() {
+        for &(from, event, to) in LEGAL {
+            assert_eq!(from.apply(event), Ok(to), "{from} + {event:?}");
+        }
+    }
+
+    #[test]
+    fn every_other_transition_is_refused() {
+        for &from in PaymentStatus::ALL {
+            for &event in EVENTS {
+                if LEGAL.iter().any(|&(f, e, _)| f == from && e == event) {
+                    continue;
+                }
+                assert_eq!(
+                    from.apply(event),
+                    Err(IllegalTransition { from, event }),
+                    "{from} + {event:?} must be illegal"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_moves_a_settled_payment_backwards_to_processing() {
+        for &from in PaymentStatus::ALL {
+            if from == S::RequiresReconciliation {
+                continue;
+            }
+            for &event in EVENTS {
+                assert_ne!(from.apply(event), Ok(S::Processing), "{from} + {event:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn terminal_failures_are_exactly_declined_failed_and_canceled() {
+        let terminal: Vec<_> = PaymentStatus::ALL
+            .iter()
+            .filter(|s| s.is_terminal_failure())
+            .collect();
+        assert_eq!(terminal, [&S::Declined, &S::Failed, &S::Canceled]);
+    }
+
+    #[test]
+    fn attempt_transitions_only_move_forward() {
+        use AttemptState as A;
+        let legal = [
+            (A::Pending, A::Unknown),
+            (A::Pending, A::Reconciling),
+            (A::Pending, A::Succeeded),
+            (A::Pending, A::Declined),
+            (A::Pending, A::Failed),
+            (A::Unknown, A::Unknown),
+            (A::Unknown, A::Reconciling),
+            (A::Unknown, A::Succeeded),
+            (A::Unknown, A::Declined),
+            (A::Unknown, A::Failed),
+            (A::Reconciling, A::Succeeded),
+            (A::Reconciling, A::Declined),
+            (A::Reconciling, A::Failed),
+            (A::Reconciling, A::NoEffect),
+        ];
+        for &from in AttemptState::ALL {
+            for &to in AttemptState::ALL {
+                assert_eq!(
+                    from.can_become(to),
+                    legal.contains(&(from, to)),
+                    "{from} -> {to}"
+                );
+            }
+        }
+        // Pending -> NoEffect is deliberately absent: only the reconciler can
+        // prove no effect, and only for an attempt handed to it.
+        assert!(!A::Pending.can_become(A::NoEffect));
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in PaymentStatus::ALL {
+            assert_eq!(PaymentStatus::parse(s.as_str()), Some(*s));
+        }
+        for s in AttemptState::ALL {
+            assert_eq!(AttemptState::parse(s.as_str()), Some(*s));
+        }
+    }
+}

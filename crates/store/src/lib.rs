@@ -1,0 +1,321 @@
+#![doc = include_str!("../README.md")]
+
+pub mod accounts;
+mod db_types;
+pub mod idempotency;
+pub mod outbox;
+pub mod payments;
+pub mod purge;
+
+pub use db_types::{DbId, DbTime};
+pub use idempotency::{KeyScope, Reservation, StoredRecord};
+pub use outbox::{Claim, NewAttempt};
+pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow, RefundRow};
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::{Postgres, Sqlite, Transaction};
+use std::str::FromStr;
+use std::time::Duration;
+
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/postgres");
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/sqlite");
+
+/// Everything that can go wrong in the store, in terms its callers act on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A lock (PostgreSQL `lock_timeout`) or the SQLite write lock (busy
+    /// timeout) was not granted in time: someone else holds the row or the
+    /// database. Nothing was written; retrying later is safe.
+    #[error("timed out waiting for a lock held by a concurrent transaction")]
+    Busy,
+    /// The database could not be reached or gave no connection in time.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// A unique constraint refused a write. `what` names the constraint
+    /// (PostgreSQL) or the columns (SQLite).
+    #[error("unique constraint violated: {what}")]
+    UniqueViolation { what: String },
+    /// The schema in the database is newer than this binary knows.
+    #[error(
+        "the database schema is at version {found}, newer than this binary's {known}; run a newer cobro"
+    )]
+    SchemaNewer { found: i64, known: i64 },
+    /// The database has not been migrated to this binary's schema.
+    #[error(
+        "the database schema is at version {found}, this binary needs {known}: run `cobro migrate`"
+    )]
+    SchemaBehind { found: i64, known: i64 },
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    #[error("a stored value could not be read back: {0}")]
+    Corrupt(String),
+    #[error("migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        use sqlx::error::ErrorKind;
+        match &e {
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                // 55P03 lock_not_available (lock_timeout); SQLite 5 BUSY, 6 LOCKED
+                // (also 261/517, the extended BUSY_RECOVERY/BUSY_SNAPSHOT).
+                if matches!(code.as_ref(), "55P03" | "5" | "6" | "261" | "517") {
+                    return StoreError::Busy;
+                }
+                if db.kind() == ErrorKind::UniqueViolation {
+                    let what = db
+                        .constraint()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| db.message().to_owned());
+                    return StoreError::UniqueViolation { what };
+                }
+                StoreError::Database(e)
+            }
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_) => StoreError::Unavailable(e),
+            _ => StoreError::Database(e),
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// How to reach the database.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// `postgres://...` or `sqlite://path` (created if missing).
+    pub url: String,
+    /// Pool size. PostgreSQL on 2 cores peaks around 8 to 16 connections.
+    pub max_connections: u32,
+    /// How long a transaction waits for a lock held by another (the
+    /// idempotency decision table bounds this at about 2 s).
+    pub lock_timeout: Duration,
+    /// How long a request waits for a pooled connection.
+    pub acquire_timeout: Duration,
+}
+
+impl StoreConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            max_connections: 10,
+            lock_timeout: Duration::from_secs(2),
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Postgres,
+    Sqlite,
+}
+
+#[derive(Clone, Debug)]
+enum Backend {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+/// The one storage API of cobro. Cheap to clone (it holds a pool).
+#[derive(Clone, Debug)]
+pub struct Store {
+    backend: Backend,
+}
+
+/// Runs `$body` with `$pool` bound to the backend's pool. The body is
+/// compiled once per backend, so the same SQL text serves both where the
+/// dialects agree (`$n` placeholders, `RETURNING`, `ON CONFLICT`, partial
+/// indexes) and each arm can differ where they do not.
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match &$store.backend {
+            $crate::Backend::Postgres($pool) => $body,
+            $crate::Backend::Sqlite($pool) => $body,
+        }
+    };
+}
+
+/// Like [`on_pool!`], for an open write transaction: `$conn` is the
+/// transaction's connection.
+macro_rules! on_tx {
+    ($tx:expr, $conn:ident => $body:expr) => {
+        match &mut $tx.inner {
+            $crate::TxInner::Postgres(t) => {
+                let $conn = &mut **t;
+                $body
+            }
+            $crate::TxInner::Sqlite(t) => {
+                let $conn = &mut **t;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use {on_pool, on_tx};
+
+enum TxInner {
+    Postgres(Transaction<'static, Postgres>),
+    Sqlite(Transaction<'static, Sqlite>),
+}
+
+/// An open write transaction. Dropping it without [`WriteTx::commit`] rolls
+/// it back. Hold it only for local work: never across a network call.
+pub struct WriteTx {
+    inner: TxInner,
+}
+
+impl WriteTx {
+    pub async fn commit(self) -> Result<()> {
+        match self.inner {
+            TxInner::Postgres(t) => t.commit().await?,
+            TxInner::Sqlite(t) => t.commit().await?,
+        }
+        Ok(())
+    }
+
+    pub async fn rollback(self) -> Result<()> {
+        match self.inner {
+            TxInner::Postgres(t) => t.rollback().await?,
+            TxInner::Sqlite(t) => t.rollback().await?,
+        }
+        Ok(())
+    }
+
+    pub fn backend(&self) -> BackendKind {
+        match self.inner {
+            TxInner::Postgres(_) => BackendKind::Postgres,
+            TxInner::Sqlite(_) => BackendKind::Sqlite,
+        }
+    }
+}
+
+impl Store {
+    /// Connects without touching the schema.
+    pub async fn connect(config: &StoreConfig) -> Result<Self> {
+        let url = config.url.as_str();
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let lock_timeout = format!("{}ms", config.lock_timeout.as_millis());
+            let options = PgConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?
+                // On the connection, not per transaction: no extra round trip
+                // on the hot path, and no statement of cobro should ever wait
+                // longer than this for a lock.
+                .options([("lock_timeout", lock_timeout.as_str())]);
+            let pool = PgPoolOptions::new()
+                .max_connections(config.max_connections)
+                .acquire_timeout(config.acquire_timeout)
+                .connect_with(options)
+                .await?;
+            Backend::Postgres(pool)
+        } else if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(|e| StoreError::InvalidUrl(e.to_string()))?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .foreign_keys(true)
+                // Write transactions start with BEGIN IMMEDIATE, so this is
+                // the bounded wait for the one writer's lock.
+                .busy_timeout(config.lock_timeout);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(config.max_connections.min(4))
+                .acquire_timeout(config.acquire_timeout)
+                .connect_with(options)
+                .await?;
+            Backend::Sqlite(pool)
+        } else {
+            return Err(StoreError::InvalidUrl(
+                "expected postgres://... or sqlite://...".to_owned(),
+            ));
+        };
+        Ok(Self { backend })
+    }
+
+    pub fn backend(&self) -> BackendKind {
+        match self.backend {
+            Backend::Postgres(_) => BackendKind::Postgres,
+            Backend::Sqlite(_) => BackendKind::Sqlite,
+        }
+    }
+
+    fn migrator(&self) -> &'static Migrator {
+        match self.backend {
+            Backend::Postgres(_) => &POSTGRES_MIGRATIONS,
+            Backend::Sqlite(_) => &SQLITE_MIGRATIONS,
+        }
+    }
+
+    /// Applies the embedded migrations. Refuses a schema newer than this binary.
+    pub async fn migrate(&self) -> Result<()> {
+        self.check_not_newer().await?;
+        on_pool!(self, pool => self.migrator().run(pool).await?);
+        Ok(())
+    }
+
+    /// The newest migration applied to the database (0 for an empty one).
+    pub async fn schema_version(&self) -> Result<i64> {
+        let sql = "SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success";
+        let found: Result<i64, sqlx::Error> =
+            on_pool!(self, pool => sqlx::query_scalar(sql).fetch_one(pool).await);
+        match found {
+            Ok(v) => Ok(v),
+            // No migrations table: a database cobro has never touched.
+            Err(sqlx::Error::Database(e)) if e.message().contains("_sqlx_migrations") => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn known_schema_version(&self) -> i64 {
+        self.migrator().iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    async fn check_not_newer(&self) -> Result<i64> {
+        let found = self.schema_version().await?;
+        let known = self.known_schema_version();
+        if found > known {
+            return Err(StoreError::SchemaNewer { found, known });
+        }
+        Ok(found)
+    }
+
+    /// Fails unless the database is exactly at this binary's schema.
+    pub async fn check_schema(&self) -> Result<()> {
+        let found = self.check_not_newer().await?;
+        let known = self.known_schema_version();
+        if found < known {
+            return Err(StoreError::SchemaBehind { found, known });
+        }
+        Ok(())
+    }
+
+    /// A cheap round trip, for readiness.
+    pub async fn ping(&self) -> Result<()> {
+        on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// Opens a write transaction. On SQLite it is `BEGIN IMMEDIATE`: the
+    /// write lock is taken up front (bounded by the busy timeout), so two
+    /// writers never deadlock upgrading a read lock.
+    pub async fn begin(&self) -> Result<WriteTx> {
+        let inner = match &self.backend {
+            Backend::Postgres(pool) => TxInner::Postgres(pool.begin().await?),
+            Backend::Sqlite(pool) => TxInner::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+        };
+        Ok(WriteTx { inner })
+    }
+
+    pub async fn close(&self) {
+        on_pool!(self, pool => pool.close().await)
+    }
+}

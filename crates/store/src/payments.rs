@@ -1,0 +1,444 @@
+//! Payments, refunds, intents and attempts: the business rows.
+//!
+//! Every state change is a compare-and-set on the current state; a `false`
+//! (zero rows) tells the caller that someone else moved first.
+
+use crate::{DbId, DbTime, Result, Store, StoreError, WriteTx, on_pool, on_tx};
+use chrono::{DateTime, Utc};
+use cobro_core::{
+    AccountId, IntentId, IntentName, Operation, OrderRef, PaymentId, PaymentStatus, RefundId,
+};
+
+/// The columns of a payment, as stored.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct PaymentRow {
+    pub id: DbId,
+    pub account_id: DbId,
+    pub order_ref: String,
+    pub intent: String,
+    pub amount: i64,
+    pub currency: String,
+    pub capture_method: String,
+    pub payment_method: String,
+    pub description: Option<String>,
+    pub metadata: String,
+    pub status: String,
+    pub amount_captured: i64,
+    pub amount_refund_reserved: i64,
+    pub amount_refunded: i64,
+    pub provider_ref: Option<String>,
+    pub provider_sequence: i64,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    pub cancel_requested_at: Option<DbTime>,
+    pub status_changed_at: DbTime,
+    pub created_at: DbTime,
+    pub updated_at: DbTime,
+}
+
+impl PaymentRow {
+    pub fn status(&self) -> Result<PaymentStatus> {
+        PaymentStatus::parse(&self.status)
+            .ok_or_else(|| StoreError::Corrupt(format!("payment status {}", self.status)))
+    }
+}
+
+const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
+    capture_method, payment_method, description, metadata, status, amount_captured, \
+    amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
+    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at";
+
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct RefundRow {
+    pub id: DbId,
+    pub account_id: DbId,
+    pub payment_id: DbId,
+    pub intent: String,
+    pub amount: i64,
+    pub reason: Option<String>,
+    pub status: String,
+    pub provider_ref: Option<String>,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    pub status_changed_at: DbTime,
+    pub created_at: DbTime,
+    pub updated_at: DbTime,
+}
+
+const REFUND_COLUMNS: &str = "id, account_id, payment_id, intent, amount, reason, status, \
+    provider_ref, failure_code, failure_message, status_changed_at, created_at, updated_at";
+
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub id: DbId,
+    pub intent_id: DbId,
+    pub payment_id: DbId,
+    pub refund_id: Option<DbId>,
+    pub operation: String,
+    /// The provider's idempotency key: sent to the provider, never shown to
+    /// merchants or written to logs.
+    pub provider_key: String,
+    pub reference: String,
+    pub state: String,
+    pub send_count: i32,
+    pub first_send_at: Option<DbTime>,
+    pub last_send_at: Option<DbTime>,
+    pub provider_ref: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DbTime,
+    pub updated_at: DbTime,
+}
+
+pub(crate) const ATTEMPT_COLUMNS: &str = "id, intent_id, payment_id, refund_id, operation, \
+    provider_key, reference, state, send_count, first_send_at, last_send_at, provider_ref, \
+    last_error, created_at, updated_at";
+
+/// A payment about to be created (validated by the caller).
+#[derive(Clone, Debug)]
+pub struct NewPayment {
+    pub id: PaymentId,
+    pub account: AccountId,
+    pub order_ref: OrderRef,
+    pub intent: IntentName,
+    pub amount: i64,
+    pub currency: String,
+    pub capture_method: String,
+    pub payment_method: String,
+    pub description: Option<String>,
+    /// Canonical JSON text of the metadata map.
+    pub metadata: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewRefund {
+    pub id: RefundId,
+    pub account: AccountId,
+    pub payment: PaymentId,
+    pub intent: IntentName,
+    pub amount: i64,
+    pub reason: Option<String>,
+}
+
+/// Filters and page for listing payments, newest first.
+#[derive(Clone, Debug, Default)]
+pub struct PaymentFilter {
+    pub order_ref: Option<String>,
+    pub status: Option<PaymentStatus>,
+    /// Only payments with an id below this one (the previous page's last).
+    pub before: Option<PaymentId>,
+    pub limit: u32,
+}
+
+/// Why a refund could not reserve its amount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundRefusal {
+    NotFound,
+    NotRefundable,
+    ExceedsCaptured,
+}
+
+impl WriteTx {
+    /// Inserts a payment in `processing`. A second payment that is not a
+    /// terminal failure for the same order is refused by the partial unique
+    /// index, whatever the code above did: `Ok(false)`.
+    pub async fn insert_payment(&mut self, p: &NewPayment, now: DateTime<Utc>) -> Result<bool> {
+        let sql = "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
+            capture_method, payment_method, description, metadata, status, status_changed_at, \
+            created_at, updated_at) \
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11)";
+        let done = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(p.id))
+            .bind(DbId::from(p.account))
+            .bind(p.order_ref.as_str())
+            .bind(p.intent.as_str())
+            .bind(p.amount)
+            .bind(&p.currency)
+            .bind(&p.capture_method)
+            .bind(&p.payment_method)
+            .bind(&p.description)
+            .bind(&p.metadata)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await
+            .map(|r| r.rows_affected()));
+        match done.map_err(StoreError::from) {
+            Ok(_) => Ok(true),
+            Err(StoreError::UniqueViolation { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next `n` for `{order_ref}:{verb}-v{n}` in this account. Call it
+    /// after taking the row lock that serialises the operation (the payment
+    /// row for capture, cancel and refund; the order index for authorize).
+    pub async fn next_intent_sequence(
+        &mut self,
+        account: AccountId,
+        order_ref: &OrderRef,
+        operation: Operation,
+    ) -> Result<u32> {
+        let count: i64 = if operation == Operation::Authorize {
+            let sql = "SELECT COUNT(*) FROM payments WHERE account_id = $1 AND order_ref = $2";
+            on_tx!(self, conn => sqlx::query_scalar(sql)
+                .bind(DbId::from(account))
+                .bind(order_ref.as_str())
+                .fetch_one(&mut *conn)
+                .await?)
+        } else {
+            let sql = "SELECT COUNT(*) FROM intents i JOIN payments p ON p.id = i.payment_id \
+                WHERE p.account_id = $1 AND p.order_ref = $2 AND i.operation = $3";
+            on_tx!(self, conn => sqlx::query_scalar(sql)
+                .bind(DbId::from(account))
+                .bind(order_ref.as_str())
+                .bind(operation.as_str())
+                .fetch_one(&mut *conn)
+                .await?)
+        };
+        u32::try_from(count + 1).map_err(|_| StoreError::Corrupt("intent count".into()))
+    }
+
+    pub async fn insert_intent(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+        refund: Option<RefundId>,
+        operation: Operation,
+        name: &IntentName,
+        now: DateTime<Utc>,
+    ) -> Result<IntentId> {
+        let id = IntentId::new();
+        let sql = "INSERT INTO intents (id, account_id, payment_id, refund_id, operation, name, \
+            created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(id))
+            .bind(DbId::from(account))
+            .bind(DbId::from(payment))
+            .bind(refund.map(DbId::from))
+            .bind(operation.as_str())
+            .bind(name.as_str())
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(id)
+    }
+
+    /// Compare-and-set of a payment's status within its account. `false`
+    /// means the payment is not in `from` (or not this account's).
+    pub async fn transition_payment(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+        from: PaymentStatus,
+        to: PaymentStatus,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE payments SET status = $4, status_changed_at = $5, updated_at = $5 \
+            WHERE id = $1 AND account_id = $2 AND status = $3";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .bind(from.as_str())
+            .bind(to.as_str())
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Records that the merchant asked to cancel while the authorisation
+    /// outcome is unknown; the worker voids once it is known. Compare-and-set
+    /// on the status so it cannot race an outcome being recorded.
+    pub async fn request_cancel(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+        while_in: PaymentStatus,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE payments SET cancel_requested_at = COALESCE(cancel_requested_at, $4), \
+            updated_at = $4 WHERE id = $1 AND account_id = $2 AND status = $3";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .bind(while_in.as_str())
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Reserves `amount` of the captured money for a new refund, atomically:
+    /// the conditional UPDATE takes the payment's row lock, so concurrent
+    /// refunds with different keys serialise here and the sum of refunds that
+    /// are not failed can never pass the captured amount.
+    pub async fn reserve_refund(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+        amount: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Result<(), RefundRefusal>> {
+        let sql = "UPDATE payments SET amount_refund_reserved = amount_refund_reserved + $3, \
+            updated_at = $4 WHERE id = $1 AND account_id = $2 \
+            AND status IN ('captured', 'partially_refunded') \
+            AND amount_refund_reserved + $3 <= amount_captured";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .bind(amount)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        if n == 1 {
+            return Ok(Ok(()));
+        }
+        let status_sql = "SELECT status FROM payments WHERE id = $1 AND account_id = $2";
+        let status: Option<String> = on_tx!(self, conn => sqlx::query_scalar(status_sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .fetch_optional(&mut *conn)
+            .await?);
+        Ok(Err(match status.as_deref() {
+            None => RefundRefusal::NotFound,
+            Some("captured" | "partially_refunded") => RefundRefusal::ExceedsCaptured,
+            Some(_) => RefundRefusal::NotRefundable,
+        }))
+    }
+
+    pub async fn insert_refund(&mut self, r: &NewRefund, now: DateTime<Utc>) -> Result<()> {
+        let sql = "INSERT INTO refunds (id, account_id, payment_id, intent, amount, reason, \
+            status, status_changed_at, created_at, updated_at) \
+            VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $7, $7)";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(r.id))
+            .bind(DbId::from(r.account))
+            .bind(DbId::from(r.payment))
+            .bind(r.intent.as_str())
+            .bind(r.amount)
+            .bind(&r.reason)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// A payment as seen inside this transaction.
+    pub async fn payment(
+        &mut self,
+        account: AccountId,
+        id: PaymentId,
+    ) -> Result<Option<PaymentRow>> {
+        let sql =
+            format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND account_id = $2");
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(DbId::from(account))
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
+    /// The payment that holds an order, if one that is not a terminal failure does.
+    pub async fn active_payment_for_order(
+        &mut self,
+        account: AccountId,
+        order_ref: &OrderRef,
+    ) -> Result<Option<PaymentId>> {
+        let sql = "SELECT id FROM payments WHERE account_id = $1 AND order_ref = $2 \
+            AND status NOT IN ('declined', 'failed', 'canceled')";
+        let id: Option<DbId> = on_tx!(self, conn => sqlx::query_scalar(sql)
+            .bind(DbId::from(account))
+            .bind(order_ref.as_str())
+            .fetch_optional(&mut *conn)
+            .await?);
+        Ok(id.map(|id| PaymentId::from_uuid(id.0)))
+    }
+}
+
+impl Store {
+    /// A payment of this account; another account's payment is `None`,
+    /// exactly like one that does not exist.
+    pub async fn payment(&self, account: AccountId, id: PaymentId) -> Result<Option<PaymentRow>> {
+        let sql =
+            format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND account_id = $2");
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(DbId::from(account))
+            .fetch_optional(pool)
+            .await?))
+    }
+
+    /// Payments of an account, newest first (ids are time-ordered).
+    pub async fn list_payments(
+        &self,
+        account: AccountId,
+        f: &PaymentFilter,
+    ) -> Result<Vec<PaymentRow>> {
+        let sql = format!(
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE account_id = $1 \
+             AND ($2 IS NULL OR order_ref = $2) AND ($3 IS NULL OR status = $3) \
+             AND ($4 IS NULL OR id < $4) ORDER BY id DESC LIMIT $5"
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(account))
+            .bind(f.order_ref.as_deref())
+            .bind(f.status.map(|s| s.as_str()))
+            .bind(f.before.map(DbId::from))
+            .bind(i64::from(f.limit))
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Every payment of an account for one order (any state), newest first.
+    pub async fn count_payments_for_order(
+        &self,
+        account: AccountId,
+        order_ref: &str,
+    ) -> Result<i64> {
+        let sql = "SELECT COUNT(*) FROM payments WHERE account_id = $1 AND order_ref = $2";
+        Ok(on_pool!(self, pool => sqlx::query_scalar(sql)
+            .bind(DbId::from(account))
+            .bind(order_ref)
+            .fetch_one(pool)
+            .await?))
+    }
+
+    pub async fn attempts_for_payment(&self, payment: PaymentId) -> Result<Vec<AttemptRow>> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 ORDER BY created_at, id"
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .fetch_all(pool)
+            .await?))
+    }
+
+    pub async fn refund(
+        &self,
+        account: AccountId,
+        payment: PaymentId,
+        refund: RefundId,
+    ) -> Result<Option<RefundRow>> {
+        let sql = format!(
+            "SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1 AND payment_id = $2 AND account_id = $3"
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(refund))
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .fetch_optional(pool)
+            .await?))
+    }
+
+    pub async fn refunds_for_payment(&self, payment: PaymentId) -> Result<Vec<RefundRow>> {
+        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE payment_id = $1 ORDER BY id");
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .fetch_all(pool)
+            .await?))
+    }
+}

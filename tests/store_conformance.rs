@@ -1,0 +1,534 @@
+//! The store's behaviour, one suite run against both backends.
+
+use chrono::Duration;
+use cobro_core::{
+    AccountId, Fingerprint, IdempotencyKey, IntentName, Operation, OrderRef, PaymentId,
+    PaymentStatus,
+};
+use cobro_store::idempotency::ResourceType;
+use cobro_store::{KeyScope, NewAttempt, NewPayment, Reservation, Store};
+use cobro_test_support::{Backend, TestDb, on_both_backends, t0};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::Barrier;
+
+on_both_backends!(
+    concurrent_reservations_of_one_key_have_exactly_one_winner,
+    only_one_active_payment_per_order_even_under_concurrency,
+    a_transition_from_a_stale_state_changes_nothing,
+    a_claim_leases_the_row_and_a_stale_token_writes_nothing,
+    a_leased_row_is_not_claimed_again_until_its_lease_expires,
+    compaction_keeps_scope_key_fingerprint_and_resource,
+    the_same_key_in_another_account_is_another_record,
+);
+
+fn new_payment(account: AccountId, order: &str) -> NewPayment {
+    let order_ref = OrderRef::parse(order).expect("order ref");
+    NewPayment {
+        id: PaymentId::new(),
+        account,
+        intent: IntentName::new(&order_ref, Operation::Authorize, 1),
+        order_ref,
+        amount: 1999,
+        currency: "EUR".into(),
+        capture_method: "automatic".into(),
+        payment_method: "pm_card_visa".into(),
+        description: None,
+        metadata: "{}".into(),
+    }
+}
+
+fn scope(account: AccountId, key: &str) -> KeyScope {
+    KeyScope {
+        account,
+        operation: Operation::Authorize,
+        key: IdempotencyKey::parse(key).expect("key"),
+    }
+}
+
+fn fingerprint(amount: i64) -> Fingerprint {
+    Fingerprint::compute("payment.authorize", &BTreeMap::new(), &amount).expect("fingerprint")
+}
+
+/// A payment with its attempt and outbox row, committed.
+async fn seed_payment_with_attempt(store: &Store, account: AccountId, order: &str) -> PaymentId {
+    let p = new_payment(account, order);
+    let mut tx = store.begin().await.expect("begin");
+    assert!(tx.insert_payment(&p, t0()).await.expect("insert"));
+    let intent = tx
+        .insert_intent(account, p.id, None, Operation::Authorize, &p.intent, t0())
+        .await
+        .expect("intent");
+    let attempt = NewAttempt {
+        intent,
+        payment: p.id,
+        refund: None,
+        operation: Operation::Authorize,
+        provider_key: uuid::Uuid::new_v4().to_string(),
+        reference: p.intent.as_str().to_owned(),
+    };
+    tx.enqueue_attempt(&attempt, t0(), t0())
+        .await
+        .expect("attempt");
+    tx.commit().await.expect("commit");
+    p.id
+}
+
+async fn concurrent_reservations_of_one_key_have_exactly_one_winner(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    const N: usize = 20;
+    let barrier = Arc::new(Barrier::new(N));
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let (store, barrier) = (db.store.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let scope = scope(account, "same-key");
+            let payment = new_payment(account, &format!("order-{i}"));
+            let mut tx = store.begin().await.expect("begin");
+            let outcome = tx
+                .reserve_key(
+                    &scope,
+                    &fingerprint(1999),
+                    (ResourceType::Payment, payment.id.as_uuid()),
+                    t0(),
+                )
+                .await
+                .expect("reserve");
+            match outcome {
+                Reservation::Reserved => {
+                    assert!(tx.insert_payment(&payment, t0()).await.expect("insert"));
+                    tx.complete_key(&scope, 201, format!("winner {i}").as_bytes())
+                        .await
+                        .expect("complete");
+                    tx.commit().await.expect("commit");
+                    Some(i)
+                }
+                Reservation::Taken(record) => {
+                    let body = String::from_utf8(record.response_body.expect("full record"))
+                        .expect("utf8");
+                    assert!(
+                        body.starts_with("winner "),
+                        "saw the committed answer, got {body}"
+                    );
+                    assert_eq!(record.status_code, 201);
+                    None
+                }
+            }
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        if let Some(i) = t.await.expect("task") {
+            winners.push(i);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one reservation wins");
+    let record = db
+        .store
+        .find_record(&scope(account, "same-key"))
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(
+        record.response_body.as_deref(),
+        Some(format!("winner {}", winners[0]).as_bytes())
+    );
+    // Only the winner's business rows exist.
+    let payments = db
+        .store
+        .list_payments(
+            account,
+            &cobro_store::PaymentFilter {
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("list");
+    assert_eq!(payments.len(), 1);
+}
+
+async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    const N: usize = 20;
+    let barrier = Arc::new(Barrier::new(N));
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        let (store, barrier) = (db.store.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut tx = store.begin().await.expect("begin");
+            let inserted = tx
+                .insert_payment(&new_payment(account, "pedido-842"), t0())
+                .await
+                .expect("insert");
+            if inserted {
+                tx.commit().await.expect("commit");
+            }
+            inserted
+        }));
+    }
+    let mut wins = 0;
+    for t in tasks {
+        wins += usize::from(t.await.expect("task"));
+    }
+    assert_eq!(wins, 1);
+    assert_eq!(
+        db.store
+            .count_payments_for_order(account, "pedido-842")
+            .await
+            .expect("count"),
+        1
+    );
+
+    // A terminal failure frees the order for the next payment.
+    let existing = db
+        .store
+        .list_payments(
+            account,
+            &cobro_store::PaymentFilter {
+                limit: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("list")[0]
+        .id
+        .0;
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(
+        tx.transition_payment(
+            account,
+            PaymentId::from_uuid(existing),
+            PaymentStatus::Processing,
+            PaymentStatus::Declined,
+            t0()
+        )
+        .await
+        .expect("decline")
+    );
+    assert!(
+        tx.insert_payment(&new_payment(account, "pedido-842"), t0())
+            .await
+            .expect("insert v2")
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        db.store
+            .count_payments_for_order(account, "pedido-842")
+            .await
+            .expect("count"),
+        2
+    );
+}
+
+async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let id = seed_payment_with_attempt(&db.store, account, "o-1").await;
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(
+        tx.transition_payment(
+            account,
+            id,
+            PaymentStatus::Processing,
+            PaymentStatus::Authorized,
+            t0()
+        )
+        .await
+        .expect("first")
+    );
+    assert!(
+        !tx.transition_payment(
+            account,
+            id,
+            PaymentStatus::Processing,
+            PaymentStatus::Declined,
+            t0()
+        )
+        .await
+        .expect("stale"),
+        "a second decision from the old state must update zero rows"
+    );
+    tx.commit().await.expect("commit");
+    let row = db
+        .store
+        .payment(account, id)
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(row.status().expect("status"), PaymentStatus::Authorized);
+
+    // Another account cannot move it either.
+    let other = db.store.create_account("b", t0()).await.expect("account");
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(
+        !tx.transition_payment(
+            other,
+            id,
+            PaymentStatus::Authorized,
+            PaymentStatus::Capturing,
+            t0()
+        )
+        .await
+        .expect("cross-account")
+    );
+}
+
+async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    seed_payment_with_attempt(&db.store, account, "o-1").await;
+    let lease = Duration::seconds(30);
+
+    let first = db
+        .store
+        .claim_due("worker-a", t0(), t0() + lease, 10)
+        .await
+        .expect("claim");
+    assert_eq!(first.len(), 1);
+    let stale = first[0].clone();
+    assert_eq!(stale.token, 1);
+    assert!(db.store.record_send(&stale, t0()).await.expect("send"));
+
+    // worker-a stalls; its lease expires; worker-b takes over with a new token.
+    let later = t0() + lease + Duration::seconds(1);
+    let second = db
+        .store
+        .claim_due("worker-b", later, later + lease, 10)
+        .await
+        .expect("claim");
+    assert_eq!(second.len(), 1);
+    let fresh = &second[0];
+    assert_eq!(fresh.outbox_id, stale.outbox_id);
+    assert_eq!(fresh.token, 2, "each claim increments the fencing token");
+    assert_eq!(
+        fresh.attempt.provider_key, stale.attempt.provider_key,
+        "a retry reuses the provider key"
+    );
+    assert_eq!(fresh.attempt.send_count, 1);
+
+    // Every write with the old token changes nothing.
+    assert!(
+        !db.store
+            .renew_lease(stale.outbox_id, stale.token, later, later + lease)
+            .await
+            .expect("renew")
+    );
+    assert!(!db.store.record_send(&stale, later).await.expect("send"));
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(
+        !tx.finish_outbox(stale.outbox_id, stale.token, later)
+            .await
+            .expect("finish")
+    );
+    tx.commit().await.expect("commit");
+    let attempts = db
+        .store
+        .attempts_for_payment(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .await
+        .expect("attempts");
+    assert_eq!(attempts[0].send_count, 1, "the stale send was not recorded");
+
+    // The new owner's writes land.
+    assert!(
+        db.store
+            .renew_lease(fresh.outbox_id, fresh.token, later, later + lease)
+            .await
+            .expect("renew")
+    );
+    assert!(db.store.record_send(fresh, later).await.expect("send"));
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(
+        tx.finish_outbox(fresh.outbox_id, fresh.token, later)
+            .await
+            .expect("finish")
+    );
+    tx.commit().await.expect("commit");
+    let attempts = db
+        .store
+        .attempts_for_payment(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .await
+        .expect("attempts");
+    assert_eq!(attempts[0].send_count, 2);
+    assert_eq!(attempts[0].first_send_at.map(|t| t.0), Some(t0()));
+    // Done rows are never claimed again.
+    let far = later + Duration::days(1);
+    assert!(
+        db.store
+            .claim_due("worker-c", far, far + lease, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+}
+
+async fn a_leased_row_is_not_claimed_again_until_its_lease_expires(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    for i in 0..5 {
+        seed_payment_with_attempt(&db.store, account, &format!("o-{i}")).await;
+    }
+    let lease = Duration::seconds(30);
+    let a = db
+        .store
+        .claim_due("worker-a", t0(), t0() + lease, 3)
+        .await
+        .expect("claim");
+    let b = db
+        .store
+        .claim_due(
+            "worker-b",
+            t0(),
+            t0() + lease + Duration::milliseconds(1),
+            10,
+        )
+        .await
+        .expect("claim");
+    assert_eq!(a.len(), 3, "a claim takes at most its batch");
+    assert_eq!(b.len(), 2, "a second claim takes only the rows still free");
+    let mut ids: Vec<_> = a.iter().chain(&b).map(|c| c.outbox_id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 5, "no row is leased twice");
+    let just_before = t0() + lease - Duration::milliseconds(1);
+    assert!(
+        db.store
+            .claim_due("worker-c", just_before, just_before + lease, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+}
+
+async fn compaction_keeps_scope_key_fingerprint_and_resource(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let resource = PaymentId::new();
+    let key = scope(account, "k-1");
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(matches!(
+        tx.reserve_key(
+            &key,
+            &fingerprint(5),
+            (ResourceType::Payment, resource.as_uuid()),
+            t0()
+        )
+        .await
+        .expect("reserve"),
+        Reservation::Reserved
+    ));
+    tx.complete_key(&key, 201, b"{\"id\":1}")
+        .await
+        .expect("complete");
+    tx.commit().await.expect("commit");
+
+    // Not yet older than the cutoff: untouched.
+    assert_eq!(
+        db.store
+            .compact_idempotency_records(t0(), 100)
+            .await
+            .expect("compact"),
+        0
+    );
+    let cutoff = t0() + Duration::hours(24);
+    assert_eq!(
+        db.store
+            .compact_idempotency_records(cutoff, 100)
+            .await
+            .expect("compact"),
+        1
+    );
+    let tomb = db
+        .store
+        .find_record(&key)
+        .await
+        .expect("read")
+        .expect("tombstone stays");
+    assert_eq!(tomb.response_body, None);
+    assert_eq!(tomb.fingerprint, fingerprint(5));
+    assert_eq!(tomb.resource_id, resource.as_uuid());
+    assert_eq!(tomb.status_code, 201);
+    // Compaction is idempotent.
+    assert_eq!(
+        db.store
+            .compact_idempotency_records(cutoff, 100)
+            .await
+            .expect("compact"),
+        0
+    );
+
+    // A tombstone still holds the key.
+    let mut tx = db.store.begin().await.expect("begin");
+    assert!(matches!(
+        tx.reserve_key(
+            &key,
+            &fingerprint(6),
+            (ResourceType::Payment, PaymentId::new().as_uuid()),
+            cutoff
+        )
+        .await
+        .expect("reserve"),
+        Reservation::Taken(_)
+    ));
+    tx.rollback().await.expect("rollback");
+
+    assert_eq!(
+        db.store
+            .delete_expired_tombstones(t0(), 100)
+            .await
+            .expect("delete"),
+        0
+    );
+    assert_eq!(
+        db.store
+            .delete_expired_tombstones(t0() + Duration::days(31), 100)
+            .await
+            .expect("delete"),
+        1
+    );
+    assert!(
+        db.store.find_record(&key).await.expect("read").is_none(),
+        "after expiry the key is new again"
+    );
+}
+
+async fn the_same_key_in_another_account_is_another_record(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let a = db.store.create_account("a", t0()).await.expect("account");
+    let b = db.store.create_account("b", t0()).await.expect("account");
+    for account in [a, b] {
+        let mut tx = db.store.begin().await.expect("begin");
+        assert!(matches!(
+            tx.reserve_key(
+                &scope(account, "shared"),
+                &fingerprint(1),
+                (ResourceType::Payment, PaymentId::new().as_uuid()),
+                t0()
+            )
+            .await
+            .expect("reserve"),
+            Reservation::Reserved
+        ));
+        tx.complete_key(&scope(account, "shared"), 201, b"x")
+            .await
+            .expect("complete");
+        tx.commit().await.expect("commit");
+    }
+    let ra = db
+        .store
+        .find_record(&scope(a, "shared"))
+        .await
+        .expect("read")
+        .expect("a");
+    let rb = db
+        .store
+        .find_record(&scope(b, "shared"))
+        .await
+        .expect("read")
+        .expect("b");
+    assert_ne!(ra.resource_id, rb.resource_id);
+}

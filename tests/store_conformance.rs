@@ -54,7 +54,7 @@ fn fingerprint(amount: i64) -> Fingerprint {
 async fn seed_payment_with_attempt(store: &Store, account: AccountId, order: &str) -> PaymentId {
     let p = new_payment(account, order);
     let mut tx = store.begin().await.expect("begin");
-    assert!(tx.insert_payment(&p, t0()).await.expect("insert"));
+    assert!(tx.insert_payment(&p, t0()).await.expect("insert").is_some());
     let intent = tx
         .insert_intent(account, p.id, None, Operation::Authorize, &p.intent, t0())
         .await
@@ -98,7 +98,12 @@ async fn concurrent_reservations_of_one_key_have_exactly_one_winner(backend: Bac
                 .expect("reserve");
             match outcome {
                 Reservation::Reserved => {
-                    assert!(tx.insert_payment(&payment, t0()).await.expect("insert"));
+                    assert!(
+                        tx.insert_payment(&payment, t0())
+                            .await
+                            .expect("insert")
+                            .is_some()
+                    );
                     tx.complete_key(&scope, 201, format!("winner {i}").as_bytes())
                         .await
                         .expect("complete");
@@ -164,7 +169,8 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
             let inserted = tx
                 .insert_payment(&new_payment(account, "pedido-842"), t0())
                 .await
-                .expect("insert");
+                .expect("insert")
+                .is_some();
             if inserted {
                 tx.commit().await.expect("commit");
             }
@@ -209,11 +215,13 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
         )
         .await
         .expect("decline")
+        .is_some()
     );
     assert!(
         tx.insert_payment(&new_payment(account, "pedido-842"), t0())
             .await
             .expect("insert v2")
+            .is_some()
     );
     tx.commit().await.expect("commit");
     assert_eq!(
@@ -240,9 +248,10 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
         )
         .await
         .expect("first")
+        .is_some()
     );
     assert!(
-        !tx.transition_payment(
+        tx.transition_payment(
             account,
             id,
             PaymentStatus::Processing,
@@ -250,7 +259,8 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
             t0()
         )
         .await
-        .expect("stale"),
+        .expect("stale")
+        .is_none(),
         "a second decision from the old state must update zero rows"
     );
     tx.commit().await.expect("commit");
@@ -266,7 +276,7 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
     let other = db.store.create_account("b", t0()).await.expect("account");
     let mut tx = db.store.begin().await.expect("begin");
     assert!(
-        !tx.transition_payment(
+        tx.transition_payment(
             other,
             id,
             PaymentStatus::Authorized,
@@ -275,6 +285,7 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
         )
         .await
         .expect("cross-account")
+        .is_none()
     );
 }
 

@@ -1,12 +1,26 @@
 #![doc = include_str!("../README.md")]
 
+pub mod error;
+pub mod extract;
 mod health;
+mod keyed;
+mod openapi;
+mod payments;
+pub mod views;
+
+pub use error::ApiError;
+pub use extract::token_hash;
 
 use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderName, HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use cobro_core::Clock;
 use cobro_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// Settings of the HTTP API that are not the store's.
 #[derive(Clone, Debug)]
@@ -32,6 +46,9 @@ pub struct AppState {
     pub store: Store,
     pub clock: Arc<dyn Clock>,
     pub settings: Arc<ApiSettings>,
+    /// Signalled after every commit that enqueued provider work, so an
+    /// in-process worker wakes without polling.
+    pub work_available: Arc<Notify>,
 }
 
 impl AppState {
@@ -40,13 +57,70 @@ impl AppState {
             store,
             clock,
             settings: Arc::new(settings),
+            work_available: Arc::new(Notify::new()),
         }
     }
 }
 
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
 /// The whole HTTP API. The caller adds nothing but a listener: request ids,
-/// tracing, body limits and timeouts are layered here so tests driving the
-/// router with `oneshot` see exactly what clients see.
+/// the request span, the body limit and the key echo are layered here, so
+/// tests driving the router with `oneshot` see exactly what clients see.
 pub fn router(state: AppState) -> Router {
-    Router::new().merge(health::routes()).with_state(state)
+    Router::new()
+        .merge(payments::routes())
+        .merge(openapi::routes())
+        .merge(health::routes())
+        .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
+        .layer(middleware::from_fn(request_context))
+        .with_state(state)
+}
+
+/// Gives every request an id (the client's `X-Request-Id` when it sent a
+/// sane one), a span that carries it (never headers, bodies or keys: only a
+/// hash of the key is recorded, by the extractor), and echoes the
+/// `Idempotency-Key` on every answer to a keyed POST.
+async fn request_context(request: Request, next: Next) -> Response {
+    let request_id = request
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let echo_key = (request.method() == Method::POST)
+        .then(|| {
+            let mut values = request.headers().get_all(&IDEMPOTENCY_KEY).iter();
+            match (values.next(), values.next()) {
+                (Some(one), None) => Some(one.clone()),
+                _ => None,
+            }
+        })
+        .flatten();
+    let span = tracing::info_span!(
+        "http.request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id = %request_id,
+        idempotency_key_hash = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let started = std::time::Instant::now();
+    let mut response = tracing::Instrument::instrument(
+        error::REQUEST_ID.scope(request_id.clone(), next.run(request)),
+        span.clone(),
+    )
+    .await;
+    span.record("status", response.status().as_u16());
+    tracing::info!(parent: &span, status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request served");
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        headers.insert(REQUEST_ID, value);
+    }
+    if let Some(key) = echo_key {
+        headers.insert(IDEMPOTENCY_KEY, key);
+    }
+    response
 }

@@ -28,6 +28,11 @@ impl ManualClock {
         Self(Arc::new(Mutex::new(start)))
     }
 
+    /// `now - by`: the cutoff for "older than `by`".
+    pub fn now_minus(&self, by: Duration) -> DateTime<Utc> {
+        self.now() - by
+    }
+
     pub fn advance(&self, by: Duration) {
         let mut now = self
             .0

@@ -50,12 +50,14 @@ impl WriteTx {
         a: &NewAttempt,
         now: DateTime<Utc>,
         due_at: DateTime<Utc>,
-    ) -> Result<AttemptId> {
+    ) -> Result<AttemptRow> {
         let id = AttemptId::new();
-        let attempt = "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
-            provider_key, reference, state, created_at, updated_at) \
-            VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8)";
-        on_tx!(self, conn => sqlx::query(attempt)
+        let attempt = format!(
+            "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
+             provider_key, reference, state, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8) RETURNING {ATTEMPT_COLUMNS}"
+        );
+        let row = on_tx!(self, conn => sqlx::query_as(&attempt)
             .bind(DbId::from(id))
             .bind(DbId::from(a.intent))
             .bind(DbId::from(a.payment))
@@ -64,9 +66,8 @@ impl WriteTx {
             .bind(&a.provider_key)
             .bind(&a.reference)
             .bind(DbTime(now))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
+            .fetch_one(&mut *conn)
+            .await?);
         let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
             VALUES ($1, $2, 'pending', $3, $4, $4)";
         on_tx!(self, conn => sqlx::query(outbox)
@@ -77,7 +78,7 @@ impl WriteTx {
             .execute(&mut *conn)
             .await?
             .rows_affected());
-        Ok(id)
+        Ok(row)
     }
 
     /// Marks a claimed row done, fenced by its token. `false`: the lease was

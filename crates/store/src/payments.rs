@@ -140,13 +140,21 @@ pub enum RefundRefusal {
 impl WriteTx {
     /// Inserts a payment in `processing`. A second payment that is not a
     /// terminal failure for the same order is refused by the partial unique
-    /// index, whatever the code above did: `Ok(false)`.
-    pub async fn insert_payment(&mut self, p: &NewPayment, now: DateTime<Utc>) -> Result<bool> {
-        let sql = "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
+    /// index, whatever the code above did: `Ok(None)`. On PostgreSQL the
+    /// transaction is then aborted and must be rolled back.
+    pub async fn insert_payment(
+        &mut self,
+        p: &NewPayment,
+        now: DateTime<Utc>,
+    ) -> Result<Option<PaymentRow>> {
+        let sql = format!(
+            "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
             capture_method, payment_method, description, metadata, status, status_changed_at, \
             created_at, updated_at) \
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11)";
-        let done = on_tx!(self, conn => sqlx::query(sql)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11) \
+            RETURNING {PAYMENT_COLUMNS}"
+        );
+        let done = on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(p.id))
             .bind(DbId::from(p.account))
             .bind(p.order_ref.as_str())
@@ -158,12 +166,11 @@ impl WriteTx {
             .bind(&p.description)
             .bind(&p.metadata)
             .bind(DbTime(now))
-            .execute(&mut *conn)
-            .await
-            .map(|r| r.rows_affected()));
+            .fetch_one(&mut *conn)
+            .await);
         match done.map_err(StoreError::from) {
-            Ok(_) => Ok(true),
-            Err(StoreError::UniqueViolation { .. }) => Ok(false),
+            Ok(row) => Ok(Some(row)),
+            Err(StoreError::UniqueViolation { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -223,8 +230,9 @@ impl WriteTx {
         Ok(id)
     }
 
-    /// Compare-and-set of a payment's status within its account. `false`
-    /// means the payment is not in `from` (or not this account's).
+    /// Compare-and-set of a payment's status within its account, returning
+    /// the updated row. `None` means the payment is not in `from` (or not
+    /// this account's): someone else moved first.
     pub async fn transition_payment(
         &mut self,
         account: AccountId,
@@ -232,19 +240,19 @@ impl WriteTx {
         from: PaymentStatus,
         to: PaymentStatus,
         now: DateTime<Utc>,
-    ) -> Result<bool> {
-        let sql = "UPDATE payments SET status = $4, status_changed_at = $5, updated_at = $5 \
-            WHERE id = $1 AND account_id = $2 AND status = $3";
-        let n = on_tx!(self, conn => sqlx::query(sql)
+    ) -> Result<Option<PaymentRow>> {
+        let sql = format!(
+            "UPDATE payments SET status = $4, status_changed_at = $5, updated_at = $5 \
+             WHERE id = $1 AND account_id = $2 AND status = $3 RETURNING {PAYMENT_COLUMNS}"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
             .bind(from.as_str())
             .bind(to.as_str())
             .bind(DbTime(now))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
-        Ok(n == 1)
+            .fetch_optional(&mut *conn)
+            .await?))
     }
 
     /// Records that the merchant asked to cancel while the authorisation
@@ -256,18 +264,19 @@ impl WriteTx {
         payment: PaymentId,
         while_in: PaymentStatus,
         now: DateTime<Utc>,
-    ) -> Result<bool> {
-        let sql = "UPDATE payments SET cancel_requested_at = COALESCE(cancel_requested_at, $4), \
-            updated_at = $4 WHERE id = $1 AND account_id = $2 AND status = $3";
-        let n = on_tx!(self, conn => sqlx::query(sql)
+    ) -> Result<Option<PaymentRow>> {
+        let sql = format!(
+            "UPDATE payments SET cancel_requested_at = COALESCE(cancel_requested_at, $4), \
+             updated_at = $4 WHERE id = $1 AND account_id = $2 AND status = $3 \
+             RETURNING {PAYMENT_COLUMNS}"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
             .bind(while_in.as_str())
             .bind(DbTime(now))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
-        Ok(n == 1)
+            .fetch_optional(&mut *conn)
+            .await?))
     }
 
     /// Reserves `amount` of the captured money for a new refund, atomically:
@@ -309,11 +318,13 @@ impl WriteTx {
         }))
     }
 
-    pub async fn insert_refund(&mut self, r: &NewRefund, now: DateTime<Utc>) -> Result<()> {
-        let sql = "INSERT INTO refunds (id, account_id, payment_id, intent, amount, reason, \
-            status, status_changed_at, created_at, updated_at) \
-            VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $7, $7)";
-        on_tx!(self, conn => sqlx::query(sql)
+    pub async fn insert_refund(&mut self, r: &NewRefund, now: DateTime<Utc>) -> Result<RefundRow> {
+        let sql = format!(
+            "INSERT INTO refunds (id, account_id, payment_id, intent, amount, reason, \
+             status, status_changed_at, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $7, $7) RETURNING {REFUND_COLUMNS}"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(r.id))
             .bind(DbId::from(r.account))
             .bind(DbId::from(r.payment))
@@ -321,10 +332,8 @@ impl WriteTx {
             .bind(r.amount)
             .bind(&r.reason)
             .bind(DbTime(now))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
-        Ok(())
+            .fetch_one(&mut *conn)
+            .await?))
     }
 
     /// A payment as seen inside this transaction.
@@ -429,6 +438,21 @@ impl Store {
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(refund))
             .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .fetch_optional(pool)
+            .await?))
+    }
+
+    /// A refund of this account by its id alone (tombstone replays know
+    /// only the resource id).
+    pub async fn refund_by_id(
+        &self,
+        account: AccountId,
+        refund: RefundId,
+    ) -> Result<Option<RefundRow>> {
+        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1 AND account_id = $2");
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(refund))
             .bind(DbId::from(account))
             .fetch_optional(pool)
             .await?))

@@ -1,2 +1,38 @@
-//! Placeholder until the binary lands.
-fn main() {}
+//! The `cobro` binary: parses the command line, sets up logging, runs the
+//! subcommand, and turns an error into a message on stderr and exit code 1.
+//!
+//! Layout: `cli` (subcommands and dispatch), `settings` (typed flags and
+//! environment), `telemetry` (logging), `database` (opening the store),
+//! `serve` (HTTP server, shutdown, scheduled purge), `demo` (the embedded
+//! default), `admin` (operator commands), `purge` (retention), `token` (API
+//! tokens), `output` (the stdout contract).
+
+mod admin;
+mod cli;
+mod database;
+mod demo;
+mod output;
+mod purge;
+mod serve;
+mod settings;
+mod telemetry;
+mod token;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let outcome = match telemetry::init(&cli.global) {
+        Ok(()) => cli::run(cli).await,
+        Err(error) => Err(error),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("cobro: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,695 @@
+//! The payments endpoints (payments-api.md section 6).
+
+use crate::error::ApiError;
+use crate::extract::{Account, Fields, JsonObject, KeyHeader};
+use crate::keyed::{self, Begun, Keyed};
+use crate::{AppState, views};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use cobro_core::{
+    AccountId, Amount, CaptureMethod, Currency, IntentName, Operation, OrderRef, PaymentId,
+    PaymentStatus, RefundId,
+};
+use cobro_store::idempotency::ResourceType;
+use cobro_store::payments::RefundRefusal;
+use cobro_store::{NewAttempt, NewPayment, NewRefund, PaymentFilter, PaymentRow, WriteTx};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/payments", post(create_payment).get(list_payments))
+        .route("/v1/payments/{id}", get(get_payment))
+        .route("/v1/payments/{id}/capture", post(capture_payment))
+        .route("/v1/payments/{id}/cancel", post(cancel_payment))
+        .route("/v1/payments/{id}/refunds", post(create_refund))
+        .route("/v1/payments/{id}/refunds/{refund_id}", get(get_refund))
+}
+
+/// A create-payment request after validation and normalisation: exactly
+/// what the fingerprint covers.
+#[derive(Serialize, Debug)]
+struct CreatePayment {
+    order_ref: OrderRef,
+    amount: i64,
+    currency: String,
+    payment_method: String,
+    capture_method: CaptureMethod,
+    description: Option<String>,
+    metadata: BTreeMap<String, String>,
+}
+
+const CREATE_FIELDS: &[&str] = &[
+    "order_ref",
+    "amount",
+    "currency",
+    "payment_method",
+    "capture_method",
+    "description",
+    "metadata",
+];
+
+fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
+    let mut f = Fields::new(body.0, CREATE_FIELDS);
+    let order_ref = f.string("order_ref", true).and_then(|s| {
+        OrderRef::parse(&s)
+            .map_err(|e| f.error("order_ref", e.to_string()))
+            .ok()
+    });
+    let amount = f.integer("amount", true).and_then(|n| {
+        Amount::new(n)
+            .map_err(|e| f.error("amount", e.to_string()))
+            .ok()
+    });
+    let currency = f.string("currency", true).and_then(|s| {
+        Currency::parse(&s)
+            .map_err(|e| f.error("currency", e.to_string()))
+            .ok()
+    });
+    let payment_method = f.string("payment_method", true).and_then(|s| {
+        let ok = (1..=128).contains(&s.len()) && s.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        if !ok {
+            f.error(
+                "payment_method",
+                "must be 1 to 128 visible ASCII characters",
+            );
+        }
+        ok.then_some(s)
+    });
+    let capture_method = match f.string("capture_method", false).as_deref() {
+        None | Some("automatic") => Some(CaptureMethod::Automatic),
+        Some("manual") => Some(CaptureMethod::Manual),
+        Some(_) => {
+            f.error("capture_method", "must be \"automatic\" or \"manual\"");
+            None
+        }
+    };
+    let description = f.string("description", false);
+    if description
+        .as_ref()
+        .is_some_and(|d| d.chars().count() > 1000)
+    {
+        f.error("description", "must be at most 1000 characters");
+    }
+    let mut metadata = BTreeMap::new();
+    if let Some(map) = f.object("metadata") {
+        if map.len() > 20 {
+            f.error("metadata", "at most 20 keys");
+        }
+        for (k, v) in map {
+            match v {
+                serde_json::Value::String(s)
+                    if (1..=40).contains(&k.chars().count()) && s.chars().count() <= 500 =>
+                {
+                    metadata.insert(k, s);
+                }
+                _ => f.error(
+                    &format!("metadata.{k}"),
+                    "keys are 1 to 40 characters, values strings of at most 500",
+                ),
+            }
+        }
+    }
+    let parsed = (order_ref, amount, currency, payment_method, capture_method);
+    f.finish()?;
+    match parsed {
+        (
+            Some(order_ref),
+            Some(amount),
+            Some(currency),
+            Some(payment_method),
+            Some(capture_method),
+        ) => Ok(CreatePayment {
+            order_ref,
+            amount: amount.minor_units(),
+            currency: currency.code().to_owned(),
+            payment_method,
+            capture_method,
+            description,
+            metadata,
+        }),
+        _ => Err(ApiError::Validation(vec![])),
+    }
+}
+
+/// A fresh provider idempotency key, generated and stored before any send.
+fn provider_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn to_json(value: &impl Serialize) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(value).map_err(ApiError::internal)
+}
+
+fn parse_payment_id(raw: &str) -> Result<PaymentId, ApiError> {
+    // An id that cannot exist is simply not found.
+    raw.parse().map_err(|_| ApiError::NotFound)
+}
+
+async fn create_payment(
+    State(state): State<AppState>,
+    account: Account,
+    KeyHeader(key): KeyHeader,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let request = parse_create(body)?;
+    let keyed = Keyed::new(
+        account,
+        Operation::Authorize,
+        key,
+        &BTreeMap::new(),
+        &request,
+    )?;
+    let payment_id = PaymentId::new();
+    let mut tx = match keyed::begin(
+        &state,
+        &keyed,
+        (ResourceType::Payment, payment_id.as_uuid()),
+    )
+    .await?
+    {
+        Begun::Answered(response) => return Ok(response),
+        Begun::Fresh(tx) => tx,
+    };
+    let now = state.clock.now();
+    let sequence = tx
+        .next_intent_sequence(account.0, &request.order_ref, Operation::Authorize)
+        .await?;
+    let intent = IntentName::new(&request.order_ref, Operation::Authorize, sequence);
+    let new = NewPayment {
+        id: payment_id,
+        account: account.0,
+        order_ref: request.order_ref.clone(),
+        intent: intent.clone(),
+        amount: request.amount,
+        currency: request.currency.clone(),
+        capture_method: request.capture_method.as_str().to_owned(),
+        payment_method: request.payment_method.clone(),
+        description: request.description.clone(),
+        metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
+    };
+    let Some(row) = tx.insert_payment(&new, now).await? else {
+        // The order already has an active payment. Not stored against the
+        // key: the client may use it again once that payment fails.
+        tx.rollback().await?;
+        let existing = active_payment_for_order(&state, account.0, &request.order_ref).await?;
+        return Err(ApiError::OrderHasActivePayment {
+            payment_id: existing.map(|p| p.to_string()).unwrap_or_default(),
+        });
+    };
+    let attempt = enqueue_first_attempt(
+        &mut tx,
+        account.0,
+        &row,
+        None,
+        Operation::Authorize,
+        &intent,
+        now,
+    )
+    .await?;
+    let body = to_json(&views::payment(&row, Some(&[attempt])))?;
+    let response = keyed::commit(
+        tx,
+        &keyed,
+        StatusCode::CREATED,
+        body,
+        "application/json",
+        Some(format!("/v1/payments/{payment_id}")),
+    )
+    .await?;
+    state.work_available.notify_one();
+    tracing::info!(payment_id = %payment_id, intent = %intent, "payment created");
+    Ok(response)
+}
+
+async fn active_payment_for_order(
+    state: &AppState,
+    account: AccountId,
+    order_ref: &OrderRef,
+) -> Result<Option<PaymentId>, ApiError> {
+    let mut tx = state.store.begin().await?;
+    let found = tx.active_payment_for_order(account, order_ref).await?;
+    tx.rollback().await?;
+    Ok(found)
+}
+
+/// The intent, its first attempt (with a fresh provider key) and the outbox
+/// row, in the caller's transaction.
+async fn enqueue_first_attempt(
+    tx: &mut WriteTx,
+    account: AccountId,
+    payment: &PaymentRow,
+    refund: Option<RefundId>,
+    operation: Operation,
+    intent: &IntentName,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<cobro_store::AttemptRow, ApiError> {
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let intent_id = tx
+        .insert_intent(account, payment_id, refund, operation, intent, now)
+        .await?;
+    let attempt = NewAttempt {
+        intent: intent_id,
+        payment: payment_id,
+        refund,
+        operation,
+        provider_key: provider_key(),
+        reference: intent.as_str().to_owned(),
+    };
+    Ok(tx.enqueue_attempt(&attempt, now, now).await?)
+}
+
+/// A payment with its attempts, as GET answers it.
+pub(crate) async fn load_payment(
+    state: &AppState,
+    account: AccountId,
+    id: PaymentId,
+) -> Result<Option<views::PaymentView>, ApiError> {
+    let Some(row) = state.store.payment(account, id).await? else {
+        return Ok(None);
+    };
+    let attempts = state.store.attempts_for_payment(id).await?;
+    Ok(Some(views::payment(&row, Some(&attempts))))
+}
+
+pub(crate) async fn load_refund_by_id(
+    state: &AppState,
+    account: AccountId,
+    id: RefundId,
+) -> Result<Option<views::RefundView>, ApiError> {
+    Ok(state
+        .store
+        .refund_by_id(account, id)
+        .await?
+        .map(|r| views::refund(&r)))
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    wait: Option<String>,
+}
+
+/// The longest `?wait=` a client may ask for.
+const MAX_WAIT_SECONDS: u64 = 30;
+
+async fn get_payment(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+    Query(query): Query<WaitQuery>,
+) -> Result<Response, ApiError> {
+    let id = parse_payment_id(&id)?;
+    let wait = match query.wait.as_deref() {
+        None => 0,
+        Some(raw) => match raw.parse::<u64>() {
+            Ok(n) if n <= MAX_WAIT_SECONDS => n,
+            _ => {
+                return Err(ApiError::Validation(vec![crate::error::FieldError::new(
+                    "wait",
+                    format!("must be a whole number of seconds from 0 to {MAX_WAIT_SECONDS}"),
+                )]));
+            }
+        },
+    };
+    // Long poll: re-read until the payment leaves `processing` or the wait
+    // ends. A short poll interval keeps this correct with workers in other
+    // processes, which cannot signal this one.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    loop {
+        let view = load_payment(&state, account.0, id)
+            .await?
+            .ok_or(ApiError::NotFound)?;
+        if view.status != PaymentStatus::Processing.as_str()
+            || tokio::time::Instant::now() >= deadline
+        {
+            return Ok(Json(view).into_response());
+        }
+        tokio::time::sleep_until(
+            deadline.min(tokio::time::Instant::now() + Duration::from_millis(100)),
+        )
+        .await;
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    order_ref: Option<String>,
+    status: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+struct PaymentList {
+    data: Vec<views::PaymentView>,
+    /// Pass as `cursor` for the next (older) page; `null` on the last page.
+    next_cursor: Option<String>,
+}
+
+async fn list_payments(
+    State(state): State<AppState>,
+    account: Account,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<PaymentList>, ApiError> {
+    let mut errors = Vec::new();
+    let mut bad =
+        |field: &str, message: &str| errors.push(crate::error::FieldError::new(field, message));
+    let status = q.status.as_deref().and_then(|s| {
+        let parsed = PaymentStatus::parse(s);
+        if parsed.is_none() {
+            bad("status", "unknown payment status");
+        }
+        parsed
+    });
+    let limit = match q.limit.as_deref().map(str::parse::<u32>) {
+        None => 20,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => {
+            bad("limit", "must be from 1 to 100");
+            20
+        }
+    };
+    let before = q.cursor.as_deref().and_then(|c| {
+        let parsed = c.parse::<PaymentId>().ok();
+        if parsed.is_none() {
+            bad("cursor", "is not a cursor this API returned");
+        }
+        parsed
+    });
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    let filter = PaymentFilter {
+        order_ref: q.order_ref,
+        status,
+        before,
+        limit,
+    };
+    let rows = state.store.list_payments(account.0, &filter).await?;
+    let next_cursor = (rows.len() == limit as usize)
+        .then(|| rows.last().map(|r| r.id.0.to_string()))
+        .flatten();
+    Ok(Json(PaymentList {
+        data: rows.iter().map(|r| views::payment(r, None)).collect(),
+        next_cursor,
+    }))
+}
+
+/// How a capture or cancel starts.
+enum Start {
+    Answered(Response),
+    Fresh(Keyed, PaymentId, WriteTx),
+}
+
+/// The common start of capture and cancel: the key, the fingerprint over
+/// the payment id and the (empty) body, the transaction.
+async fn begin_payment_operation(
+    state: &AppState,
+    account: Account,
+    key: cobro_core::IdempotencyKey,
+    id: &str,
+    operation: Operation,
+    body: JsonObject,
+) -> Result<Start, ApiError> {
+    let id = parse_payment_id(id)?;
+    Fields::new(body.0, &[]).finish()?;
+    let mut path = BTreeMap::new();
+    path.insert("payment_id", id.to_string());
+    let keyed = Keyed::new(account, operation, key, &path, &serde_json::json!({}))?;
+    Ok(
+        match keyed::begin(state, &keyed, (ResourceType::Payment, id.as_uuid())).await? {
+            Begun::Answered(response) => Start::Answered(response),
+            Begun::Fresh(tx) => Start::Fresh(keyed, id, tx),
+        },
+    )
+}
+
+/// `{order_ref}:{verb}-v{n}` for the next intent of `operation` on this
+/// payment's order. Call it after the statement that locked the payment row.
+async fn next_intent_name(
+    tx: &mut WriteTx,
+    account: AccountId,
+    payment: &PaymentRow,
+    operation: Operation,
+) -> Result<IntentName, ApiError> {
+    let order_ref = OrderRef::parse(&payment.order_ref).map_err(ApiError::internal)?;
+    let sequence = tx
+        .next_intent_sequence(account, &order_ref, operation)
+        .await?;
+    Ok(IntentName::new(&order_ref, operation, sequence))
+}
+
+async fn capture_payment(
+    State(state): State<AppState>,
+    account: Account,
+    KeyHeader(key): KeyHeader,
+    Path(id): Path<String>,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let (keyed, id, mut tx) =
+        match begin_payment_operation(&state, account, key, &id, Operation::Capture, body).await? {
+            Start::Answered(response) => return Ok(response),
+            Start::Fresh(keyed, id, tx) => (keyed, id, tx),
+        };
+    let now = state.clock.now();
+    let moved = tx
+        .transition_payment(
+            account.0,
+            id,
+            PaymentStatus::Authorized,
+            PaymentStatus::Capturing,
+            now,
+        )
+        .await?;
+    let Some(row) = moved else {
+        let Some(current) = tx.payment(account.0, id).await? else {
+            return Err(ApiError::NotFound);
+        };
+        let refusal = ApiError::NotCapturable {
+            payment_id: id.to_string(),
+            status: current.status.clone(),
+        };
+        return keyed::commit_refusal(tx, &keyed, refusal).await;
+    };
+    let intent = next_intent_name(&mut tx, account.0, &row, Operation::Capture).await?;
+    enqueue_first_attempt(
+        &mut tx,
+        account.0,
+        &row,
+        None,
+        Operation::Capture,
+        &intent,
+        now,
+    )
+    .await?;
+    let body = to_json(&views::payment(&row, None))?;
+    let response = keyed::commit(
+        tx,
+        &keyed,
+        StatusCode::ACCEPTED,
+        body,
+        "application/json",
+        None,
+    )
+    .await?;
+    state.work_available.notify_one();
+    Ok(response)
+}
+
+async fn cancel_payment(
+    State(state): State<AppState>,
+    account: Account,
+    KeyHeader(key): KeyHeader,
+    Path(id): Path<String>,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let (keyed, id, mut tx) =
+        match begin_payment_operation(&state, account, key, &id, Operation::Cancel, body).await? {
+            Start::Answered(response) => return Ok(response),
+            Start::Fresh(keyed, id, tx) => (keyed, id, tx),
+        };
+    let now = state.clock.now();
+    let Some(current) = tx.payment(account.0, id).await? else {
+        return Err(ApiError::NotFound);
+    };
+    let status = current.status()?;
+    let manual = current.capture_method == CaptureMethod::Manual.as_str();
+    let refusal = || ApiError::NotCancelable {
+        payment_id: id.to_string(),
+        status: current.status.clone(),
+    };
+    let row = if status == PaymentStatus::Authorized {
+        // Compare-and-set: a concurrent capture that moved first wins, and
+        // this cancel is refused below.
+        match tx
+            .transition_payment(
+                account.0,
+                id,
+                PaymentStatus::Authorized,
+                PaymentStatus::Canceling,
+                now,
+            )
+            .await?
+        {
+            Some(row) => {
+                let intent = next_intent_name(&mut tx, account.0, &row, Operation::Cancel).await?;
+                enqueue_first_attempt(
+                    &mut tx,
+                    account.0,
+                    &row,
+                    None,
+                    Operation::Cancel,
+                    &intent,
+                    now,
+                )
+                .await?;
+                row
+            }
+            None => return keyed::commit_refusal(tx, &keyed, refusal()).await,
+        }
+    } else if status.authorisation_pending() && manual {
+        // The authorisation outcome is not known yet: record the request;
+        // the void happens once the outcome is known and only if it is an
+        // authorisation (never two incompatible decisions).
+        match tx.request_cancel(account.0, id, status, now).await? {
+            Some(row) => row,
+            None => return keyed::commit_refusal(tx, &keyed, refusal()).await,
+        }
+    } else {
+        // Automatic-capture payments move money at authorisation: they are
+        // refunded, not canceled.
+        return keyed::commit_refusal(tx, &keyed, refusal()).await;
+    };
+    let body = to_json(&views::payment(&row, None))?;
+    let response = keyed::commit(
+        tx,
+        &keyed,
+        StatusCode::ACCEPTED,
+        body,
+        "application/json",
+        None,
+    )
+    .await?;
+    state.work_available.notify_one();
+    Ok(response)
+}
+
+#[derive(Serialize, Debug)]
+struct CreateRefund {
+    amount: i64,
+    reason: Option<String>,
+}
+
+async fn create_refund(
+    State(state): State<AppState>,
+    account: Account,
+    KeyHeader(key): KeyHeader,
+    Path(id): Path<String>,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let id = parse_payment_id(&id)?;
+    let mut f = Fields::new(body.0, &["amount", "reason"]);
+    let amount = f.integer("amount", true).and_then(|n| {
+        Amount::new(n)
+            .map_err(|e| f.error("amount", e.to_string()))
+            .ok()
+    });
+    let reason = f.string("reason", false);
+    if reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
+        f.error("reason", "must be at most 500 characters");
+    }
+    f.finish()?;
+    let request = CreateRefund {
+        amount: amount.map(|a| a.minor_units()).unwrap_or_default(),
+        reason,
+    };
+    let mut path = BTreeMap::new();
+    path.insert("payment_id", id.to_string());
+    let keyed = Keyed::new(account, Operation::Refund, key, &path, &request)?;
+    let refund_id = RefundId::new();
+    let mut tx =
+        match keyed::begin(&state, &keyed, (ResourceType::Refund, refund_id.as_uuid())).await? {
+            Begun::Answered(response) => return Ok(response),
+            Begun::Fresh(tx) => tx,
+        };
+    let now = state.clock.now();
+    // The conditional UPDATE takes the payment's row lock first, so the
+    // intent count below is serialised with concurrent refunds too.
+    match tx
+        .reserve_refund(account.0, id, request.amount, now)
+        .await?
+    {
+        Ok(()) => {}
+        Err(RefundRefusal::NotFound) => return Err(ApiError::NotFound),
+        Err(refusal) => {
+            let current = tx.payment(account.0, id).await?.ok_or(ApiError::NotFound)?;
+            let error = if refusal == RefundRefusal::ExceedsCaptured {
+                ApiError::RefundExceedsCaptured {
+                    payment_id: id.to_string(),
+                }
+            } else {
+                ApiError::NotRefundable {
+                    payment_id: id.to_string(),
+                    status: current.status,
+                }
+            };
+            return keyed::commit_refusal(tx, &keyed, error).await;
+        }
+    }
+    let payment = tx.payment(account.0, id).await?.ok_or(ApiError::NotFound)?;
+    let intent = next_intent_name(&mut tx, account.0, &payment, Operation::Refund).await?;
+    let refund = tx
+        .insert_refund(
+            &NewRefund {
+                id: refund_id,
+                account: account.0,
+                payment: id,
+                intent: intent.clone(),
+                amount: request.amount,
+                reason: request.reason.clone(),
+            },
+            now,
+        )
+        .await?;
+    enqueue_first_attempt(
+        &mut tx,
+        account.0,
+        &payment,
+        Some(refund_id),
+        Operation::Refund,
+        &intent,
+        now,
+    )
+    .await?;
+    let body = to_json(&views::refund(&refund))?;
+    let response = keyed::commit(
+        tx,
+        &keyed,
+        StatusCode::CREATED,
+        body,
+        "application/json",
+        Some(format!("/v1/payments/{id}/refunds/{refund_id}")),
+    )
+    .await?;
+    state.work_available.notify_one();
+    Ok(response)
+}
+
+async fn get_refund(
+    State(state): State<AppState>,
+    account: Account,
+    Path((id, refund_id)): Path<(String, String)>,
+) -> Result<Json<views::RefundView>, ApiError> {
+    let id = parse_payment_id(&id)?;
+    let refund_id: RefundId = refund_id.parse().map_err(|_| ApiError::NotFound)?;
+    let row = state
+        .store
+        .refund(account.0, id, refund_id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(views::refund(&row)))
+}

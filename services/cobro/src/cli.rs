@@ -1,0 +1,113 @@
+//! The command line: one binary, one subcommand per job.
+//!
+//! Layout:
+//! - [`Cli`]: global settings plus the subcommand.
+//! - [`Command`]: `serve`, `migrate`, `accounts`, `tokens`, `purge`; `worker`
+//!   and `reconcile` are reserved (hidden) for the issues that add them.
+//! - [`run`]: dispatches a parsed command to its module.
+
+use crate::settings::{DEFAULT_PURGE_BATCH, GlobalSettings, RetentionSettings, ServeSettings};
+use crate::{admin, serve};
+use clap::{Args, Parser, Subcommand};
+
+/// cobro: payment orchestration. Settings come from flags or `COBRO_*`
+/// environment variables; logs go to stderr, results to stdout.
+#[derive(Debug, Parser)]
+#[command(name = "cobro", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalSettings,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API (migrates first unless --no-migrate). Without a
+    /// database URL: the embedded SQLite demo setup with a dev token.
+    Serve(ServeSettings),
+    /// Apply the database migrations of this binary.
+    Migrate,
+    /// Manage merchant accounts.
+    #[command(subcommand)]
+    Accounts(AccountsCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+    /// Apply the retention contract once: compact old idempotency records to
+    /// tombstones, delete expired tombstones and webhook event ids.
+    Purge(PurgeArgs),
+    /// Run the outbox worker (not available in this build yet).
+    #[command(hide = true)]
+    Worker,
+    /// Run the reconciler (not available in this build yet).
+    #[command(hide = true)]
+    Reconcile,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AccountsCommand {
+    /// Create an account; prints its id on stdout.
+    Create {
+        /// The account's unique name, e.g. `acme`.
+        #[arg(long)]
+        name: String,
+    },
+    /// List accounts: id, name, creation time.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Create an API token; prints it ONCE on stdout (only its hash is stored).
+    Create {
+        /// The account, by name or id.
+        #[arg(long, value_name = "NAME_OR_ID")]
+        account: String,
+        /// What the token is for, e.g. `checkout-prod`.
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Rows per batch; batches repeat until one comes back short.
+    #[arg(long, default_value_t = DEFAULT_PURGE_BATCH, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+
+    #[command(flatten)]
+    pub retention: RetentionSettings,
+}
+
+/// Runs the parsed command to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let global = &cli.global;
+    match cli.command {
+        Command::Serve(settings) => serve::run(global, &settings).await,
+        Command::Migrate => admin::migrate(global).await,
+        Command::Accounts(AccountsCommand::Create { name }) => {
+            admin::create_account(global, &name).await
+        }
+        Command::Accounts(AccountsCommand::List) => admin::list_accounts(global).await,
+        Command::Tokens(TokensCommand::Create { account, label }) => {
+            admin::create_token(global, &account, &label).await
+        }
+        Command::Purge(args) => admin::purge(global, &args.retention, args.batch).await,
+        Command::Worker | Command::Reconcile => anyhow::bail!(
+            "this subcommand is reserved and not available in this build of cobro yet"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

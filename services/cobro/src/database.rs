@@ -1,0 +1,50 @@
+//! Opening the store at start-up, with the schema policy of the caller and
+//! error messages that say what to do. The URL in messages is redacted.
+
+use crate::settings::{DatabaseTarget, GlobalSettings};
+use anyhow::Context;
+use cobro_store::Store;
+
+/// What to do about the schema once connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaPolicy {
+    /// Apply this binary's migrations (refuses a newer schema).
+    Migrate,
+    /// Require exactly this binary's schema; change nothing.
+    Require,
+}
+
+/// Connects to the configured database and applies `policy`. For the
+/// embedded default the data directory is created first.
+pub async fn open(
+    global: &GlobalSettings,
+    policy: SchemaPolicy,
+) -> anyhow::Result<(Store, DatabaseTarget)> {
+    let target = global.database()?;
+    if let DatabaseTarget::Embedded { data_dir, .. } = &target {
+        std::fs::create_dir_all(data_dir).with_context(|| {
+            format!("could not create the data directory {}", data_dir.display())
+        })?;
+    }
+    let where_ = target.redacted();
+    let store = Store::connect(&global.store_config(&target))
+        .await
+        .with_context(|| format!("could not connect to the database at {where_}"))?;
+    match policy {
+        SchemaPolicy::Migrate => store
+            .migrate()
+            .await
+            .with_context(|| format!("could not migrate the database at {where_}"))?,
+        SchemaPolicy::Require => store
+            .check_schema()
+            .await
+            .with_context(|| format!("the database at {where_} is not usable"))?,
+    }
+    tracing::info!(
+        database = %where_,
+        backend = ?store.backend(),
+        schema_version = store.known_schema_version(),
+        "database ready"
+    );
+    Ok((store, target))
+}

@@ -1,0 +1,192 @@
+//! `cobro serve`: the HTTP API (request ids and request logs come with the
+//! router), the
+//! scheduled purge, and a graceful shutdown bounded by a grace period.
+//!
+//! Start-up order, so that every failure is reported before the port opens:
+//! store (migrate or check the schema) -> embedded demo setup (only without a
+//! database URL) -> purge schedule -> signal handlers -> bind -> stdout
+//! lines (banner, then `cobro listening on http://ADDR`) -> serve.
+//!
+//! Shutdown: SIGTERM or SIGINT stops accepting connections and lets in-flight
+//! requests finish; after `COBRO_SHUTDOWN_GRACE` the process exits anyway.
+
+use crate::database::{self, SchemaPolicy};
+use crate::output::say;
+use crate::settings::{GlobalSettings, RetentionSettings, ServeSettings};
+use crate::{demo, purge};
+use anyhow::Context;
+use axum::Router;
+use cobro_api::{ApiSettings, AppState};
+use cobro_core::{Clock, SystemClock};
+use cobro_store::Store;
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{Mutex, watch};
+use tokio_cron_scheduler::{Job, JobScheduler};
+
+/// Runs the server until a shutdown signal.
+pub async fn run(global: &GlobalSettings, settings: &ServeSettings) -> anyhow::Result<()> {
+    let policy = if settings.no_migrate {
+        SchemaPolicy::Require
+    } else {
+        SchemaPolicy::Migrate
+    };
+    let (store, target) = database::open(global, policy).await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+
+    let demo_setup = match target.embedded_file() {
+        Some(file) => Some((file, demo::prepare(&store, clock.now()).await?)),
+        None => None,
+    };
+
+    let mut scheduler = purge_scheduler(&store, &clock, settings).await?;
+
+    let shutdown = watch_shutdown_signals()?;
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("could not listen on {}", settings.listen))?;
+    let address = listener
+        .local_addr()
+        .context("could not read the bound address")?;
+    if let Some((file, dev_token)) = demo_setup {
+        demo::print_banner(address, &file, &dev_token)?;
+    }
+    say(format_args!("cobro listening on http://{address}"))?;
+    tracing::info!(%address, "listening");
+
+    scheduler
+        .start()
+        .await
+        .context("could not start the purge schedule")?;
+
+    let api = ApiSettings {
+        idempotency_retention: settings.retention.idempotency_retention,
+        tombstone_retention: settings.retention.tombstone_retention,
+    };
+    // The router carries its own request ids, request span and key echo.
+    let app = cobro_api::router(AppState::new(store.clone(), clock, api));
+    let drained = serve_until_shutdown(listener, app, shutdown, settings.shutdown_grace).await?;
+
+    if let Err(error) = scheduler.shutdown().await {
+        tracing::warn!(error = %error, "the purge schedule did not stop cleanly");
+    }
+    // Closing waits for every pooled connection; requests cut off by the
+    // grace period may still hold one, so only close after a full drain.
+    if drained {
+        store.close().await;
+    }
+    tracing::info!(drained, "stopped");
+    Ok(())
+}
+
+/// Serves until `shutdown` fires, then drains for at most `grace`.
+/// Returns whether every connection finished within the grace period.
+async fn serve_until_shutdown(
+    listener: TcpListener,
+    app: Router,
+    shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) -> anyhow::Result<bool> {
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped(shutdown.clone()))
+        .into_future();
+    let grace_over = async {
+        stopped(shutdown).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = server => {
+            served.context("the HTTP server failed")?;
+            Ok(true)
+        }
+        () = grace_over => {
+            tracing::warn!(grace = ?grace, "grace period over: exiting with requests in flight");
+            Ok(false)
+        }
+    }
+}
+
+/// Watches SIGTERM and SIGINT from now on; the receiver turns `true` at
+/// the first. Installed before the listening line is printed, so a signal
+/// sent as soon as the server is announced is never lost to the default
+/// action (which would kill the process without draining).
+fn watch_shutdown_signals() -> anyhow::Result<watch::Receiver<bool>> {
+    let mut terminate = signal(SignalKind::terminate()).context("could not watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("could not watch SIGINT")?;
+    let (stop, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutting down: draining in-flight requests");
+        // No receiver left means the server already stopped.
+        let _ = stop.send(true);
+    });
+    Ok(stopping)
+}
+
+/// Completes once shutdown was asked for (or can no longer be asked for).
+async fn stopped(mut stopping: watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// The scheduled purge: the same [`purge::run`] as `cobro purge`, on
+/// `COBRO_PURGE_SCHEDULE`. A run still going when the next is due makes the
+/// next one skip rather than pile up.
+async fn purge_scheduler(
+    store: &Store,
+    clock: &Arc<dyn Clock>,
+    settings: &ServeSettings,
+) -> anyhow::Result<JobScheduler> {
+    let scheduler = JobScheduler::new()
+        .await
+        .context("could not create the purge scheduler")?;
+    let job = ScheduledPurge {
+        store: store.clone(),
+        clock: Arc::clone(clock),
+        retention: settings.retention.clone(),
+        batch: settings.purge_batch,
+        running: Arc::new(Mutex::new(())),
+    };
+    let job = Job::new_async(settings.purge_schedule.as_str(), move |_id, _scheduler| {
+        let job = job.clone();
+        Box::pin(async move { job.run().await })
+    })
+    // Already checked by `settings::parse_cron`.
+    .context("could not create the purge job")?;
+    scheduler
+        .add(job)
+        .await
+        .context("could not schedule the purge")?;
+    Ok(scheduler)
+}
+
+/// What one scheduled purge needs.
+#[derive(Clone)]
+struct ScheduledPurge {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    retention: RetentionSettings,
+    batch: u32,
+    /// Held for the duration of a run, so runs never overlap.
+    running: Arc<Mutex<()>>,
+}
+
+impl ScheduledPurge {
+    async fn run(&self) {
+        let Ok(_running) = self.running.try_lock() else {
+            tracing::warn!("the previous purge is still running; skipping this one");
+            return;
+        };
+        let now = self.clock.now();
+        if let Err(error) = purge::run(&self.store, &self.retention, now, self.batch).await {
+            // The next scheduled run retries; nothing partial needs undoing
+            // because every batch commits on its own.
+            tracing::error!(error = format!("{error:#}"), "scheduled purge failed");
+        }
+    }
+}

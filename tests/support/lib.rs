@@ -287,3 +287,93 @@ pub fn payment_body(order_ref: &str) -> serde_json::Value {
         "payment_method": "pm_card_visa",
     })
 }
+
+/// cobro's API and an outbox worker over one fresh database and one manual
+/// clock, with the fake provider running in-process on a random port: the
+/// provider's ledger is the judge.
+pub struct Rig {
+    pub app: TestApp,
+    pub provider: fake_provider::Running,
+    pub worker: std::sync::Arc<cobro_worker::Worker<cobro_provider::HttpProvider>>,
+}
+
+impl Rig {
+    pub async fn new(backend: Backend) -> Self {
+        Self::with(backend, |_, _| {}).await
+    }
+
+    /// A rig whose provider client and worker settings `tweak` may adjust.
+    pub async fn with(
+        backend: Backend,
+        tweak: impl FnOnce(&mut cobro_provider::HttpProviderConfig, &mut cobro_worker::WorkerConfig),
+    ) -> Self {
+        let app = TestApp::spawn(backend).await;
+        let provider = fake_provider::start(fake_provider::Config {
+            admin: true,
+            ..Default::default()
+        })
+        .await
+        .expect("start fake provider");
+        let mut client = cobro_provider::HttpProviderConfig::new(provider.url(), "sk_test_cobro");
+        client.request_timeout = std::time::Duration::from_secs(2);
+        let mut config = cobro_worker::WorkerConfig {
+            backoff_base: std::time::Duration::from_millis(100),
+            backoff_cap: std::time::Duration::from_secs(1),
+            ..Default::default()
+        };
+        tweak(&mut client, &mut config);
+        let worker = std::sync::Arc::new(cobro_worker::Worker::new(
+            app.db.store.clone(),
+            std::sync::Arc::new(cobro_provider::HttpProvider::new(client).expect("client")),
+            std::sync::Arc::new(app.clock.clone()),
+            config,
+            app.state.work_available.clone(),
+        ));
+        Rig {
+            app,
+            provider,
+            worker,
+        }
+    }
+
+    pub fn ledger(&self) -> fake_provider::Ledger {
+        self.provider.control().ledger()
+    }
+
+    /// Runs the worker until no row is due now, at most `rounds` batches.
+    pub async fn drain(&self, rounds: usize) -> Vec<cobro_worker::Step> {
+        let mut steps = Vec::new();
+        for _ in 0..rounds {
+            let batch = self.worker.run_once().await.expect("worker round");
+            if batch.is_empty() {
+                break;
+            }
+            steps.extend(batch);
+        }
+        steps
+    }
+
+    /// Creates a payment through the API and returns its JSON.
+    pub async fn create_payment(&self, key: &str, body: &serde_json::Value) -> serde_json::Value {
+        let r = self
+            .app
+            .post("/v1/payments", Some(key))
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status().as_u16(), 201, "create payment");
+        r.json().await.expect("json")
+    }
+
+    pub async fn payment(&self, id: &str) -> serde_json::Value {
+        self.app
+            .get(&format!("/v1/payments/{id}"))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+}

@@ -18,9 +18,13 @@ tokio::task_local! {
 }
 
 /// One invalid field of a request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
+    /// The field: a body member (`amount`, `metadata.<key>`), `body` for the
+    /// body as a whole, or a query parameter (`wait`, `limit`...).
+    #[schema(example = "amount")]
     pub field: String,
+    #[schema(example = "amount must be an integer from 1 to 99999999999")]
     pub message: String,
 }
 
@@ -168,7 +172,12 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Busy => ApiError::InProgress,
+            // A lock wait that timed out outside the key reservation (e.g. a
+            // payment row held by a concurrent request with another key):
+            // retryable, but not "this key is in progress", which is what
+            // 409 must only ever mean. `keyed::begin` maps the reservation's
+            // own timeout to 409.
+            StoreError::Busy => ApiError::Unavailable(Some(e)),
             StoreError::Unavailable(_) => ApiError::Unavailable(Some(e)),
             other => ApiError::internal(other),
         }

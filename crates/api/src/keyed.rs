@@ -14,7 +14,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cobro_core::{Fingerprint, IdempotencyKey, Operation, PaymentId, RefundId};
 use cobro_store::idempotency::ResourceType;
-use cobro_store::{KeyScope, Reservation, StoredRecord, WriteTx};
+use cobro_store::{KeyScope, Reservation, StoreError, StoredRecord, WriteTx};
 use std::collections::BTreeMap;
 use uuid::Uuid;
 
@@ -61,10 +61,17 @@ pub async fn begin(
     resource: (ResourceType, Uuid),
 ) -> Result<Begun, ApiError> {
     let now = state.clock.now();
-    let mut tx = state.store.begin().await?;
+    // Waiting for the write lock (SQLite) or for a concurrent holder of the
+    // same key (PostgreSQL) is bounded; running out means the key is busy.
+    let in_progress = |e: StoreError| match e {
+        StoreError::Busy => ApiError::InProgress,
+        other => other.into(),
+    };
+    let mut tx = state.store.begin().await.map_err(in_progress)?;
     match tx
         .reserve_key(&keyed.scope, &keyed.fingerprint, resource, now)
-        .await?
+        .await
+        .map_err(in_progress)?
     {
         Reservation::Reserved => Ok(Begun::Fresh(tx)),
         Reservation::Taken(record) => {

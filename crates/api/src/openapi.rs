@@ -1,13 +1,1174 @@
-//! `/openapi.json`: the machine-readable contract.
+//! `/openapi.json`: the machine-readable contract (payments-api.md), an
+//! OpenAPI 3.1 document generated with utoipa from the code.
+//!
+//! Layout:
+//! - [`ApiDoc`]: the derive that collects the paths, the schemas and the tags.
+//! - `paths`: one documentation stub per route with its `#[utoipa::path]`:
+//!   method, path, parameters, request body and success answers. The
+//!   handlers themselves live in `payments.rs` and `health.rs`.
+//! - `schemas`: request bodies and shapes that exist in the code only as
+//!   parsing logic (the API reads bodies field by field to report every
+//!   invalid field at once), plus named schemas built from the domain's own
+//!   lists (`PaymentStatus::ALL`, the known currencies, `Amount::MAX`).
+//! - [`Contract`]: what every operation shares, added in one place so no
+//!   operation can forget it: the bearer scheme, `X-Request-Id`, the
+//!   `Idempotency-Key` parameter and its response headers, and the problem
+//!   answers of each operation built from [`ApiError`] itself (status, code,
+//!   title and an example body all come from `ApiError::problem`).
+//!
+//! The base document is built once; each request only fills in the
+//! retention the server actually runs with.
 
-use crate::AppState;
+use crate::error::{ApiError, FieldError};
+use crate::{ApiSettings, AppState};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
+use cobro_core::{
+    Amount, AttemptState, CaptureMethod, Currency, IdempotencyKey, Operation, PaymentStatus,
+    RefundStatus,
+};
+use serde_json::{Value, json};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+use utoipa::openapi::example::ExampleBuilder;
+use utoipa::openapi::header::{Header, HeaderBuilder};
+use utoipa::openapi::path::{Operation as PathOperation, ParameterBuilder, ParameterIn};
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Components, Content, OpenApi as Document, Ref, RefOr, Required};
+use utoipa::{Modify, OpenApi};
 
 pub(crate) fn routes() -> Router<AppState> {
-    Router::new().route("/openapi.json", get(|| async { Json(document()) }))
+    Router::new().route("/openapi.json", get(serve))
 }
 
-pub fn document() -> serde_json::Value {
-    serde_json::json!({})
+async fn serve(State(state): State<AppState>) -> Json<Document> {
+    Json(document(&state.settings))
+}
+
+/// The document as served by a server running with `settings` (the
+/// retention is part of the contract).
+pub fn document(settings: &ApiSettings) -> Document {
+    static BASE: OnceLock<Document> = OnceLock::new();
+    let mut document = BASE.get_or_init(ApiDoc::openapi).clone();
+    document.info.description = Some(info_description(settings));
+    document
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "cobro payments API",
+        description = "Set at runtime from `info_description`.",
+    ),
+    paths(
+        paths::create_payment,
+        paths::list_payments,
+        paths::get_payment,
+        paths::capture_payment,
+        paths::cancel_payment,
+        paths::create_refund,
+        paths::get_refund,
+        paths::healthz,
+        paths::readyz,
+        paths::openapi_json,
+    ),
+    components(schemas(
+        schemas::CreatePaymentRequest,
+        schemas::CreateRefundRequest,
+        schemas::EmptyBody,
+        schemas::PaymentList,
+        schemas::Problem,
+        schemas::HealthStatus,
+        crate::views::PaymentView,
+        crate::views::RefundView,
+        crate::views::AttemptView,
+        crate::views::Failure,
+        FieldError,
+        PaymentStatusSchema,
+        RefundStatusSchema,
+        AttemptStateSchema,
+        CaptureMethodSchema,
+        OperationSchema,
+        CurrencySchema,
+        AmountSchema,
+        ProblemCodeSchema,
+    )),
+    tags(
+        (name = "payments", description = "Authorise, read, list, capture and cancel payments."),
+        (name = "refunds", description = "Refund captured payments."),
+        (name = "operations", description = "Health, readiness and this document: no authentication, no idempotency."),
+    ),
+    modifiers(&Contract),
+)]
+struct ApiDoc;
+
+/// `info.description`: the idempotency contract and the retention, with the
+/// retention this server actually applies.
+fn info_description(settings: &ApiSettings) -> String {
+    let retention = human(settings.idempotency_retention);
+    let tombstones = human(settings.tombstone_retention);
+    format!(
+        "cobro is a payment orchestration service. Every money-moving request is a POST \
+that carries an `Idempotency-Key`, so a client can retry it after any failure (timeout, \
+lost connection, 409, 5xx) without moving money twice.
+
+## Authentication
+
+`Authorization: Bearer <token>` on every `/v1` endpoint. A missing or unknown token \
+answers 401 `unauthenticated`, the same whether or not the resource exists. A payment \
+of another account answers 404, exactly like one that does not exist.
+
+## The Idempotency-Key
+
+- Required on every POST (400 `idempotency-key-missing` without it).
+- 1 to {max_key} visible ASCII characters (`%x21-7E`). The bare form (`abc-123`, as \
+Stripe clients send it) and the structured-field string form (`\"abc-123\"`) are the same \
+key. More than one header line or any other value: 400 `idempotency-key-invalid`.
+- Generate a random UUID when the intent is created (the user clicks pay, the job \
+creates the charge), persist it with the intent before the first send, and reuse it for \
+every retry of that intent. Keys made only of a time, a client id or an attempt number \
+are a client bug: two different intents would share a key, or one intent would get two.
+- Keys are scoped by (account, operation, key): the same key under another account or \
+for another operation is unrelated.
+
+## Fingerprint
+
+The key is bound to a SHA-256 fingerprint of the operation, the contract version, the \
+path parameters and every accepted body field after validation and normalisation \
+(defaults applied, currency upper-cased). JSON property order and whitespace do not \
+change it; headers (User-Agent, X-Request-Id, traceparent...) are never part of it. \
+Unknown body fields are refused (400), so they can never differ silently.
+
+## What a POST with a key answers
+
+| state of (account, operation, key) | answer |
+|---|---|
+| new | executed in one transaction (key + business rows + outbox + stored answer), committed, then answered with `Idempotent-Replayed: false` |
+| held by a request whose transaction has not committed | wait up to about 2 s; then the committed answer, or execution if it rolled back, or 409 `idempotency-request-in-progress` with `Retry-After: 1` |
+| completed, same fingerprint | the stored status and body, byte for byte, with `Idempotent-Replayed: true` |
+| completed or tombstone, different fingerprint | 422 `idempotency-key-reused`; nothing executed or changed (never 409: SDKs retry 409) |
+| tombstone, same fingerprint, 2xx | the original status with the resource's current representation, `Idempotent-Replayed: true` |
+| tombstone, same fingerprint, refusal | the original status with a `refusal-compacted` problem, `Idempotent-Replayed: true` |
+
+Every answer to a POST that carried exactly one `Idempotency-Key` line echoes it.
+
+Stored against the key: 2xx answers and the final refusals decided inside the \
+transaction (`payment-not-capturable`, `payment-not-cancelable`, \
+`payment-not-refundable`, `refund-exceeds-captured`). Not stored, so the key stays free \
+to correct and retry: `order-has-active-payment`, 401, 400, 404, 413, 409, 503, 500 and \
+every transaction that rolled back.
+
+## Retention
+
+Full records (with the stored answer) are kept {retention}, then compacted to \
+tombstones (scope, key, fingerprint, status, resource id) kept a further {tombstones}; \
+after that the key is new again (the one-active-payment-per-order rule still holds). \
+The purge runs on a schedule, in small batches, and never removes a record younger than \
+its retention.
+
+## Errors
+
+`application/problem+json` (RFC 9457) with `type` `/problems/<code>`, `title`, \
+`status`, `detail`, `code`, `request_id`, and `payment_id` / `errors` where relevant. \
+409 only ever means \"this same key is still in progress: retry with it\"; every refusal \
+caused by a resource's state is a 422 with its own code. 5xx bodies carry no internal \
+detail. The code `rate-limited` (429) is reserved: this server has no rate limiter yet \
+and never sends it.",
+        max_key = IdempotencyKey::MAX_LEN,
+    )
+}
+
+/// `86400s` -> `24 h`, `30 days` for whole days above two, else seconds.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        _ if s >= 2 * 86_400 && s.is_multiple_of(86_400) => format!("{} days", s / 86_400),
+        _ if s >= 3_600 && s.is_multiple_of(3_600) => format!("{} h", s / 3_600),
+        _ if s >= 60 && s.is_multiple_of(60) => format!("{} min", s / 60),
+        _ => format!("{s} s"),
+    }
+}
+
+/// Documentation stubs: one per route, describing exactly what the handler
+/// in `payments.rs` / `health.rs` does. Never called.
+#[allow(dead_code)]
+mod paths {
+    use super::PaymentStatusSchema;
+    use super::schemas::{
+        CreatePaymentRequest, CreateRefundRequest, EmptyBody, HealthStatus, PaymentList,
+    };
+    use crate::views::{PaymentView, RefundView};
+
+    /// Create (authorise) a payment
+    ///
+    /// Operation `payment.authorize`. Creates the payment in `processing`, its
+    /// intent `{order_ref}:authorize-v{n}` and the first provider attempt, in
+    /// one transaction with the idempotency record; the provider is called
+    /// afterwards, by the worker. At most one payment per order that is not
+    /// `declined`, `failed` or `canceled`.
+    #[utoipa::path(
+        post,
+        path = "/v1/payments",
+        operation_id = "createPayment",
+        tag = "payments",
+        request_body(
+            content = CreatePaymentRequest,
+            content_type = "application/json",
+            description = "At most 16 KiB. Unknown fields are refused.",
+        ),
+        responses(
+            (status = 201, description = "Created: the payment in `processing` (with its first attempt). Replays answer the same status; a replay of a tombstone answers the payment as it is now.",
+                body = PaymentView,
+                headers(("Location" = String, description = "`/v1/payments/{id}` of the payment, on the first answer and on replays."))),
+        ),
+    )]
+    pub fn create_payment() {}
+
+    /// List payments
+    ///
+    /// Newest first, cursor pagination. List answers omit `attempts` (one
+    /// query per page, not per payment).
+    #[utoipa::path(
+        get,
+        path = "/v1/payments",
+        operation_id = "listPayments",
+        tag = "payments",
+        params(
+            ("order_ref" = Option<String>, Query, description = "Only payments of this order (exact match)."),
+            ("status" = Option<PaymentStatusSchema>, Query, description = "Only payments in this status."),
+            ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size, 1 to 100; default 20."),
+            ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page: answers the next (older) page."),
+        ),
+        responses(
+            (status = 200, description = "A page of payments, newest first.", body = PaymentList),
+        ),
+    )]
+    pub fn list_payments() {}
+
+    /// Read a payment
+    ///
+    /// With `?wait=N` the answer is held until the payment leaves
+    /// `processing` or N seconds pass, whichever is first; then the payment
+    /// as it is (possibly still `processing`).
+    #[utoipa::path(
+        get,
+        path = "/v1/payments/{id}",
+        operation_id = "getPayment",
+        tag = "payments",
+        params(
+            ("id" = String, Path, format = Uuid, description = "The payment id. An id that is not a UUID, or of another account, answers 404."),
+            ("wait" = Option<u64>, Query, minimum = 0, maximum = 30, description = "Long poll: seconds (0 to 30) to wait for the payment to leave `processing`."),
+        ),
+        responses(
+            (status = 200, description = "The payment, with its attempts.", body = PaymentView),
+        ),
+    )]
+    pub fn get_payment() {}
+
+    /// Capture an authorised payment
+    ///
+    /// Operation `payment.capture`, for `manual` capture payments in
+    /// `authorized`: moves it to `capturing` and enqueues the capture
+    /// attempt (intent `{order_ref}:capture-v{n}`). Captures the whole
+    /// authorised amount.
+    #[utoipa::path(
+        post,
+        path = "/v1/payments/{id}/capture",
+        operation_id = "capturePayment",
+        tag = "payments",
+        params(("id" = String, Path, format = Uuid, description = "The payment id.")),
+        request_body(content = EmptyBody, content_type = "application/json",
+            description = "Empty, or `{}`. Any field is refused."),
+        responses(
+            (status = 202, description = "Accepted: the payment in `capturing`, without `attempts`.", body = PaymentView),
+        ),
+    )]
+    pub fn capture_payment() {}
+
+    /// Cancel (void) a payment
+    ///
+    /// Operation `payment.cancel`, for `manual` capture payments only. An
+    /// `authorized` payment moves to `canceling` and a void attempt is
+    /// enqueued (intent `{order_ref}:cancel-v{n}`). A payment whose
+    /// authorisation outcome is not known yet (`processing`,
+    /// `requires_reconciliation`, `needs_review`) keeps its status: the
+    /// request is recorded (`cancel_requested: true`) and carried out once
+    /// the outcome is known, never as a second incompatible decision.
+    /// Automatic-capture payments move money at authorisation: they are
+    /// refused with 422 `payment-not-cancelable`; refund them instead.
+    #[utoipa::path(
+        post,
+        path = "/v1/payments/{id}/cancel",
+        operation_id = "cancelPayment",
+        tag = "payments",
+        params(("id" = String, Path, format = Uuid, description = "The payment id.")),
+        request_body(content = EmptyBody, content_type = "application/json",
+            description = "Empty, or `{}`. Any field is refused."),
+        responses(
+            (status = 202, description = "Accepted: the payment in `canceling`, or in its pending status with `cancel_requested: true`; without `attempts`.", body = PaymentView),
+        ),
+    )]
+    pub fn cancel_payment() {}
+
+    /// Refund a captured payment
+    ///
+    /// Operation `refund.create`, for payments in `captured` or
+    /// `partially_refunded`. Creates the refund in `processing` (intent
+    /// `{order_ref}:refund-v{n}`) and its attempt. The sum of refunds that
+    /// are not failed never exceeds the captured amount, also under
+    /// concurrent refunds with different keys.
+    #[utoipa::path(
+        post,
+        path = "/v1/payments/{id}/refunds",
+        operation_id = "createRefund",
+        tag = "refunds",
+        params(("id" = String, Path, format = Uuid, description = "The payment id.")),
+        request_body(content = CreateRefundRequest, content_type = "application/json",
+            description = "At most 16 KiB. Unknown fields are refused."),
+        responses(
+            (status = 201, description = "Created: the refund in `processing`. A replay of a tombstone answers the refund as it is now.",
+                body = RefundView,
+                headers(("Location" = String, description = "`/v1/payments/{id}/refunds/{refund_id}`. Sent on the first answer only: replays of a refund do not carry it."))),
+        ),
+    )]
+    pub fn create_refund() {}
+
+    /// Read a refund
+    #[utoipa::path(
+        get,
+        path = "/v1/payments/{id}/refunds/{refund_id}",
+        operation_id = "getRefund",
+        tag = "refunds",
+        params(
+            ("id" = String, Path, format = Uuid, description = "The payment id."),
+            ("refund_id" = String, Path, format = Uuid, description = "The refund id; a refund of another payment answers 404."),
+        ),
+        responses((status = 200, description = "The refund.", body = RefundView)),
+    )]
+    pub fn get_refund() {}
+
+    /// Liveness
+    ///
+    /// The process is up; says nothing about its dependencies.
+    #[utoipa::path(
+        get,
+        path = "/healthz",
+        operation_id = "healthz",
+        tag = "operations",
+        responses((status = 200, description = "Up.", body = HealthStatus,
+            example = json!({"status": "ok"}))),
+    )]
+    pub fn healthz() {}
+
+    /// Readiness
+    ///
+    /// Ready to serve: the database answers. Fails while it is unreachable,
+    /// so a load balancer stops sending traffic that could not be recorded.
+    #[utoipa::path(
+        get,
+        path = "/readyz",
+        operation_id = "readyz",
+        tag = "operations",
+        responses(
+            (status = 200, description = "Ready.", body = HealthStatus,
+                example = json!({"status": "ready"})),
+            (status = 503, description = "The database is unreachable.", body = HealthStatus,
+                example = json!({"status": "unavailable", "database": "unreachable"})),
+        ),
+    )]
+    pub fn readyz() {}
+
+    /// This document
+    #[utoipa::path(
+        get,
+        path = "/openapi.json",
+        operation_id = "openapi",
+        tag = "operations",
+        responses((status = 200, description = "The OpenAPI 3.1 document of this API.",
+            content_type = "application/json", body = Object)),
+    )]
+    pub fn openapi_json() {}
+}
+
+/// Shapes that the code parses field by field (or builds as a JSON map),
+/// written down for the document. The integration test `openapi` compares
+/// them with real answers.
+#[allow(dead_code)]
+pub(crate) mod schemas {
+    use super::{AmountSchema, CaptureMethodSchema, ProblemCodeSchema};
+    use crate::error::FieldError;
+    use crate::views::PaymentView;
+    use serde::Deserialize;
+    use std::collections::BTreeMap;
+    use utoipa::ToSchema;
+
+    /// Body of `POST /v1/payments`. `null` reads as absent.
+    #[derive(Deserialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct CreatePaymentRequest {
+        /// The merchant's own identity of the order: 1 to 128 of `[A-Za-z0-9._:-]`.
+        #[schema(
+            min_length = 1,
+            max_length = 128,
+            pattern = r"^[A-Za-z0-9._:-]{1,128}$",
+            example = "pedido-842"
+        )]
+        pub order_ref: String,
+        #[schema(value_type = AmountSchema)]
+        pub amount: i64,
+        /// ISO 4217 alpha-3 code that cobro knows (see `Currency`), in any
+        /// case: `eur` is `EUR`. Answers carry it upper-cased.
+        #[schema(pattern = "^[A-Za-z]{3}$", example = "EUR")]
+        pub currency: String,
+        /// The provider's payment method token: 1 to 128 visible ASCII characters.
+        #[schema(
+            min_length = 1,
+            max_length = 128,
+            pattern = "^[!-~]{1,128}$",
+            example = "pm_card_visa"
+        )]
+        pub payment_method: String,
+        /// `automatic` (default): the money moves at authorisation.
+        /// `manual`: authorise now, capture later (or cancel).
+        #[schema(value_type = Option<CaptureMethodSchema>, default = "automatic")]
+        pub capture_method: Option<String>,
+        /// Free text for the merchant, at most 1000 characters.
+        #[schema(max_length = 1000)]
+        pub description: Option<String>,
+        /// At most 20 keys; keys 1 to 40 characters, values strings of at most 500.
+        #[schema(schema_with = super::metadata_schema)]
+        pub metadata: Option<BTreeMap<String, String>>,
+    }
+
+    /// Body of `POST /v1/payments/{id}/refunds`. `null` reads as absent.
+    #[derive(Deserialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct CreateRefundRequest {
+        /// Minor units to refund; the sum of refunds that are not failed may
+        /// not exceed the captured amount.
+        #[schema(value_type = AmountSchema)]
+        pub amount: i64,
+        /// Free text, at most 500 characters.
+        #[schema(max_length = 500)]
+        pub reason: Option<String>,
+    }
+
+    /// Capture and cancel take no fields: an empty body (or only
+    /// whitespace) or `{}`.
+    #[derive(Deserialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct EmptyBody {}
+
+    /// A page of payments, newest first.
+    #[derive(ToSchema)]
+    pub struct PaymentList {
+        /// The payments of this page, without `attempts`.
+        pub data: Vec<PaymentView>,
+        /// Pass as `cursor` for the next (older) page; `null` when this page
+        /// is not full. A full last page still carries a cursor, whose page
+        /// is empty.
+        pub next_cursor: Option<String>,
+    }
+
+    /// An RFC 9457 problem (`application/problem+json`).
+    #[derive(ToSchema)]
+    pub struct Problem {
+        /// `/problems/<code>`, a URI reference.
+        #[schema(
+            rename = "type",
+            format = "uri-reference",
+            example = "/problems/payment-not-capturable"
+        )]
+        pub kind: String,
+        /// Short, fixed per code.
+        pub title: String,
+        /// The HTTP status of the answer.
+        #[schema(minimum = 400, maximum = 599)]
+        pub status: u16,
+        /// What happened, for a human. 5xx details never carry internal detail.
+        pub detail: String,
+        #[schema(value_type = ProblemCodeSchema)]
+        pub code: String,
+        /// The id of the request that produced this body (echoed in
+        /// `X-Request-Id`). A replayed refusal carries the id of the first
+        /// request; `refusal-compacted` bodies carry none.
+        #[schema(nullable = false)]
+        pub request_id: Option<String>,
+        /// The payment a state refusal is about (for
+        /// `order-has-active-payment`: the order's active payment).
+        #[schema(nullable = false, format = Uuid)]
+        pub payment_id: Option<String>,
+        /// Every invalid field (`validation-error` only).
+        #[schema(nullable = false)]
+        pub errors: Option<Vec<FieldError>>,
+    }
+
+    /// Answer of `/healthz` and `/readyz`.
+    #[derive(ToSchema)]
+    pub struct HealthStatus {
+        /// `ok` (healthz), `ready` or `unavailable` (readyz).
+        pub status: String,
+        /// `unreachable` when readyz fails.
+        #[schema(nullable = false)]
+        pub database: Option<String>,
+    }
+}
+
+/// Declares a named schema built at runtime from the domain's own lists.
+/// Uninhabited: these types exist only to name a schema.
+macro_rules! runtime_schema {
+    ($(#[$doc:meta])* $ty:ident = $name:literal, $build:expr) => {
+        $(#[$doc])*
+        pub(crate) enum $ty {}
+
+        impl utoipa::PartialSchema for $ty {
+            fn schema() -> RefOr<Schema> {
+                $build
+            }
+        }
+
+        impl utoipa::ToSchema for $ty {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed($name)
+            }
+        }
+    };
+}
+
+fn string_enum<'a>(values: impl IntoIterator<Item = &'a str>, description: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(values))
+        .description(Some(description))
+        .into()
+}
+
+runtime_schema!(
+    /// `PaymentStatus::ALL`.
+    PaymentStatusSchema = "PaymentStatus",
+    string_enum(
+        PaymentStatus::ALL.iter().map(PaymentStatus::as_str),
+        "processing -> authorized (manual capture) | captured (automatic) | declined | failed | requires_reconciliation; \
+requires_reconciliation -> any outcome the provider proves, or needs_review; authorized -> capturing -> captured; \
+authorized -> canceling -> canceled; captured -> partially_refunded | refunded. \
+declined, failed and canceled free the order for a new payment.",
+    )
+);
+
+runtime_schema!(
+    /// `RefundStatus::ALL`.
+    RefundStatusSchema = "RefundStatus",
+    string_enum(
+        RefundStatus::ALL.iter().map(RefundStatus::as_str),
+        "processing -> succeeded | failed | requires_reconciliation (-> an outcome the provider proves, or needs_review).",
+    )
+);
+
+runtime_schema!(
+    /// `AttemptState::ALL`.
+    AttemptStateSchema = "AttemptState",
+    string_enum(
+        AttemptState::ALL.iter().map(AttemptState::as_str),
+        "pending: not answered yet; unknown: sent without a definitive answer, retried with the same provider key; \
+reconciling: handed to the reconciler; succeeded | declined | failed; no_effect: proven to have had no effect.",
+    )
+);
+
+runtime_schema!(
+    /// `CaptureMethod::ALL`.
+    CaptureMethodSchema = "CaptureMethod",
+    string_enum(
+        CaptureMethod::ALL.iter().map(CaptureMethod::as_str),
+        "automatic: the money moves at authorisation. manual: authorise, then capture or cancel.",
+    )
+);
+
+runtime_schema!(
+    /// `Operation::ALL`.
+    OperationSchema = "Operation",
+    string_enum(
+        Operation::ALL.iter().map(Operation::as_str),
+        "The keyed operation an attempt belongs to.",
+    )
+);
+
+runtime_schema!(
+    /// Every code a problem body can carry.
+    ProblemCodeSchema = "ProblemCode",
+    string_enum(
+        every_error()
+            .iter()
+            .map(|e| e.status_and_code().1)
+            .chain([COMPACTED]),
+        "The stable code of a problem; `type` is `/problems/<code>`.",
+    )
+);
+
+runtime_schema!(
+    /// The currencies `Currency::parse` accepts, upper case.
+    CurrencySchema = "Currency",
+    string_enum(
+        known_currencies().iter().map(String::as_str),
+        "ISO 4217 alpha-3, upper case. Requests may use any case.",
+    )
+);
+
+runtime_schema!(
+    /// `Amount::MIN..=Amount::MAX`.
+    AmountSchema = "Amount",
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+            utoipa::openapi::KnownFormat::Int64
+        )))
+        .minimum(Some(Amount::MIN))
+        .maximum(Some(Amount::MAX))
+        .description(Some(
+            "Integer minor units (1999 is 19.99 EUR; JPY has none): a JSON integer, never 19.99 or 1.999e3.",
+        ))
+        .examples([1999])
+        .into()
+);
+
+/// The codes `Currency::parse` knows: the domain's table is private, and
+/// asking it is the only way the document cannot drift from it.
+fn known_currencies() -> Vec<String> {
+    let letters = b'A'..=b'Z';
+    let mut known = Vec::new();
+    for a in letters.clone() {
+        for b in letters.clone() {
+            for c in letters.clone() {
+                let code = String::from_utf8_lossy(&[a, b, c]).into_owned();
+                if Currency::parse(&code).is_ok() {
+                    known.push(code);
+                }
+            }
+        }
+    }
+    known
+}
+
+/// `metadata`: a string map with its limits.
+pub(crate) fn metadata_schema() -> Schema {
+    let key = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(40));
+    let value = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(500));
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(key))
+        .additional_properties(Some(value))
+        .max_properties(Some(20))
+        .description(Some(
+            "A string map: at most 20 keys, keys 1 to 40 characters, values strings of at most 500.",
+        ))
+        .examples([json!({"channel": "web"})])
+        .into()
+}
+
+/// The code of the body a tombstoned refusal replays (built in `keyed.rs`).
+const COMPACTED: &str = "refusal-compacted";
+
+const EXAMPLE_PAYMENT: &str = "0193a7c4-5f2e-7d41-9b7a-2c1d3e4f5a6b";
+const EXAMPLE_REQUEST: &str = "0193a7c4-6a00-7c3e-8f11-9d2e4b6c8a01";
+
+/// One of each [`ApiError`] variant, as documentation examples. A new
+/// variant is a compile error in [`explain`] until it is documented; the
+/// unit test below checks it is listed here too.
+fn every_error() -> Vec<ApiError> {
+    let id = || EXAMPLE_PAYMENT.to_owned();
+    vec![
+        ApiError::Unauthenticated,
+        ApiError::NotFound,
+        ApiError::Validation(vec![FieldError::new(
+            "amount",
+            cobro_core::AmountError::OutOfRange.to_string(),
+        )]),
+        ApiError::BodyTooLarge {
+            limit: crate::extract::BODY_LIMIT,
+        },
+        ApiError::KeyMissing,
+        ApiError::KeyInvalid,
+        ApiError::KeyReused,
+        ApiError::InProgress,
+        ApiError::OrderHasActivePayment { payment_id: id() },
+        ApiError::NotCapturable {
+            payment_id: id(),
+            status: "processing".into(),
+        },
+        ApiError::NotCancelable {
+            payment_id: id(),
+            status: "captured".into(),
+        },
+        ApiError::NotRefundable {
+            payment_id: id(),
+            status: "authorized".into(),
+        },
+        ApiError::RefundExceedsCaptured { payment_id: id() },
+        ApiError::RateLimited,
+        ApiError::Unavailable(None),
+        ApiError::internal(std::io::Error::other("example")),
+    ]
+}
+
+/// When each problem happens and what the client does about it.
+pub(crate) fn explain(error: &ApiError) -> &'static str {
+    use ApiError as E;
+    match error {
+        E::Unauthenticated => {
+            "The bearer token is missing or not valid. The same answer whether or not the resource exists."
+        }
+        E::NotFound => {
+            "No such payment or refund in this account; an id of another account, or one that is not a UUID, answers the same."
+        }
+        E::Validation(_) => {
+            "The body, a field or a query parameter is invalid; `errors` lists every invalid field, unknown fields included. Correct it and retry, with the same key if you like."
+        }
+        E::BodyTooLarge { .. } => "The body is larger than 16 KiB (16384 bytes).",
+        E::KeyMissing => "A POST without an `Idempotency-Key` header.",
+        E::KeyInvalid => {
+            "More than one `Idempotency-Key` line, or a value that is not 1 to 255 visible ASCII characters (bare, or one structured-field string)."
+        }
+        E::KeyReused => {
+            "This key was already used in this account for this operation with a different request. Nothing was executed or changed; a new request needs a new key."
+        }
+        E::InProgress => {
+            "A request with this same key is still in progress (or the resource stayed locked by a concurrent request longer than the lock wait, about 2 s). Retry with the same key after `Retry-After`."
+        }
+        E::OrderHasActivePayment { .. } => {
+            "The order already has a payment that is not declined, failed or canceled; `payment_id` names it. Not stored against the key."
+        }
+        E::NotCapturable { .. } => {
+            "Only an `authorized` (manual capture) payment can be captured. Stored against the key."
+        }
+        E::NotCancelable { .. } => {
+            "Only manual-capture payments that are `authorized` or still awaiting their authorisation outcome can be canceled; automatic-capture payments are refunded instead. Stored against the key."
+        }
+        E::NotRefundable { .. } => {
+            "Only a `captured` or `partially_refunded` payment can be refunded. Stored against the key."
+        }
+        E::RefundExceedsCaptured { .. } => {
+            "Refunds that are not failed would exceed the captured amount. Stored against the key."
+        }
+        E::RateLimited => "Reserved: this server has no rate limiter yet and never sends it.",
+        E::Unavailable(_) => {
+            "The database is unreachable; nothing was stored. Retry with the same key after `Retry-After`."
+        }
+        E::Internal(_) => {
+            "An unexpected error; the body carries no detail (the cause is logged under the request id). Retry with the same key."
+        }
+    }
+}
+
+/// A problem an operation can answer.
+enum Refusal {
+    Api(ApiError),
+    /// A stored refusal replayed after compaction to a tombstone.
+    Compacted,
+}
+
+impl Refusal {
+    fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Api(e) => e.status_and_code().0,
+            Refusal::Compacted => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Refusal::Api(e) => e.status_and_code().1,
+            Refusal::Compacted => COMPACTED,
+        }
+    }
+
+    fn explain(&self) -> &'static str {
+        match self {
+            Refusal::Api(e) => explain(e),
+            Refusal::Compacted => {
+                "A refusal stored against this key was compacted to a tombstone: its original status, without the original body."
+            }
+        }
+    }
+
+    fn example(&self) -> (String, Value) {
+        match self {
+            Refusal::Api(e) => {
+                let mut body = e.problem();
+                body.insert("request_id".into(), json!(EXAMPLE_REQUEST));
+                let title = body
+                    .get("title")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                (title.to_owned(), Value::Object(body))
+            }
+            Refusal::Compacted => (
+                "Refusal compacted".into(),
+                json!({
+                    "type": "/problems/refusal-compacted",
+                    "title": "Refusal compacted",
+                    "status": 422,
+                    "detail": "this key was refused earlier; the refusal is older than the idempotency retention and its body is no longer stored",
+                    "code": "refusal-compacted",
+                }),
+            ),
+        }
+    }
+
+    /// Stored against the key: answered by `keyed::build`, with
+    /// `Idempotent-Replayed`.
+    fn is_stored(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Compacted
+                | Refusal::Api(
+                    ApiError::NotCapturable { .. }
+                        | ApiError::NotCancelable { .. }
+                        | ApiError::NotRefundable { .. }
+                        | ApiError::RefundExceedsCaptured { .. }
+                )
+        )
+    }
+}
+
+/// The problems each operation answers, in the order the handler checks:
+/// token, key header, body, key state, then the resource.
+fn refusals(operation_id: &str) -> Vec<Refusal> {
+    let pick = |codes: &[&str]| -> Vec<Refusal> {
+        let mut picked: Vec<Refusal> = every_error()
+            .into_iter()
+            .filter(|e| codes.contains(&e.status_and_code().1))
+            .map(Refusal::Api)
+            .collect();
+        if codes.contains(&COMPACTED) {
+            picked.push(Refusal::Compacted);
+        }
+        picked
+    };
+    const READ: &[&str] = &["unauthenticated", "service-unavailable", "internal"];
+    const KEYED: &[&str] = &[
+        "unauthenticated",
+        "idempotency-key-missing",
+        "idempotency-key-invalid",
+        "body-too-large",
+        "validation-error",
+        "idempotency-request-in-progress",
+        "idempotency-key-reused",
+        "service-unavailable",
+        "internal",
+    ];
+    let with = |base: &[&str], more: &[&str]| pick(&[base, more].concat());
+    match operation_id {
+        "createPayment" => with(KEYED, &["order-has-active-payment"]),
+        "listPayments" => with(READ, &["validation-error"]),
+        "getPayment" => with(READ, &["validation-error", "not-found"]),
+        "capturePayment" => with(KEYED, &["not-found", "payment-not-capturable", COMPACTED]),
+        "cancelPayment" => with(KEYED, &["not-found", "payment-not-cancelable", COMPACTED]),
+        "createRefund" => with(
+            KEYED,
+            &[
+                "not-found",
+                "payment-not-refundable",
+                "refund-exceeds-captured",
+                COMPACTED,
+            ],
+        ),
+        "getRefund" => with(READ, &["not-found"]),
+        _ => Vec::new(),
+    }
+}
+
+const H_REQUEST_ID: &str = "X-Request-Id";
+const H_KEY: &str = "Idempotency-Key";
+const H_REPLAYED: &str = "Idempotent-Replayed";
+const H_RETRY_AFTER: &str = "Retry-After";
+
+fn header_ref(name: &str) -> RefOr<Header> {
+    RefOr::Ref(Ref::new(format!("#/components/headers/{name}")))
+}
+
+fn string_schema() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::String)
+}
+
+/// The `Idempotency-Key` syntax: bare, or one structured-field string
+/// (no `"` or `\` inside).
+fn key_pattern() -> String {
+    let n = IdempotencyKey::MAX_LEN;
+    format!(r#"^(?:[!-~]{{1,{n}}}|"[!#-\[\]-~]{{1,{n}}}")$"#)
+}
+
+/// Adds what every operation shares; see the module docs.
+struct Contract;
+
+impl Modify for Contract {
+    fn modify(&self, openapi: &mut Document) {
+        let components = openapi.components.get_or_insert_with(Components::new);
+        add_shared_components(components);
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            // Every `/v1` handler takes the `Account` extractor; the
+            // operations routes take none.
+            let secured = path.starts_with("/v1/");
+            // The router serves only GET and POST.
+            if let Some(operation) = item.get.as_mut() {
+                complete_operation(operation, false, secured);
+            }
+            if let Some(operation) = item.post.as_mut() {
+                complete_operation(operation, true, secured);
+            }
+        }
+    }
+}
+
+fn add_shared_components(components: &mut Components) {
+    components.security_schemes.insert(
+        "bearer".into(),
+        RefOr::T(SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "`Authorization: Bearer <token>`. Tokens are created by the ops CLI (`cobro token`), shown once and stored only as a SHA-256 hash.",
+                ))
+                .build(),
+        )),
+    );
+    let headers: [(&str, Header); 4] = [
+        (
+            H_REQUEST_ID,
+            HeaderBuilder::new()
+                .schema(Some(string_schema()))
+                .description(Some(
+                    "The request id: the client's `X-Request-Id` when it sent one of 1 to 128 visible ASCII characters, else a new UUID. Also in problem bodies and log lines.",
+                ))
+                .build(),
+        ),
+        (
+            H_KEY,
+            HeaderBuilder::new()
+                .schema(Some(string_schema()))
+                .description(Some(
+                    "The request's `Idempotency-Key`, echoed as sent, on every answer to a POST that carried exactly one `Idempotency-Key` line.",
+                ))
+                .build(),
+        ),
+        (
+            H_REPLAYED,
+            HeaderBuilder::new()
+                .schema(Some(string_schema().enum_values(Some(["true", "false"]))))
+                .description(Some(
+                    "`false` on the answer of the execution itself, `true` on a replay of a stored answer or of a tombstone. Sent on answers stored against the key (2xx and the final 422 refusals), not on other problems.",
+                ))
+                .build(),
+        ),
+        (
+            H_RETRY_AFTER,
+            HeaderBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))))
+                .description(Some("Seconds to wait before retrying with the same key: `1`."))
+                .example(Some(json!("1")))
+                .build(),
+        ),
+    ];
+    for (name, header) in headers {
+        components.headers.insert(name.into(), RefOr::T(header));
+    }
+    components.parameters.insert(
+        "IdempotencyKey".into(),
+        RefOr::T(
+            ParameterBuilder::new()
+                .name(H_KEY)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(format!(
+                    "1 to {} visible ASCII characters (`%x21-7E`); the bare form and the structured-field string form (`\"...\"`) are the same key. Use a random UUID generated when the intent is created and persisted before the first send; reuse it for every retry of that intent. Scoped by (account, operation, key).",
+                    IdempotencyKey::MAX_LEN
+                )))
+                .schema(Some(string_schema().pattern(Some(key_pattern()))))
+                .example(Some(json!("8e03978e-40d5-43e8-bc93-6894a57f9324")))
+                .build(),
+        ),
+    );
+    components.parameters.insert(
+        "RequestId".into(),
+        RefOr::T(
+            ParameterBuilder::new()
+                .name(H_REQUEST_ID)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some(
+                    "Optional correlation id, 1 to 128 visible ASCII characters; echoed. Never part of the fingerprint.",
+                ))
+                .schema(Some(
+                    string_schema()
+                        .min_length(Some(1))
+                        .max_length(Some(128))
+                        .pattern(Some("^[!-~]{1,128}$")),
+                ))
+                .build(),
+        ),
+    );
+}
+
+fn complete_operation(operation: &mut PathOperation, is_post: bool, secured: bool) {
+    if secured {
+        operation.security = Some(vec![SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+    }
+    let parameters = operation.parameters.get_or_insert_with(Vec::new);
+    if is_post {
+        parameters.insert(
+            0,
+            RefOr::Ref(Ref::new("#/components/parameters/IdempotencyKey")),
+        );
+    }
+    parameters.push(RefOr::Ref(Ref::new("#/components/parameters/RequestId")));
+
+    // The success answers the stubs declared.
+    for response in operation.responses.responses.values_mut() {
+        if let RefOr::T(response) = response {
+            response
+                .headers
+                .insert(H_REQUEST_ID.into(), header_ref(H_REQUEST_ID));
+            if is_post {
+                response.headers.insert(H_KEY.into(), header_ref(H_KEY));
+                response
+                    .headers
+                    .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
+            }
+        }
+    }
+
+    let operation_id = operation.operation_id.clone().unwrap_or_default();
+    // Capture and cancel read an absent body as `{}`; utoipa marks a
+    // declared body required.
+    if matches!(operation_id.as_str(), "capturePayment" | "cancelPayment")
+        && let Some(RefOr::T(body)) = operation.request_body.as_mut()
+    {
+        body.required = Some(Required::False);
+    }
+    let mut by_status: BTreeMap<u16, Vec<Refusal>> = BTreeMap::new();
+    for refusal in refusals(&operation_id) {
+        by_status
+            .entry(refusal.status().as_u16())
+            .or_default()
+            .push(refusal);
+    }
+    for (status, refusals) in by_status {
+        let codes: Vec<&str> = refusals.iter().map(Refusal::code).collect();
+        let schema = AllOfBuilder::new()
+            .item(Ref::from_schema_name("Problem"))
+            .item(
+                ObjectBuilder::new()
+                    .property(
+                        "code",
+                        string_schema().enum_values(Some(codes.iter().copied())),
+                    )
+                    .property(
+                        "status",
+                        ObjectBuilder::new()
+                            .schema_type(Type::Integer)
+                            .enum_values(Some([status])),
+                    ),
+            )
+            .build();
+        let mut content = Content::new(Some(RefOr::T(Schema::AllOf(schema))));
+        for refusal in &refusals {
+            let (summary, value) = refusal.example();
+            content.examples.insert(
+                refusal.code().into(),
+                RefOr::T(
+                    ExampleBuilder::new()
+                        .summary(summary)
+                        .value(Some(value))
+                        .build(),
+                ),
+            );
+        }
+        let mut description = refusals
+            .iter()
+            .map(|r| format!("- `{}`: {}", r.code(), r.explain()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut response = ResponseBuilder::new()
+            .content("application/problem+json", content)
+            .build();
+        // axum's `Query` extractor answers an undecodable query string
+        // (e.g. a repeated parameter) itself, before the handler runs.
+        if status == 400 && matches!(operation_id.as_str(), "listPayments" | "getPayment") {
+            description.push_str(
+                "\n- `text/plain`: a query string that cannot be decoded at all (e.g. a repeated parameter) is refused by the framework with a plain-text message, not a problem.",
+            );
+            response.content.insert(
+                "text/plain".into(),
+                RefOr::T(Content::new(Some(string_schema()))),
+            );
+        }
+        response.description = description;
+        response
+            .headers
+            .insert(H_REQUEST_ID.into(), header_ref(H_REQUEST_ID));
+        if is_post {
+            response.headers.insert(H_KEY.into(), header_ref(H_KEY));
+            if refusals.iter().any(Refusal::is_stored) {
+                response
+                    .headers
+                    .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
+            }
+        }
+        if status == 409 || status == 503 {
+            response
+                .headers
+                .insert(H_RETRY_AFTER.into(), header_ref(H_RETRY_AFTER));
+        }
+        operation
+            .responses
+            .responses
+            .insert(status.to_string(), RefOr::T(response));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_is_explained_and_has_a_distinct_code() {
+        let errors = every_error();
+        let mut codes: Vec<&str> = errors.iter().map(|e| e.status_and_code().1).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), errors.len());
+        assert!(errors.iter().all(|e| !explain(e).is_empty()));
+    }
+
+    #[test]
+    fn the_key_pattern_admits_both_forms() {
+        // Spot-check the pattern text; the integration test checks real keys.
+        assert!(key_pattern().contains("{1,255}"));
+    }
+
+    #[test]
+    fn known_currencies_are_the_domains() {
+        let known = known_currencies();
+        assert!(known.iter().any(|c| c == "EUR"));
+        assert!(known.iter().all(|c| Currency::parse(c).is_ok()));
+    }
+
+    #[test]
+    fn retention_reads_as_people_write_it() {
+        assert_eq!(human(Duration::from_secs(24 * 3600)), "24 h");
+        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30 days");
+        assert_eq!(human(Duration::from_secs(90)), "90 s");
+    }
 }

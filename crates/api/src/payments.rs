@@ -15,7 +15,7 @@ use cobro_core::{
 };
 use cobro_store::idempotency::ResourceType;
 use cobro_store::payments::RefundRefusal;
-use cobro_store::{NewAttempt, NewPayment, NewRefund, PaymentFilter, PaymentRow, WriteTx};
+use cobro_store::{NewPayment, NewRefund, PaymentFilter, WriteTx};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -136,11 +136,6 @@ fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
     }
 }
 
-/// A fresh provider idempotency key, generated and stored before any send.
-fn provider_key() -> String {
-    uuid::Uuid::new_v4().to_string()
-}
-
 fn to_json(value: &impl Serialize) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(value).map_err(ApiError::internal)
 }
@@ -201,16 +196,16 @@ async fn create_payment(
             payment_id: existing.map(|p| p.to_string()).unwrap_or_default(),
         });
     };
-    let attempt = enqueue_first_attempt(
-        &mut tx,
-        account.0,
-        &row,
-        None,
-        Operation::Authorize,
-        &intent,
-        now,
-    )
-    .await?;
+    let attempt = tx
+        .open_intent(
+            account.0,
+            PaymentId::from_uuid(row.id.0),
+            None,
+            Operation::Authorize,
+            &intent,
+            now,
+        )
+        .await?;
     let body = to_json(&views::payment(&row, Some(&[attempt])))?;
     let response = keyed::commit(
         tx,
@@ -235,32 +230,6 @@ async fn active_payment_for_order(
     let found = tx.active_payment_for_order(account, order_ref).await?;
     tx.rollback().await?;
     Ok(found)
-}
-
-/// The intent, its first attempt (with a fresh provider key) and the outbox
-/// row, in the caller's transaction.
-async fn enqueue_first_attempt(
-    tx: &mut WriteTx,
-    account: AccountId,
-    payment: &PaymentRow,
-    refund: Option<RefundId>,
-    operation: Operation,
-    intent: &IntentName,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<cobro_store::AttemptRow, ApiError> {
-    let payment_id = PaymentId::from_uuid(payment.id.0);
-    let intent_id = tx
-        .insert_intent(account, payment_id, refund, operation, intent, now)
-        .await?;
-    let attempt = NewAttempt {
-        intent: intent_id,
-        payment: payment_id,
-        refund,
-        operation,
-        provider_key: provider_key(),
-        reference: intent.as_str().to_owned(),
-    };
-    Ok(tx.enqueue_attempt(&attempt, now, now).await?)
 }
 
 /// A payment with its attempts, as GET answers it.
@@ -428,21 +397,6 @@ async fn begin_payment_operation(
     )
 }
 
-/// `{order_ref}:{verb}-v{n}` for the next intent of `operation` on this
-/// payment's order. Call it after the statement that locked the payment row.
-async fn next_intent_name(
-    tx: &mut WriteTx,
-    account: AccountId,
-    payment: &PaymentRow,
-    operation: Operation,
-) -> Result<IntentName, ApiError> {
-    let order_ref = OrderRef::parse(&payment.order_ref).map_err(ApiError::internal)?;
-    let sequence = tx
-        .next_intent_sequence(account, &order_ref, operation)
-        .await?;
-    Ok(IntentName::new(&order_ref, operation, sequence))
-}
-
 async fn capture_payment(
     State(state): State<AppState>,
     account: Account,
@@ -475,11 +429,12 @@ async fn capture_payment(
         };
         return keyed::commit_refusal(tx, &keyed, refusal).await;
     };
-    let intent = next_intent_name(&mut tx, account.0, &row, Operation::Capture).await?;
-    enqueue_first_attempt(
-        &mut tx,
+    let intent = tx
+        .next_intent_name(account.0, &row.order_ref, Operation::Capture)
+        .await?;
+    tx.open_intent(
         account.0,
-        &row,
+        PaymentId::from_uuid(row.id.0),
         None,
         Operation::Capture,
         &intent,
@@ -536,11 +491,12 @@ async fn cancel_payment(
             .await?
         {
             Some(row) => {
-                let intent = next_intent_name(&mut tx, account.0, &row, Operation::Cancel).await?;
-                enqueue_first_attempt(
-                    &mut tx,
+                let intent = tx
+                    .next_intent_name(account.0, &row.order_ref, Operation::Cancel)
+                    .await?;
+                tx.open_intent(
                     account.0,
-                    &row,
+                    PaymentId::from_uuid(row.id.0),
                     None,
                     Operation::Cancel,
                     &intent,
@@ -641,7 +597,9 @@ async fn create_refund(
         }
     }
     let payment = tx.payment(account.0, id).await?.ok_or(ApiError::NotFound)?;
-    let intent = next_intent_name(&mut tx, account.0, &payment, Operation::Refund).await?;
+    let intent = tx
+        .next_intent_name(account.0, &payment.order_ref, Operation::Refund)
+        .await?;
     let refund = tx
         .insert_refund(
             &NewRefund {
@@ -655,10 +613,9 @@ async fn create_refund(
             now,
         )
         .await?;
-    enqueue_first_attempt(
-        &mut tx,
+    tx.open_intent(
         account.0,
-        &payment,
+        PaymentId::from_uuid(payment.id.0),
         Some(refund_id),
         Operation::Refund,
         &intent,

@@ -7,58 +7,109 @@ use cobro_store::{AttemptRow, DbTime, PaymentRow, RefundRow};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+/// Why a payment or refund was declined or failed.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Failure {
+    /// The provider's (or cobro's) stable code, e.g. `card_declined`.
+    #[schema(example = "card_declined")]
     pub code: String,
     pub message: Option<String>,
 }
 
 /// One provider attempt, as a merchant may see it: never the provider key.
 #[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Attempt)]
 pub struct AttemptView {
+    /// 1 for the first attempt of this payment, in creation order.
+    #[schema(minimum = 1)]
     pub number: usize,
+    #[schema(value_type = crate::openapi::OperationSchema)]
     pub operation: String,
+    /// The provider reference: the intent name, sent as the charge's
+    /// merchant reference.
+    #[schema(example = "pedido-842:authorize-v1")]
     pub reference: String,
+    #[schema(value_type = crate::openapi::AttemptStateSchema)]
     pub state: String,
+    /// How many times this attempt was sent (retries reuse its provider key).
+    #[schema(minimum = 0)]
     pub sends: i32,
+    #[schema(format = DateTime)]
     pub first_send_at: Option<String>,
+    #[schema(format = DateTime)]
     pub last_send_at: Option<String>,
 }
 
+/// A payment.
 #[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Payment)]
 pub struct PaymentView {
+    #[schema(format = Uuid, example = "0193a7c4-5f2e-7d41-9b7a-2c1d3e4f5a6b")]
     pub id: String,
+    /// `{order_ref}:authorize-v{n}`: the intent that created the payment.
+    #[schema(example = "pedido-842:authorize-v1")]
     pub intent: String,
+    #[schema(example = "pedido-842")]
     pub order_ref: String,
+    #[schema(value_type = crate::openapi::AmountSchema)]
     pub amount: i64,
+    #[schema(value_type = crate::openapi::CurrencySchema)]
     pub currency: String,
+    #[schema(value_type = crate::openapi::CaptureMethodSchema)]
     pub capture_method: String,
+    #[schema(value_type = crate::openapi::PaymentStatusSchema)]
     pub status: String,
+    /// Minor units captured so far.
+    #[schema(minimum = 0)]
     pub amount_captured: i64,
+    /// Minor units refunded so far.
+    #[schema(minimum = 0)]
     pub amount_refunded: i64,
+    /// The provider's charge id, once known.
     pub provider_ref: Option<String>,
+    /// Set when declined or failed.
     pub failure: Option<Failure>,
+    /// A cancel was asked while the authorisation outcome was unknown; it
+    /// is carried out once the outcome is known.
     pub cancel_requested: bool,
     pub description: Option<String>,
+    /// The request's metadata (`{}` when none was sent).
     pub metadata: BTreeMap<String, String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
-    /// Absent in list answers (one query per page, not per payment).
+    /// The provider attempts (never the provider key itself). Absent in list
+    /// answers (one query per page, not per payment) and in the answers of
+    /// capture and cancel.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub attempts: Option<Vec<AttemptView>>,
 }
 
+/// A refund of a payment.
 #[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Refund)]
 pub struct RefundView {
+    #[schema(format = Uuid)]
     pub id: String,
+    #[schema(format = Uuid)]
     pub payment_id: String,
+    /// `{order_ref}:refund-v{n}`.
+    #[schema(example = "pedido-842:refund-v1")]
     pub intent: String,
+    #[schema(value_type = crate::openapi::AmountSchema)]
     pub amount: i64,
     pub reason: Option<String>,
+    #[schema(value_type = crate::openapi::RefundStatusSchema)]
     pub status: String,
+    /// The provider's refund id, once known.
     pub provider_ref: Option<String>,
+    /// Set when the refund failed.
     pub failure: Option<Failure>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
 }
 

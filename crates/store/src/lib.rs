@@ -6,6 +6,7 @@ pub mod idempotency;
 pub mod outbox;
 pub mod payments;
 pub mod purge;
+pub mod settle;
 
 pub use db_types::{DbId, DbTime};
 pub use idempotency::{KeyScope, Reservation, StoredRecord};
@@ -317,5 +318,36 @@ impl Store {
 
     pub async fn close(&self) {
         on_pool!(self, pool => pool.close().await)
+    }
+}
+
+/// Wake-ups for the outbox worker from other processes (PostgreSQL
+/// `LISTEN cobro_outbox`). SQLite has none: its worker shares the API's
+/// process and is woken in memory.
+pub struct WorkSignal {
+    listener: sqlx::postgres::PgListener,
+}
+
+impl WorkSignal {
+    /// Waits for the next notification. An error means the listening
+    /// connection broke; the caller falls back to polling and may listen
+    /// again.
+    pub async fn recv(&mut self) -> Result<()> {
+        self.listener.recv().await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Subscribes to work notifications, where the backend has them.
+    pub async fn listen_for_work(&self) -> Result<Option<WorkSignal>> {
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+                listener.listen("cobro_outbox").await?;
+                Ok(Some(WorkSignal { listener }))
+            }
+            Backend::Sqlite(_) => Ok(None),
+        }
     }
 }

@@ -43,7 +43,7 @@ impl PaymentRow {
     }
 }
 
-const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
+pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
     capture_method, payment_method, description, metadata, status, amount_captured, \
     amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
     failure_message, cancel_requested_at, status_changed_at, created_at, updated_at";
@@ -65,7 +65,7 @@ pub struct RefundRow {
     pub updated_at: DbTime,
 }
 
-const REFUND_COLUMNS: &str = "id, account_id, payment_id, intent, amount, reason, status, \
+pub(crate) const REFUND_COLUMNS: &str = "id, account_id, payment_id, intent, amount, reason, status, \
     provider_ref, failure_code, failure_message, status_changed_at, created_at, updated_at";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -202,6 +202,48 @@ impl WriteTx {
                 .await?)
         };
         u32::try_from(count + 1).map_err(|_| StoreError::Corrupt("intent count".into()))
+    }
+
+    /// `{order_ref}:{verb}-v{n}` for the next intent of `operation` on an
+    /// order. Call it after the statement that locked the payment row, so
+    /// two concurrent intents cannot get the same number.
+    pub async fn next_intent_name(
+        &mut self,
+        account: AccountId,
+        order_ref: &str,
+        operation: Operation,
+    ) -> Result<IntentName> {
+        let order_ref = OrderRef::parse(order_ref)
+            .map_err(|_| StoreError::Corrupt(format!("order_ref {order_ref}")))?;
+        let sequence = self
+            .next_intent_sequence(account, &order_ref, operation)
+            .await?;
+        Ok(IntentName::new(&order_ref, operation, sequence))
+    }
+
+    /// Opens an intent with its first attempt (a fresh provider idempotency
+    /// key, stored before any send) and the outbox row, due now.
+    pub async fn open_intent(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+        refund: Option<RefundId>,
+        operation: Operation,
+        name: &IntentName,
+        now: DateTime<Utc>,
+    ) -> Result<crate::AttemptRow> {
+        let intent = self
+            .insert_intent(account, payment, refund, operation, name, now)
+            .await?;
+        let attempt = crate::NewAttempt {
+            intent,
+            payment,
+            refund,
+            operation,
+            provider_key: uuid::Uuid::new_v4().to_string(),
+            reference: name.as_str().to_owned(),
+        };
+        self.enqueue_attempt(&attempt, now, now).await
     }
 
     pub async fn insert_intent(

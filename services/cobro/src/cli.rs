@@ -2,12 +2,15 @@
 //!
 //! Layout:
 //! - [`Cli`]: global settings plus the subcommand.
-//! - [`Command`]: `serve`, `migrate`, `accounts`, `tokens`, `purge`; `worker`
-//!   and `reconcile` are reserved (hidden) for the issues that add them.
+//! - [`Command`]: `serve`, `worker`, `migrate`, `accounts`, `tokens`, `purge`;
+//!   `reconcile` is reserved (hidden) for the issue that adds it.
 //! - [`run`]: dispatches a parsed command to its module.
 
-use crate::settings::{DEFAULT_PURGE_BATCH, GlobalSettings, RetentionSettings, ServeSettings};
-use crate::{admin, serve};
+use crate::settings::{
+    DEFAULT_PURGE_BATCH, GlobalSettings, ProviderSettings, RetentionSettings, ServeSettings,
+    WorkerSettings,
+};
+use crate::{admin, serve, worker};
 use clap::{Args, Parser, Subcommand};
 
 /// cobro: payment orchestration. Settings come from flags or `COBRO_*`
@@ -17,6 +20,9 @@ use clap::{Args, Parser, Subcommand};
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalSettings,
+
+    #[command(flatten)]
+    pub provider: ProviderSettings,
 
     #[command(subcommand)]
     pub command: Command,
@@ -38,9 +44,9 @@ pub enum Command {
     /// Apply the retention contract once: compact old idempotency records to
     /// tombstones, delete expired tombstones and webhook event ids.
     Purge(PurgeArgs),
-    /// Run the outbox worker (not available in this build yet).
-    #[command(hide = true)]
-    Worker,
+    /// Run the outbox worker alone (several may share one PostgreSQL):
+    /// every provider call, with leases and fencing tokens.
+    Worker(WorkerArgs),
     /// Run the reconciler (not available in this build yet).
     #[command(hide = true)]
     Reconcile,
@@ -72,6 +78,17 @@ pub enum TokensCommand {
 }
 
 #[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub worker: WorkerSettings,
+
+    /// After SIGTERM or SIGINT, how long in-flight calls may run.
+    #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = crate::settings::parse_duration)]
+    pub shutdown_grace: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
 pub struct PurgeArgs {
     /// Rows per batch; batches repeat until one comes back short.
     #[arg(long, default_value_t = DEFAULT_PURGE_BATCH, value_parser = clap::value_parser!(u32).range(1..))]
@@ -85,7 +102,8 @@ pub struct PurgeArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let global = &cli.global;
     match cli.command {
-        Command::Serve(settings) => serve::run(global, &settings).await,
+        Command::Serve(settings) => serve::run(global, &cli.provider, &settings).await,
+        Command::Worker(args) => worker::run_alone(global, &cli.provider, &args).await,
         Command::Migrate => admin::migrate(global).await,
         Command::Accounts(AccountsCommand::Create { name }) => {
             admin::create_account(global, &name).await
@@ -95,7 +113,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             admin::create_token(global, &account, &label).await
         }
         Command::Purge(args) => admin::purge(global, &args.retention, args.batch).await,
-        Command::Worker | Command::Reconcile => anyhow::bail!(
+        Command::Reconcile => anyhow::bail!(
             "this subcommand is reserved and not available in this build of cobro yet"
         ),
     }

@@ -5,7 +5,8 @@
 //! environment), `telemetry` (logging), `database` (opening the store),
 //! `serve` (HTTP server, shutdown, scheduled purge), `demo` (the embedded
 //! default), `admin` (operator commands), `purge` (retention), `token` (API
-//! tokens), `output` (the stdout contract).
+//! tokens), `worker` (the outbox worker and the provider), `output` (the
+//! stdout contract).
 
 mod admin;
 mod cli;
@@ -17,6 +18,7 @@ mod serve;
 mod settings;
 mod telemetry;
 mod token;
+mod worker;
 
 use clap::Parser;
 use std::process::ExitCode;

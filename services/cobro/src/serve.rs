@@ -12,7 +12,7 @@
 
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
-use crate::settings::{GlobalSettings, RetentionSettings, ServeSettings};
+use crate::settings::{GlobalSettings, ProviderSettings, RetentionSettings, ServeSettings};
 use crate::{demo, purge};
 use anyhow::Context;
 use axum::Router;
@@ -28,7 +28,11 @@ use tokio::sync::{Mutex, watch};
 use tokio_cron_scheduler::{Job, JobScheduler};
 
 /// Runs the server until a shutdown signal.
-pub async fn run(global: &GlobalSettings, settings: &ServeSettings) -> anyhow::Result<()> {
+pub async fn run(
+    global: &GlobalSettings,
+    provider: &ProviderSettings,
+    settings: &ServeSettings,
+) -> anyhow::Result<()> {
     let policy = if settings.no_migrate {
         SchemaPolicy::Require
     } else {
@@ -66,10 +70,40 @@ pub async fn run(global: &GlobalSettings, settings: &ServeSettings) -> anyhow::R
         idempotency_retention: settings.retention.idempotency_retention,
         tombstone_retention: settings.retention.tombstone_retention,
     };
+    let state = AppState::new(store.clone(), Arc::clone(&clock), api);
+    // The worker runs in this process unless told otherwise; the API wakes
+    // it in memory after every commit that enqueued work.
+    let (provider_handle, worker) = if settings.no_worker {
+        (None, None)
+    } else {
+        let config = crate::worker::worker_config(provider, &settings.worker)?;
+        let handle = crate::worker::provider(provider, true).await?;
+        let task = crate::worker::spawn(
+            store.clone(),
+            handle.client.clone(),
+            Arc::clone(&clock),
+            config,
+            Arc::clone(&state.work_available),
+            shutdown.clone(),
+            settings.shutdown_grace,
+        );
+        (Some(handle), Some(task))
+    };
+    if let Some(fake) = provider_handle.as_ref().and_then(|h| h.embedded.as_ref()) {
+        say(format_args!(
+            "embedded fake provider (no real money moves): {url} (faults, clock and ledger at {url}/__admin)",
+            url = fake.url()
+        ))?;
+    }
     // The router carries its own request ids, request span and key echo.
-    let app = cobro_api::router(AppState::new(store.clone(), clock, api));
+    let app = cobro_api::router(state);
     let drained = serve_until_shutdown(listener, app, shutdown, settings.shutdown_grace).await?;
 
+    if let Some(worker) = worker
+        && let Err(error) = worker.await
+    {
+        tracing::warn!(error = %error, "the worker task failed");
+    }
     if let Err(error) = scheduler.shutdown().await {
         tracing::warn!(error = %error, "the purge schedule did not stop cleanly");
     }
@@ -113,7 +147,7 @@ async fn serve_until_shutdown(
 /// the first. Installed before the listening line is printed, so a signal
 /// sent as soon as the server is announced is never lost to the default
 /// action (which would kill the process without draining).
-fn watch_shutdown_signals() -> anyhow::Result<watch::Receiver<bool>> {
+pub fn watch_shutdown_signals() -> anyhow::Result<watch::Receiver<bool>> {
     let mut terminate = signal(SignalKind::terminate()).context("could not watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("could not watch SIGINT")?;
     let (stop, stopping) = watch::channel(false);

@@ -107,6 +107,76 @@ pub struct ServeSettings {
 
     #[command(flatten)]
     pub retention: RetentionSettings,
+
+    /// Do not run the outbox worker inside `serve` (run `cobro worker`
+    /// processes instead).
+    #[arg(long, env = "COBRO_NO_WORKER")]
+    pub no_worker: bool,
+
+    #[command(flatten)]
+    pub worker: WorkerSettings,
+}
+
+/// The payment provider and how the worker talks to it.
+#[derive(Args, Clone, Debug)]
+pub struct ProviderSettings {
+    /// The provider's base URL. Unset: `serve` starts the embedded fake
+    /// provider on loopback (no real money moves); `worker` refuses to start.
+    #[arg(long, env = "COBRO_PROVIDER_URL", global = true)]
+    pub provider_url: Option<String>,
+
+    /// cobro's API key at the provider (scopes its idempotency keys).
+    #[arg(
+        long,
+        env = "COBRO_PROVIDER_API_KEY",
+        default_value = "sk_test_cobro",
+        hide_env_values = true,
+        global = true
+    )]
+    pub provider_api_key: String,
+
+    /// How long the provider remembers an idempotency key. The worker never
+    /// sends an attempt later than first send + this - the safety margin.
+    #[arg(long, env = "COBRO_PROVIDER_KEY_RETENTION", default_value = "24h",
+          value_parser = parse_duration, global = true)]
+    pub provider_key_retention: Duration,
+
+    /// Margin kept before the end of the provider's key window.
+    #[arg(long, env = "COBRO_PROVIDER_KEY_SAFETY_MARGIN", default_value = "1h",
+          value_parser = parse_duration, global = true)]
+    pub provider_key_safety_margin: Duration,
+
+    /// Connect timeout of a provider call (a failure here proves nothing was sent).
+    #[arg(long, env = "COBRO_PROVIDER_CONNECT_TIMEOUT", default_value = "2s",
+          value_parser = parse_duration, global = true)]
+    pub provider_connect_timeout: Duration,
+
+    /// Total timeout of a provider call (after it the outcome is unknown).
+    #[arg(long, env = "COBRO_PROVIDER_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration, global = true)]
+    pub provider_timeout: Duration,
+}
+
+/// The outbox worker's leases and pace.
+#[derive(Args, Clone, Debug)]
+pub struct WorkerSettings {
+    /// How long a claimed row is this worker's without a heartbeat.
+    #[arg(long, env = "COBRO_WORKER_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub worker_lease: Duration,
+
+    /// Lease renewal period while a call is in flight (keep it at most a
+    /// third of the lease).
+    #[arg(long, env = "COBRO_WORKER_HEARTBEAT", default_value = "10s", value_parser = parse_duration)]
+    pub worker_heartbeat: Duration,
+
+    /// Provider calls in flight at once in this process.
+    #[arg(long, env = "COBRO_WORKER_MAX_IN_FLIGHT", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub worker_max_in_flight: u32,
+
+    /// Fallback poll when no wake-up arrives.
+    #[arg(long, env = "COBRO_WORKER_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub worker_poll: Duration,
 }
 
 /// Rows per purge batch: small enough that no batch holds locks for long.

@@ -1,0 +1,390 @@
+//! The HTTP adapter for the fake provider's API (and any provider with the
+//! same shape): JSON over HTTP, `Authorization: Bearer`, `Idempotency-Key`.
+
+use crate::{AuthorizeRequest, Outcome, Provider, ProviderObject, QueryError, RefundRequest};
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct HttpProviderConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8089`.
+    pub base_url: String,
+    /// cobro's API key at the provider; it scopes the provider's idempotency keys.
+    pub api_key: String,
+    /// How long to wait for a connection. A connect failure proves nothing
+    /// was sent, so it is kept short and separate.
+    pub connect_timeout: Duration,
+    /// How long a whole call may take. After this the outcome is unknown.
+    pub request_timeout: Duration,
+}
+
+impl HttpProviderConfig {
+    pub fn new(base_url: impl Into<String>, api_key: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into().trim_end_matches('/').to_owned(),
+            api_key: api_key.into(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct HttpProvider {
+    config: HttpProviderConfig,
+    client: reqwest::Client,
+}
+
+impl HttpProvider {
+    pub fn new(config: HttpProviderConfig) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.request_timeout)
+            .build()?;
+        Ok(Self { config, client })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.base_url)
+    }
+
+    async fn mutate(&self, key: &str, path: &str, body: Value) -> Outcome {
+        let sent = self
+            .client
+            .post(self.url(path))
+            .bearer_auth(&self.config.api_key)
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => return classify_transport_error(&e),
+        };
+        let status = response.status();
+        let bytes = match response.bytes().await {
+            Ok(b) => b,
+            // The status arrived but the body did not: the request was
+            // executed or not, we cannot tell which way it went.
+            Err(e) => {
+                return Outcome::Unknown(format!(
+                    "body lost after status {status}: {}",
+                    redact(&e)
+                ));
+            }
+        };
+        classify_answer(status, &bytes)
+    }
+
+    async fn query<T: for<'de> Deserialize<'de>>(
+        &self,
+        path_and_query: &str,
+    ) -> Result<Option<T>, QueryError> {
+        let response = self
+            .client
+            .get(self.url(path_and_query))
+            .bearer_auth(&self.config.api_key)
+            .send()
+            .await
+            .map_err(|e| QueryError(redact(&e)))?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            s if s.is_success() => response
+                .json::<T>()
+                .await
+                .map(Some)
+                .map_err(|e| QueryError(format!("malformed answer: {}", redact(&e)))),
+            s => Err(QueryError(format!("status {s}"))),
+        }
+    }
+
+    async fn search(&self, path: &str, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
+        #[derive(Deserialize)]
+        struct List {
+            data: Vec<ProviderObject>,
+        }
+        let encoded: String = reference
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let list: Option<List> = self.query(&format!("{path}?reference={encoded}")).await?;
+        // A 404 on a search endpoint is not an answer about charges.
+        list.map(|l| l.data)
+            .ok_or_else(|| QueryError("search endpoint answered 404".into()))
+    }
+}
+
+/// A transport error says nothing about the provider's side unless it
+/// happened before the connection existed.
+fn classify_transport_error(e: &reqwest::Error) -> Outcome {
+    if e.is_connect() {
+        Outcome::NotSent(redact(e))
+    } else {
+        // Timeouts, resets after the request was written, a closed
+        // connection without an answer: the effect may have happened.
+        Outcome::Unknown(redact(e))
+    }
+}
+
+/// A log-safe description: the kind of failure and its cause chain, never
+/// the URL (reqwest's own Display includes it).
+fn redact(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connect error"
+    } else if e.is_body() || e.is_decode() {
+        "body error"
+    } else {
+        "request error"
+    };
+    let mut text = kind.to_owned();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+    #[serde(default)]
+    charge: Option<ProviderObject>,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// The classification table of provider-and-recovery.md section 2, for a
+/// call that got an HTTP answer.
+pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
+    let error = || serde_json::from_slice::<ErrorBody>(body).ok();
+    let code_of = |e: &Option<ErrorBody>| {
+        e.as_ref()
+            .and_then(|e| e.error.code.clone())
+            .unwrap_or_else(|| format!("http_{}", status.as_u16()))
+    };
+    let message_of = |e: &Option<ErrorBody>| {
+        e.as_ref()
+            .and_then(|e| e.error.message.clone())
+            .unwrap_or_default()
+    };
+    match status.as_u16() {
+        200..=299 => match serde_json::from_slice::<ProviderObject>(body) {
+            Ok(object) => Outcome::Succeeded(object),
+            Err(_) => Outcome::Unknown(format!("malformed {status} answer")),
+        },
+        402 => {
+            let e = error();
+            Outcome::Declined {
+                code: code_of(&e),
+                message: message_of(&e),
+                object: e.and_then(|e| e.charge),
+            }
+        }
+        // The provider refused to execute: nothing happened, same key again.
+        429 => Outcome::NotSent(format!("provider answered {status}")),
+        // Same key still executing at the provider.
+        409 => Outcome::Unknown("provider answered 409: request with this key in progress".into()),
+        400 | 404 | 422 => {
+            let e = error();
+            let code = code_of(&e);
+            if code == "idempotency_error" {
+                // The key was used with other parameters: something is off
+                // and the first use may have had an effect. Never conclude.
+                Outcome::Unknown("provider reported an idempotency key mismatch".into())
+            } else {
+                Outcome::Failed {
+                    code,
+                    message: message_of(&e),
+                }
+            }
+        }
+        // 401/403 (our credentials), 5xx and anything unexpected: no proof
+        // either way.
+        _ => Outcome::Unknown(format!("provider answered {status}")),
+    }
+}
+
+impl Provider for HttpProvider {
+    async fn authorize(&self, key: &str, request: &AuthorizeRequest) -> Outcome {
+        let body = serde_json::to_value(request).unwrap_or(Value::Null);
+        self.mutate(key, "/v1/charges", body).await
+    }
+
+    async fn capture(&self, key: &str, charge: &str) -> Outcome {
+        self.mutate(key, &format!("/v1/charges/{charge}/capture"), json!({}))
+            .await
+    }
+
+    async fn void(&self, key: &str, charge: &str) -> Outcome {
+        self.mutate(key, &format!("/v1/charges/{charge}/void"), json!({}))
+            .await
+    }
+
+    async fn refund(&self, key: &str, request: &RefundRequest) -> Outcome {
+        let body = serde_json::to_value(request).unwrap_or(Value::Null);
+        self.mutate(key, "/v1/refunds", body).await
+    }
+
+    async fn get_charge(&self, id: &str) -> Result<Option<ProviderObject>, QueryError> {
+        self.query(&format!("/v1/charges/{id}")).await
+    }
+
+    async fn search_charges(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
+        self.search("/v1/charges", reference).await
+    }
+
+    async fn search_refunds(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
+        self.search("/v1/refunds", reference).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    fn class(status: u16, body: &str) -> &'static str {
+        classify_answer(
+            StatusCode::from_u16(status).expect("status"),
+            body.as_bytes(),
+        )
+        .class()
+    }
+
+    #[test]
+    fn each_answer_is_classified_as_the_spec_table_says() {
+        let charge = r#"{"id":"ch_1","status":"captured","reference":"o:authorize-v1"}"#;
+        assert_eq!(class(201, charge), "succeeded");
+        assert_eq!(class(200, charge), "succeeded");
+        let decline = r#"{"error":{"code":"card_declined","message":"no"},"charge":{"id":"ch_2","status":"declined"}}"#;
+        assert_eq!(class(402, decline), "declined");
+        assert_eq!(
+            class(400, r#"{"error":{"code":"invalid_amount"}}"#),
+            "failed"
+        );
+        assert_eq!(
+            class(400, r#"{"error":{"code":"charge_not_capturable"}}"#),
+            "failed"
+        );
+        assert_eq!(
+            class(400, r#"{"error":{"code":"idempotency_error"}}"#),
+            "unknown"
+        );
+        assert_eq!(
+            class(409, r#"{"error":{"code":"idempotency_in_progress"}}"#),
+            "unknown"
+        );
+        assert_eq!(class(500, ""), "unknown");
+        assert_eq!(class(503, ""), "unknown");
+        assert_eq!(
+            class(200, "<html>not json</html>"),
+            "unknown",
+            "a malformed answer proves nothing"
+        );
+        assert_eq!(class(401, ""), "unknown");
+        assert_eq!(class(429, ""), "not_sent");
+    }
+
+    #[test]
+    fn a_decline_keeps_the_providers_code_and_charge() {
+        let body = r#"{"error":{"code":"insufficient_funds","message":"m"},"charge":{"id":"ch_9","status":"declined"}}"#;
+        match classify_answer(StatusCode::PAYMENT_REQUIRED, body.as_bytes()) {
+            Outcome::Declined { code, object, .. } => {
+                assert_eq!(code, "insufficient_funds");
+                assert_eq!(object.map(|o| o.id), Some("ch_9".to_owned()));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn provider(url: String, timeout: Duration) -> HttpProvider {
+        let mut config = HttpProviderConfig::new(url, "sk_test");
+        config.request_timeout = timeout;
+        HttpProvider::new(config).expect("client")
+    }
+
+    fn request() -> AuthorizeRequest {
+        AuthorizeRequest {
+            amount: 100,
+            currency: "EUR".into(),
+            payment_method: "pm_card_visa".into(),
+            capture: true,
+            reference: "o:authorize-v1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_not_sent() {
+        // Bind then drop: nothing listens on that port any more.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let p = provider(format!("http://127.0.0.1:{port}"), Duration::from_secs(5));
+        assert_eq!(p.authorize("k", &request()).await.class(), "not_sent");
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_after_the_request_was_written_is_unknown() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            // Read the whole request (headers and body), then hang up
+            // without a byte of answer: the provider may have acted on it.
+            let mut buf = vec![0u8; 4096];
+            let mut seen = Vec::new();
+            while !String::from_utf8_lossy(&seen).contains("o:authorize-v1") {
+                let n = socket.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            drop(socket);
+            seen
+        });
+        let p = provider(url, Duration::from_secs(5));
+        let outcome = p.authorize("k", &request()).await;
+        assert_eq!(outcome.class(), "unknown", "{outcome:?}");
+        let seen = String::from_utf8(server.await.expect("server")).expect("utf8");
+        assert!(
+            seen.contains("idempotency-key: k"),
+            "the key travels with the request"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_timeout_after_sending_is_unknown() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let _server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 4096];
+            // Keep reading, never answer.
+            while socket.read(&mut buf).await.map(|n| n > 0).unwrap_or(false) {}
+        });
+        let p = provider(url, Duration::from_millis(300));
+        assert_eq!(p.authorize("k", &request()).await.class(), "unknown");
+    }
+}

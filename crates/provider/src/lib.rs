@@ -1,0 +1,117 @@
+#![doc = include_str!("../README.md")]
+
+mod http;
+
+pub use http::{HttpProvider, HttpProviderConfig};
+
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+
+/// A charge or refund as the provider reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderObject {
+    /// The provider's id (`ch_...`, `re_...`).
+    pub id: String,
+    /// `authorized`, `captured`, `declined`, `voided` for charges;
+    /// `succeeded` (or `failed`) for refunds.
+    pub status: String,
+    #[serde(default)]
+    pub reference: Option<String>,
+    #[serde(default)]
+    pub amount: Option<i64>,
+    #[serde(default)]
+    pub amount_captured: Option<i64>,
+    /// The provider's per-charge event sequence, when it reports one.
+    #[serde(default)]
+    pub sequence: Option<i64>,
+}
+
+/// What one send proved. The classification is the heart of safe retries
+/// (provider-and-recovery.md section 2): only `NotSent` and `Unknown` may be
+/// retried, and only with the same provider idempotency key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The provider answered success.
+    Succeeded(ProviderObject),
+    /// A definitive refusal by the card side (decline): terminal for the intent.
+    Declined {
+        code: String,
+        message: String,
+        object: Option<ProviderObject>,
+    },
+    /// A definitive refusal of the request itself (invalid, not capturable):
+    /// terminal for the intent.
+    Failed { code: String, message: String },
+    /// Nothing reached the provider (connection refused, DNS, TLS, or the
+    /// provider said it did not execute, e.g. 429): retry the same attempt.
+    NotSent(String),
+    /// The request may or may not have had an effect (timeout, reset after
+    /// sending, 5xx, malformed answer, 409 in progress): retry with the same
+    /// key inside the key window, else reconcile. Never a reason to charge
+    /// with a new key.
+    Unknown(String),
+}
+
+impl Outcome {
+    /// A short, log-safe name of the class.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded(_) => "succeeded",
+            Outcome::Declined { .. } => "declined",
+            Outcome::Failed { .. } => "failed",
+            Outcome::NotSent(_) => "not_sent",
+            Outcome::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// An authorisation (and, with `capture`, a capture) request.
+#[derive(Clone, Debug, Serialize)]
+pub struct AuthorizeRequest {
+    pub amount: i64,
+    pub currency: String,
+    pub payment_method: String,
+    pub capture: bool,
+    /// The intent name: how the reconciler finds the charge again.
+    pub reference: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RefundRequest {
+    pub charge: String,
+    pub amount: i64,
+    pub reference: String,
+}
+
+/// A query to the provider failed: it proves nothing about any charge.
+#[derive(Debug, thiserror::Error)]
+#[error("provider query failed: {0}")]
+pub struct QueryError(pub String);
+
+/// Every call cobro makes to a payment provider. Mutations carry the
+/// attempt's stored provider idempotency key; a retry passes the same key.
+pub trait Provider: Send + Sync + 'static {
+    fn authorize(
+        &self,
+        key: &str,
+        request: &AuthorizeRequest,
+    ) -> impl Future<Output = Outcome> + Send;
+    fn capture(&self, key: &str, charge: &str) -> impl Future<Output = Outcome> + Send;
+    fn void(&self, key: &str, charge: &str) -> impl Future<Output = Outcome> + Send;
+    fn refund(&self, key: &str, request: &RefundRequest) -> impl Future<Output = Outcome> + Send;
+    /// A charge by its provider id; `Ok(None)` when the provider says it does not exist.
+    fn get_charge(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<ProviderObject>, QueryError>> + Send;
+    /// Charges by merchant reference, subject to the provider's search lag.
+    fn search_charges(
+        &self,
+        reference: &str,
+    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
+    /// Refunds by merchant reference, subject to the provider's search lag.
+    fn search_refunds(
+        &self,
+        reference: &str,
+    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
+}

@@ -1,0 +1,203 @@
+//! The writes that record what the provider proved: attempt states, payment
+//! and refund outcomes. All compare-and-set; `None`/`false` means someone
+//! (another worker, the reconciler, a webhook) recorded first.
+
+use crate::payments::{ATTEMPT_COLUMNS, PAYMENT_COLUMNS, REFUND_COLUMNS};
+use crate::{
+    AttemptRow, DbId, DbTime, PaymentRow, RefundRow, Result, Store, WriteTx, on_pool, on_tx,
+};
+use chrono::{DateTime, Utc};
+use cobro_core::{
+    AttemptId, AttemptState, OutboxId, PaymentId, PaymentStatus, RefundId, RefundStatus,
+};
+
+/// The fields an outcome may set on a payment besides its status.
+#[derive(Clone, Debug, Default)]
+pub struct PaymentOutcome {
+    pub provider_ref: Option<String>,
+    /// The captured amount, when the outcome captured money.
+    pub amount_captured: Option<i64>,
+    /// Code and message of a decline or failure (cleared when `None`).
+    pub failure: Option<(String, String)>,
+}
+
+impl WriteTx {
+    /// A payment by id, inside this transaction (workers and the reconciler
+    /// act across accounts).
+    pub async fn payment_by_id(&mut self, id: PaymentId) -> Result<Option<PaymentRow>> {
+        let sql = format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1");
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
+    pub async fn refund_by_id(&mut self, id: RefundId) -> Result<Option<RefundRow>> {
+        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1");
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
+    pub async fn attempt(&mut self, id: AttemptId) -> Result<Option<AttemptRow>> {
+        let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = $1");
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
+    /// Moves an unresolved attempt to `to`. `false`: it was no longer
+    /// unresolved (already settled by someone else).
+    pub async fn resolve_attempt(
+        &mut self,
+        id: AttemptId,
+        to: AttemptState,
+        provider_ref: Option<&str>,
+        note: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE attempts SET state = $2, provider_ref = COALESCE($3, provider_ref), \
+            last_error = COALESCE($4, last_error), updated_at = $5 \
+            WHERE id = $1 AND state IN ('pending', 'unknown', 'reconciling')";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(id))
+            .bind(to.as_str())
+            .bind(provider_ref)
+            .bind(note)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Compare-and-set of a payment's status with the outcome's fields.
+    pub async fn settle_payment(
+        &mut self,
+        id: PaymentId,
+        from: PaymentStatus,
+        to: PaymentStatus,
+        outcome: &PaymentOutcome,
+        now: DateTime<Utc>,
+    ) -> Result<Option<PaymentRow>> {
+        let (code, message) = match &outcome.failure {
+            Some((c, m)) => (Some(c.as_str()), Some(m.as_str())),
+            None => (None, None),
+        };
+        let sql = format!(
+            "UPDATE payments SET status = $3, provider_ref = COALESCE($4, provider_ref), \
+             amount_captured = COALESCE($5, amount_captured), failure_code = $6, \
+             failure_message = $7, status_changed_at = $8, updated_at = $8 \
+             WHERE id = $1 AND status = $2 RETURNING {PAYMENT_COLUMNS}"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(from.as_str())
+            .bind(to.as_str())
+            .bind(outcome.provider_ref.as_deref())
+            .bind(outcome.amount_captured)
+            .bind(code)
+            .bind(message)
+            .bind(DbTime(now))
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
+    /// Compare-and-set of a refund's status; on success the payment's
+    /// refunded amount grows (and its status follows), on failure the
+    /// reserved amount is released for other refunds.
+    pub async fn settle_refund(
+        &mut self,
+        id: RefundId,
+        from: RefundStatus,
+        to: RefundStatus,
+        provider_ref: Option<&str>,
+        failure: Option<(&str, &str)>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<RefundRow>> {
+        let sql = format!(
+            "UPDATE refunds SET status = $3, provider_ref = COALESCE($4, provider_ref), \
+             failure_code = $5, failure_message = $6, status_changed_at = $7, updated_at = $7 \
+             WHERE id = $1 AND status = $2 RETURNING {REFUND_COLUMNS}"
+        );
+        let row: Option<RefundRow> = on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(from.as_str())
+            .bind(to.as_str())
+            .bind(provider_ref)
+            .bind(failure.map(|f| f.0))
+            .bind(failure.map(|f| f.1))
+            .bind(DbTime(now))
+            .fetch_optional(&mut *conn)
+            .await?);
+        let Some(refund) = row else { return Ok(None) };
+        let payment_sql = match to {
+            RefundStatus::Succeeded => Some(
+                "UPDATE payments SET amount_refunded = amount_refunded + $2, \
+                 status = CASE WHEN amount_refunded + $2 >= amount_captured THEN 'refunded' \
+                               ELSE 'partially_refunded' END, \
+                 status_changed_at = $3, updated_at = $3 \
+                 WHERE id = $1 AND status IN ('captured', 'partially_refunded')",
+            ),
+            RefundStatus::Failed => Some(
+                "UPDATE payments SET amount_refund_reserved = amount_refund_reserved - $2, \
+                 updated_at = $3 WHERE id = $1",
+            ),
+            _ => None,
+        };
+        if let Some(sql) = payment_sql {
+            on_tx!(self, conn => sqlx::query(sql)
+                .bind(refund.payment_id)
+                .bind(refund.amount)
+                .bind(DbTime(now))
+                .execute(&mut *conn)
+                .await?
+                .rows_affected());
+        }
+        Ok(Some(refund))
+    }
+
+    /// Puts a claimed row back in the queue at `due_at`, fenced by the token.
+    pub async fn reschedule_outbox(
+        &mut self,
+        outbox: OutboxId,
+        token: i64,
+        due_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE outbox SET due_at = $3, lease_owner = NULL, lease_expires_at = NULL, \
+            updated_at = $4 WHERE id = $1 AND lease_token = $2 AND state = 'pending'";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(outbox))
+            .bind(token)
+            .bind(DbTime(due_at))
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
+    }
+}
+
+impl Store {
+    /// A payment by id across accounts: for the worker and the reconciler
+    /// only, never for a merchant-facing read.
+    pub async fn payment_unscoped(&self, id: PaymentId) -> Result<Option<PaymentRow>> {
+        let sql = format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1");
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .fetch_optional(pool)
+            .await?))
+    }
+
+    /// A refund by id across accounts: for the worker and the reconciler only.
+    pub async fn refund_unscoped(&self, id: RefundId) -> Result<Option<RefundRow>> {
+        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1");
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .fetch_optional(pool)
+            .await?))
+    }
+}

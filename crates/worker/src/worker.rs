@@ -1,0 +1,557 @@
+//! The outbox worker: claims due attempts, sends them to the provider under
+//! their stored provider idempotency key, and records what it learned.
+//!
+//! Per attempt the database work is one fenced claim, one fenced "sent"
+//! mark before the call, and one completing transaction after it; no
+//! transaction is open while the provider is being called.
+
+use crate::retry::{RetryBudget, backoff};
+use crate::settle::{Proof, apply_proof, hand_to_reconciler};
+use chrono::{DateTime, Utc};
+use cobro_core::{AttemptId, AttemptState, CaptureMethod, Clock, Operation, PaymentId, RefundId};
+use cobro_provider::{AuthorizeRequest, Outcome, Provider, RefundRequest};
+use cobro_store::{Claim, Store, StoreError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Identifies this worker in lease columns and logs.
+    pub owner: String,
+    /// How long a claim is ours without a heartbeat.
+    pub lease: Duration,
+    /// How often the lease is renewed while a call is in flight (lease = 3x).
+    pub heartbeat: Duration,
+    /// Rows taken by one claim statement.
+    pub batch: u32,
+    /// Provider calls in flight at once, per process.
+    pub max_in_flight: usize,
+    /// Fallback poll when no wake-up arrives.
+    pub poll_interval: Duration,
+    /// How long the provider remembers an idempotency key.
+    pub key_retention: Duration,
+    /// No send happens later than `first send + key_retention - safety_margin`:
+    /// past that the provider could take the same key as a new charge.
+    pub safety_margin: Duration,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Retries allowed per first send (the retry budget's refill rate).
+    pub retry_ratio: f64,
+    /// Retries always available to a quiet system.
+    pub retry_floor: f64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            owner: format!(
+                "worker-{}-{}",
+                std::process::id(),
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            ),
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+            batch: 16,
+            max_in_flight: 32,
+            poll_interval: Duration::from_secs(1),
+            key_retention: Duration::from_secs(24 * 3600),
+            safety_margin: Duration::from_secs(3600),
+            backoff_base: Duration::from_millis(200),
+            backoff_cap: Duration::from_secs(60),
+            retry_ratio: 0.2,
+            retry_floor: 20.0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What processing one claim came to (for logs, metrics and tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The provider's answer was recorded (`class` is the outcome class).
+    Recorded { class: &'static str },
+    /// Retried later with the same key.
+    Rescheduled { class: &'static str },
+    /// Handed to the reconciler (window closing, or unknown too long).
+    HandedOver,
+    /// The lease was lost: nothing was written over the new owner.
+    LeaseLost,
+    /// The retry budget is spent: the retry waits.
+    BudgetWait,
+    /// Nothing to do (the attempt was already settled).
+    Skipped,
+    /// Released unsent because the worker is shutting down.
+    Released,
+}
+
+pub struct Worker<P: Provider> {
+    store: Store,
+    provider: Arc<P>,
+    clock: Arc<dyn Clock>,
+    config: WorkerConfig,
+    budget: RetryBudget,
+    wake: Arc<Notify>,
+    slots: Arc<Semaphore>,
+    stopping: AtomicBool,
+}
+
+fn to_chrono(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// A call ready to be made.
+enum Call {
+    Authorize(AuthorizeRequest),
+    Capture(String),
+    Void(String),
+    Refund(RefundRequest),
+}
+
+impl<P: Provider> Worker<P> {
+    pub fn new(
+        store: Store,
+        provider: Arc<P>,
+        clock: Arc<dyn Clock>,
+        config: WorkerConfig,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            budget: RetryBudget::new(
+                config.retry_ratio,
+                config.retry_floor,
+                config.retry_floor * 10.0,
+            ),
+            slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            store,
+            provider,
+            clock,
+            config,
+            wake,
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// The last instant at which an attempt first sent at `first` may be sent.
+    fn send_deadline(&self, first: DateTime<Utc>) -> DateTime<Utc> {
+        first + to_chrono(self.config.key_retention) - to_chrono(self.config.safety_margin)
+    }
+
+    /// Claims one batch and processes it to the end: the deterministic unit
+    /// tests drive. Returns the step of every claimed row.
+    pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Step>, WorkerError> {
+        let now = self.clock.now();
+        let claims = self
+            .store
+            .claim_due(
+                &self.config.owner,
+                now,
+                now + to_chrono(self.config.lease),
+                self.config.batch,
+            )
+            .await?;
+        let mut set = JoinSet::new();
+        for claim in claims {
+            let me = Arc::clone(self);
+            set.spawn(async move { me.process(claim).await });
+        }
+        let mut steps = Vec::new();
+        while let Some(done) = set.join_next().await {
+            match done {
+                Ok(Ok(step)) => steps.push(step),
+                Ok(Err(e)) => return Err(e),
+                Err(join) => tracing::error!(error = %join, "worker task panicked"),
+            }
+        }
+        Ok(steps)
+    }
+
+    /// Runs until `shutdown` turns true: claims while there are free call
+    /// slots, sleeps on a wake-up (in-process signal, PostgreSQL NOTIFY) or
+    /// the poll interval. On shutdown it stops claiming and lets in-flight
+    /// calls finish within `grace`; rows claimed but not yet sent are
+    /// released for another worker.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
+        let mut signal = match self.store.listen_for_work().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no LISTEN connection; polling only");
+                None
+            }
+        };
+        let mut tasks = JoinSet::new();
+        tracing::info!(owner = %self.config.owner, "worker started");
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            while tasks.try_join_next().is_some() {}
+            let free = self
+                .slots
+                .available_permits()
+                .min(self.config.batch as usize) as u32;
+            let mut claimed = 0;
+            if free > 0 {
+                let now = self.clock.now();
+                match self
+                    .store
+                    .claim_due(
+                        &self.config.owner,
+                        now,
+                        now + to_chrono(self.config.lease),
+                        free,
+                    )
+                    .await
+                {
+                    Ok(claims) => {
+                        claimed = claims.len();
+                        for claim in claims {
+                            let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
+                                break;
+                            };
+                            let me = Arc::clone(&self);
+                            tasks.spawn(async move {
+                                let _permit = permit;
+                                if let Err(e) = me.process(claim).await {
+                                    tracing::error!(error = %e, "processing an outbox row failed; its lease will expire and it will be retried");
+                                }
+                            });
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "claim failed"),
+                }
+            }
+            if claimed as u32 == free && free > 0 {
+                continue; // more may be due right now
+            }
+            let wait_signal = async {
+                match signal.as_mut() {
+                    Some(s) => {
+                        if s.recv().await.is_err() {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.changed() => {}
+                _ = self.wake.notified() => {}
+                _ = wait_signal => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+                Some(_) = tasks.join_next(), if free == 0 => {}
+            }
+        }
+        self.stopping.store(true, Ordering::SeqCst);
+        tracing::info!(
+            in_flight = tasks.len(),
+            "worker stopping: letting in-flight calls finish"
+        );
+        if tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "grace period over with calls in flight; their leases will expire and they will be retried with the same key"
+            );
+            tasks.abort_all();
+        }
+    }
+
+    async fn process(&self, claim: Claim) -> Result<Step, WorkerError> {
+        let attempt = &claim.attempt;
+        let state = AttemptState::parse(&attempt.state)
+            .ok_or_else(|| StoreError::Corrupt(format!("attempt state {}", attempt.state)))?;
+        let now = self.clock.now();
+        if !matches!(state, AttemptState::Pending | AttemptState::Unknown) {
+            let mut tx = self.store.begin().await?;
+            tx.finish_outbox(claim.outbox_id, claim.token, now).await?;
+            tx.commit().await?;
+            return Ok(Step::Skipped);
+        }
+        if let Some(first) = attempt.first_send_at
+            && now >= self.send_deadline(first.0)
+        {
+            return self.hand_over(&claim, "provider key window closing").await;
+        }
+        let call = match self.prepare(&claim).await? {
+            Ok(call) => call,
+            Err(reason) => {
+                return self
+                    .record(
+                        &claim,
+                        Outcome::Failed {
+                            code: "cannot_send".into(),
+                            message: reason,
+                        },
+                    )
+                    .await;
+            }
+        };
+        if self.stopping.load(Ordering::SeqCst) {
+            return self
+                .reschedule(&claim, now, "released at shutdown")
+                .await
+                .map(|_| Step::Released);
+        }
+        if attempt.send_count > 0 {
+            if !self.budget.try_retry() {
+                let due = now
+                    + to_chrono(backoff(
+                        self.config.backoff_base,
+                        self.config.backoff_cap,
+                        attempt.send_count as u32,
+                    ));
+                self.reschedule(&claim, due, "retry budget spent").await?;
+                return Ok(Step::BudgetWait);
+            }
+        } else {
+            self.budget.on_first_send();
+        }
+        // Fenced: a lost lease stops the send before it happens.
+        if !self.store.record_send(&claim, now).await? {
+            return Ok(Step::LeaseLost);
+        }
+        let heartbeat = Heartbeat::start(self, &claim);
+        let outcome = self.send(call, &attempt.provider_key).await;
+        heartbeat.stop().await;
+        tracing::info!(
+            attempt_id = %attempt.id.0, reference = %attempt.reference, operation = %attempt.operation,
+            sends = attempt.send_count + 1, class = outcome.class(), "provider.call"
+        );
+        self.record(&claim, outcome).await
+    }
+
+    /// What to send, from the stored rows. `Err(reason)`: the attempt can
+    /// never be sent (a capture without a known charge).
+    async fn prepare(&self, claim: &Claim) -> Result<Result<Call, String>, WorkerError> {
+        let attempt = &claim.attempt;
+        let payment = self
+            .store
+            .payment_unscoped(PaymentId::from_uuid(attempt.payment_id.0))
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
+        let operation = Operation::parse(&attempt.operation)
+            .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+        let charge = payment
+            .provider_ref
+            .clone()
+            .ok_or_else(|| "no provider charge is known".to_owned());
+        Ok(match operation {
+            Operation::Authorize => Ok(Call::Authorize(AuthorizeRequest {
+                amount: payment.amount,
+                currency: payment.currency.clone(),
+                payment_method: payment.payment_method.clone(),
+                capture: payment.capture_method == CaptureMethod::Automatic.as_str(),
+                reference: attempt.reference.clone(),
+            })),
+            Operation::Capture => charge.map(Call::Capture),
+            Operation::Cancel => charge.map(Call::Void),
+            Operation::Refund => {
+                let refund_id = attempt
+                    .refund_id
+                    .ok_or_else(|| StoreError::Corrupt("refund attempt without refund".into()))?;
+                let refund = self
+                    .store
+                    .refund_unscoped(RefundId::from_uuid(refund_id.0))
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt("missing refund".into()))?;
+                charge.map(|charge| {
+                    Call::Refund(RefundRequest {
+                        charge,
+                        amount: refund.amount,
+                        reference: attempt.reference.clone(),
+                    })
+                })
+            }
+        })
+    }
+
+    async fn send(&self, call: Call, key: &str) -> Outcome {
+        match call {
+            Call::Authorize(r) => self.provider.authorize(key, &r).await,
+            Call::Capture(charge) => self.provider.capture(key, &charge).await,
+            Call::Void(charge) => self.provider.void(key, &charge).await,
+            Call::Refund(r) => self.provider.refund(key, &r).await,
+        }
+    }
+
+    /// Records an outcome in one transaction fenced by the claim's token.
+    async fn record(&self, claim: &Claim, outcome: Outcome) -> Result<Step, WorkerError> {
+        let now = self.clock.now();
+        let class = outcome.class();
+        let proof = match outcome {
+            Outcome::Succeeded(object) => Proof::Succeeded {
+                captured: object.status == "captured",
+                provider_ref: object.id,
+            },
+            Outcome::Declined { code, message, .. } => Proof::Declined { code, message },
+            Outcome::Failed { code, message } => Proof::Failed { code, message },
+            Outcome::NotSent(reason) => {
+                let due = now + self.retry_delay(claim);
+                return self.reschedule(claim, due, &reason).await.map(|ok| {
+                    if ok {
+                        Step::Rescheduled { class }
+                    } else {
+                        Step::LeaseLost
+                    }
+                });
+            }
+            Outcome::Unknown(reason) => return self.record_unknown(claim, &reason, now).await,
+        };
+        let mut tx = self.store.begin().await?;
+        if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
+            tx.rollback().await?;
+            self.observe(claim, class, &format!("{proof:?}"), now)
+                .await?;
+            return Ok(Step::LeaseLost);
+        }
+        let applied = apply_proof(&mut tx, &claim.attempt, &proof, now).await?;
+        tx.commit().await?;
+        tracing::info!(attempt_id = %claim.attempt.id.0, ?applied, "outcome recorded");
+        Ok(Step::Recorded { class })
+    }
+
+    fn retry_delay(&self, claim: &Claim) -> chrono::Duration {
+        to_chrono(backoff(
+            self.config.backoff_base,
+            self.config.backoff_cap,
+            claim.attempt.send_count as u32,
+        ))
+    }
+
+    /// An unknown outcome: retry with the same key while the provider still
+    /// remembers it, else hand the attempt to the reconciler.
+    async fn record_unknown(
+        &self,
+        claim: &Claim,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Step, WorkerError> {
+        let first = claim.attempt.first_send_at.map(|t| t.0).unwrap_or(now);
+        let due = now + self.retry_delay(claim);
+        if due >= self.send_deadline(first) {
+            return self.hand_over(claim, reason).await;
+        }
+        let mut tx = self.store.begin().await?;
+        if !tx
+            .reschedule_outbox(claim.outbox_id, claim.token, due, now)
+            .await?
+        {
+            tx.rollback().await?;
+            self.observe(claim, "unknown", reason, now).await?;
+            return Ok(Step::LeaseLost);
+        }
+        tx.resolve_attempt(
+            AttemptId::from_uuid(claim.attempt.id.0),
+            AttemptState::Unknown,
+            None,
+            Some(reason),
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Step::Rescheduled { class: "unknown" })
+    }
+
+    async fn hand_over(&self, claim: &Claim, reason: &str) -> Result<Step, WorkerError> {
+        let now = self.clock.now();
+        let mut tx = self.store.begin().await?;
+        if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
+            tx.rollback().await?;
+            return Ok(Step::LeaseLost);
+        }
+        hand_to_reconciler(&mut tx, &claim.attempt, reason, now).await?;
+        tx.commit().await?;
+        tracing::warn!(attempt_id = %claim.attempt.id.0, reference = %claim.attempt.reference, reason, "attempt handed to the reconciler");
+        Ok(Step::HandedOver)
+    }
+
+    async fn reschedule(
+        &self,
+        claim: &Claim,
+        due: DateTime<Utc>,
+        reason: &str,
+    ) -> Result<bool, WorkerError> {
+        let now = self.clock.now();
+        let mut tx = self.store.begin().await?;
+        let ok = tx
+            .reschedule_outbox(claim.outbox_id, claim.token, due, now)
+            .await?;
+        tx.commit().await?;
+        if !ok {
+            self.observe(claim, "not_sent", reason, now).await?;
+        }
+        Ok(ok)
+    }
+
+    /// A stale owner's knowledge, kept for the reconciler.
+    async fn observe(
+        &self,
+        claim: &Claim,
+        class: &str,
+        detail: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), WorkerError> {
+        tracing::warn!(attempt_id = %claim.attempt.id.0, class, "lease lost before recording: keeping the answer as an observation");
+        self.store
+            .record_observation(
+                AttemptId::from_uuid(claim.attempt.id.0),
+                claim.token,
+                class,
+                detail,
+                now,
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// Renews a claim's lease while its call is in flight.
+struct Heartbeat {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Heartbeat {
+    fn start<P: Provider>(worker: &Worker<P>, claim: &Claim) -> Self {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let (store, clock) = (worker.store.clone(), Arc::clone(&worker.clock));
+        let (every, lease) = (worker.config.heartbeat, to_chrono(worker.config.lease));
+        let (outbox, token) = (claim.outbox_id, claim.token);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    _ = tokio::time::sleep(every) => {
+                        let now = clock.now();
+                        match store.renew_lease(outbox, token, now, now + lease).await {
+                            Ok(true) => {}
+                            // The row has a new owner: our answer will be
+                            // kept as an observation, never written over it.
+                            Ok(false) => return,
+                            Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+                        }
+                    }
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}

@@ -1,0 +1,83 @@
+//! The in-process control handle: the same powers as `/__admin`, without HTTP.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::config::WebhookTarget;
+use crate::faults::FaultRule;
+use crate::ledger::Ledger;
+use crate::state::Shared;
+use crate::webhooks::WebhookDelivery;
+
+/// A fault rule that is still active, with what is left of its `next` budget.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct ActiveFault {
+    /// The id `add_fault` returned.
+    pub id: u64,
+    /// The rule; `next` counts down as the rule fires.
+    #[serde(flatten)]
+    pub rule: FaultRule,
+}
+
+/// Handle on a running provider; cheap to clone, usable from any thread.
+#[derive(Clone, Debug)]
+pub struct Control {
+    shared: Arc<Shared>,
+}
+
+impl Control {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Adds a rule (after the existing ones: the first matching rule wins)
+    /// and returns its id. Rules whose action does not fit their operation
+    /// (see [`FaultRule::validate`]) never fire.
+    pub fn add_fault(&self, rule: FaultRule) -> u64 {
+        self.shared.lock().faults.add(rule)
+    }
+
+    /// The rules still active; a rule with `next` disappears once spent.
+    pub fn faults(&self) -> Vec<ActiveFault> {
+        let rules = self.shared.lock().faults.list();
+        rules
+            .into_iter()
+            .map(|(id, rule)| ActiveFault { id, rule })
+            .collect()
+    }
+
+    /// Removes every fault rule.
+    pub fn clear_faults(&self) {
+        self.shared.lock().faults.clear();
+    }
+
+    /// Moves virtual time forward; keys past retention are forgotten.
+    pub fn advance_clock(&self, by: Duration) {
+        let now = self.shared.clock.advance(by);
+        self.shared.lock().keys.forget_expired(now);
+    }
+
+    /// Current virtual time.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.shared.clock.now()
+    }
+
+    /// A snapshot of every effect made so far.
+    pub fn ledger(&self) -> Ledger {
+        self.shared.lock().ledger.snapshot()
+    }
+
+    /// Sets (or with `None` removes) the webhook target. Events are emitted
+    /// only while a target is set; pending retries follow the new target.
+    pub fn set_webhook(&self, target: Option<WebhookTarget>) {
+        self.shared.lock().webhook = target;
+    }
+
+    /// Every delivery attempt so far, oldest first.
+    pub fn webhook_deliveries(&self) -> Vec<WebhookDelivery> {
+        self.shared.deliveries().clone()
+    }
+}

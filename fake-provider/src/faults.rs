@@ -1,0 +1,316 @@
+//! Fault rules: which request (or webhook event) goes wrong, and how.
+//!
+//! Every probability is drawn from the provider's one seeded RNG while the
+//! state lock is held, so the same seed and the same request order give the
+//! same faults. A rule without `probability` (or with 1.0) draws nothing, so
+//! adding a certain rule does not shift the draws of the random ones.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+
+/// What a rule matches on.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// `POST /v1/charges`.
+    Charge,
+    /// `POST /v1/charges/{id}/capture`.
+    Capture,
+    /// `POST /v1/charges/{id}/void`.
+    Void,
+    /// `POST /v1/refunds`.
+    Refund,
+    /// `GET /v1/charges/{id}`, `GET /v1/refunds/{id}`.
+    Get,
+    /// `GET /v1/charges?reference=`, `GET /v1/refunds?reference=`.
+    Search,
+    /// Outgoing webhook events (never matched by `any`).
+    Webhook,
+    /// Every provider API operation (not webhooks).
+    Any,
+}
+
+/// What happens to a matching request or event.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultAction {
+    /// Sleep `delay_ms` (real time) before handling; the key is already
+    /// reserved, so a concurrent retry sees 409. For webhooks: delay sending.
+    Latency,
+    /// 503, nothing done, key left free.
+    FailBeforeEffect,
+    /// Effect made, key stores the real answer, the caller gets 500.
+    FailAfterEffect,
+    /// Effect made, then the TCP connection is closed without any response.
+    DropResponseAfterEffect,
+    /// Effect made, the answer is sent after `delay_ms` (real time).
+    DelayAfterEffect,
+    /// 409 `idempotency_in_progress`, nothing done.
+    InProgress,
+    /// Charges and refunds created while the rule is active stay invisible to
+    /// search for `lag_seconds` of virtual time.
+    SearchLag,
+    /// Webhook only: the event is delivered twice.
+    Duplicate,
+    /// Webhook only: the event is held back and sent after the next one.
+    Reorder,
+    /// Webhook only: the first delivery is not sent; it is redelivered after
+    /// the retry backoff.
+    DropThenRedeliver,
+}
+
+impl FaultAction {
+    fn webhook_only(self) -> bool {
+        matches!(
+            self,
+            Self::Duplicate | Self::Reorder | Self::DropThenRedeliver
+        )
+    }
+}
+
+/// One fault rule, as posted to `/__admin/faults`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct FaultRule {
+    /// The operation this rule applies to.
+    pub operation: Operation,
+    /// What goes wrong.
+    pub action: FaultAction,
+    /// Only requests whose merchant reference contains this text (for
+    /// capture, void and get: the charge's reference).
+    #[serde(default)]
+    pub reference_contains: Option<String>,
+    /// Applies to the next N firings only, then the rule is removed.
+    #[serde(default)]
+    pub next: Option<u32>,
+    /// Chance that a matching request is hit; default 1.0.
+    #[serde(default)]
+    pub probability: Option<f64>,
+    /// Real-time delay of `latency`, `delay_after_effect` and webhook
+    /// `latency`; default [`DEFAULT_DELAY`].
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// Virtual seconds of invisibility for `search_lag`; default
+    /// [`DEFAULT_LAG_SECONDS`].
+    #[serde(default)]
+    pub lag_seconds: Option<u64>,
+}
+
+/// Delay used when a rule that needs one does not say.
+pub const DEFAULT_DELAY: Duration = Duration::from_millis(1000);
+/// Search lag used when a `search_lag` rule does not say.
+pub const DEFAULT_LAG_SECONDS: u64 = 60;
+
+impl FaultRule {
+    /// A rule that always fires, with no reference filter: the common case in
+    /// tests, refined with the `with_*` methods.
+    pub fn new(operation: Operation, action: FaultAction) -> Self {
+        Self {
+            operation,
+            action,
+            reference_contains: None,
+            next: None,
+            probability: None,
+            delay_ms: None,
+            lag_seconds: None,
+        }
+    }
+
+    /// Restrict to the next `n` firings.
+    pub fn with_next(mut self, n: u32) -> Self {
+        self.next = Some(n);
+        self
+    }
+
+    /// Restrict to references containing `text`.
+    pub fn with_reference(mut self, text: impl Into<String>) -> Self {
+        self.reference_contains = Some(text.into());
+        self
+    }
+
+    /// Fire with probability `p` (drawn from the seeded RNG).
+    pub fn with_probability(mut self, p: f64) -> Self {
+        self.probability = Some(p);
+        self
+    }
+
+    /// Delay for `latency` / `delay_after_effect`.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay_ms = Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Invisibility window for `search_lag`.
+    pub fn with_lag_seconds(mut self, seconds: u64) -> Self {
+        self.lag_seconds = Some(seconds);
+        self
+    }
+
+    /// Rejects rules that could never fire, so the admin API can say so
+    /// instead of silently ignoring them.
+    pub fn validate(&self) -> Result<(), String> {
+        let webhook_only = self.action.webhook_only();
+        let fits_webhook = webhook_only || self.action == FaultAction::Latency;
+        if self.operation == Operation::Webhook && !fits_webhook {
+            return Err(format!(
+                "action {:?} does not apply to webhooks",
+                self.action
+            ));
+        }
+        if self.operation != Operation::Webhook && webhook_only {
+            return Err(format!("action {:?} applies to webhooks only", self.action));
+        }
+        match self.probability {
+            Some(p) if !(0.0..=1.0).contains(&p) => Err("probability must be within 0..=1".into()),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn delay(&self) -> Duration {
+        self.delay_ms.map_or(DEFAULT_DELAY, Duration::from_millis)
+    }
+
+    fn matches(&self, operation: Operation, reference: Option<&str>) -> bool {
+        let operation_matches = self.operation == operation
+            || (self.operation == Operation::Any && operation != Operation::Webhook);
+        operation_matches
+            && match &self.reference_contains {
+                None => true,
+                Some(pattern) => reference.is_some_and(|r| r.contains(pattern.as_str())),
+            }
+    }
+}
+
+/// The faults chosen for one request or event: an optional delay before
+/// handling plus at most one outcome, so a chaos run can combine latency with
+/// a lost response.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Picked {
+    pub(crate) latency: Option<Duration>,
+    pub(crate) outcome: Option<(FaultAction, Duration)>,
+}
+
+/// The active rules, in the order they were added (first match wins).
+#[derive(Debug, Default)]
+pub(crate) struct FaultBook {
+    rules: Vec<(u64, FaultRule)>,
+    last_id: u64,
+}
+
+impl FaultBook {
+    pub(crate) fn add(&mut self, rule: FaultRule) -> u64 {
+        self.last_id += 1;
+        self.rules.push((self.last_id, rule));
+        self.last_id
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.rules.clear();
+    }
+
+    /// The active rules; `next` shows what is left of each budget.
+    pub(crate) fn list(&self) -> Vec<(u64, FaultRule)> {
+        self.rules.clone()
+    }
+
+    /// Faults for one provider API request (`operation` is never `Webhook`)
+    /// or, with `Operation::Webhook`, for one event.
+    pub(crate) fn pick(
+        &mut self,
+        operation: Operation,
+        reference: Option<&str>,
+        rng: &mut StdRng,
+    ) -> Picked {
+        let mut picked = Picked::default();
+        if self.rules.is_empty() {
+            return picked;
+        }
+        let for_webhooks = operation == Operation::Webhook;
+        self.fire(operation, reference, rng, |rule, rng| match rule.action {
+            FaultAction::SearchLag => false,
+            action if action != FaultAction::Latency && action.webhook_only() != for_webhooks => {
+                false
+            }
+            FaultAction::Latency => {
+                let fires = picked.latency.is_none() && draw(rule, rng);
+                if fires {
+                    picked.latency = Some(rule.delay());
+                }
+                fires
+            }
+            action => {
+                let fires = picked.outcome.is_none() && draw(rule, rng);
+                if fires {
+                    picked.outcome = Some((action, rule.delay()));
+                }
+                fires
+            }
+        });
+        picked
+    }
+
+    /// The search lag of a charge or refund being created now, if a
+    /// `search_lag` rule for `search`, `any` or the creating operation fires.
+    pub(crate) fn search_lag(
+        &mut self,
+        created_by: Operation,
+        reference: &str,
+        rng: &mut StdRng,
+    ) -> Option<u64> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        let mut lag = None;
+        for operation in [created_by, Operation::Search] {
+            self.fire(operation, Some(reference), rng, |rule, rng| {
+                let fires =
+                    rule.action == FaultAction::SearchLag && lag.is_none() && draw(rule, rng);
+                if fires {
+                    lag = Some(rule.lag_seconds.unwrap_or(DEFAULT_LAG_SECONDS));
+                }
+                fires
+            });
+        }
+        lag
+    }
+
+    /// Offers each matching rule to `take`, which decides (drawing the
+    /// probability only if it wants the rule) whether it fires; a fired rule
+    /// spends one unit of its `next` budget.
+    fn fire(
+        &mut self,
+        operation: Operation,
+        reference: Option<&str>,
+        rng: &mut StdRng,
+        mut take: impl FnMut(&FaultRule, &mut StdRng) -> bool,
+    ) {
+        let mut index = 0;
+        while index < self.rules.len() {
+            let rule = &mut self.rules[index].1;
+            let fires = rule.matches(operation, reference) && take(rule, rng);
+            if fires && let Some(left) = rule.next.as_mut() {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    self.rules.remove(index);
+                    continue;
+                }
+            }
+            index += 1;
+        }
+    }
+}
+
+/// Draws the rule's probability; certain rules draw nothing so that they do
+/// not shift the sequence seen by the random ones.
+fn draw(rule: &FaultRule, rng: &mut StdRng) -> bool {
+    match rule.probability {
+        Some(p) if p < 1.0 => rng.random_bool(p.max(0.0)),
+        _ => true,
+    }
+}

@@ -1,0 +1,278 @@
+//! Webhook events: signing, at-least-once delivery, and delivery faults.
+//!
+//! Effects queue events (under the state lock, without IO); one dispatcher
+//! task sends them in order. A failed delivery is retried by its own task with
+//! capped exponential backoff until the receiver answers 2xx, so one broken
+//! event does not hold back the others. The `webhook` fault rules act here:
+//! `latency` (sleep before sending), `duplicate`, `reorder` and
+//! `drop_then_redeliver`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use chrono::{DateTime, Utc};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::config::WEBHOOK_RETRY_CAP;
+use crate::faults::{FaultAction, Operation};
+use crate::model::{Charge, Refund};
+use crate::state::Shared;
+
+/// The header carrying `t=<unix seconds>,v1=<hex HMAC-SHA256>`.
+pub const SIGNATURE_HEADER: &str = "Fake-Signature";
+
+/// Timeout of one delivery attempt; a hanging receiver counts as a failure.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The value of the `Fake-Signature` header for `body` sent at `timestamp`
+/// (unix seconds): `t=<timestamp>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
+pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
+        .expect("HMAC accepts keys of any length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!(
+        "t={timestamp},v1={}",
+        hex::encode(mac.finalize().into_bytes())
+    )
+}
+
+/// One attempt to deliver one event.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WebhookDelivery {
+    /// `evt_...` of the event.
+    pub event_id: String,
+    /// Event type, e.g. `charge.captured`.
+    pub event_type: String,
+    /// 1 for the first attempt of a copy, counting up through retries.
+    pub attempt: u32,
+    /// The receiver's HTTP status, if it answered.
+    pub status: Option<u16>,
+    /// Why no status: a transport error, or `dropped by fault`.
+    pub error: Option<String>,
+    /// Virtual time of the attempt.
+    pub at: DateTime<Utc>,
+}
+
+impl WebhookDelivery {
+    /// The receiver acknowledged this attempt with a 2xx.
+    pub fn acknowledged(&self) -> bool {
+        self.status
+            .is_some_and(|status| (200..300).contains(&status))
+    }
+}
+
+/// An event as queued by an effect.
+#[derive(Serialize, Debug, Clone)]
+pub(crate) struct Event {
+    pub(crate) id: String,
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    pub(crate) created: DateTime<Utc>,
+    /// The charge's sequence after this effect.
+    pub(crate) sequence: u64,
+    pub(crate) data: EventData,
+    /// What `reference_contains` of a webhook rule matches; not sent.
+    #[serde(skip)]
+    pub(crate) reference: String,
+}
+
+#[derive(Serialize, Debug, Clone)]
+#[serde(untagged)]
+pub(crate) enum EventData {
+    Charge(Charge),
+    Refund(Refund),
+}
+
+/// An event serialised once, so every copy and retry sends the same bytes.
+#[derive(Debug, Clone)]
+struct Outgoing {
+    id: String,
+    kind: &'static str,
+    reference: String,
+    body: Bytes,
+}
+
+impl Outgoing {
+    fn new(event: Event) -> Self {
+        let body = serde_json::to_vec(&event).unwrap_or_default();
+        Self {
+            id: event.id,
+            kind: event.kind,
+            reference: event.reference,
+            body: Bytes::from(body),
+        }
+    }
+}
+
+/// Sends events to the current target and records each attempt.
+#[derive(Clone)]
+struct Sender {
+    shared: Arc<Shared>,
+    http: reqwest::Client,
+}
+
+impl Sender {
+    /// One attempt; true when there is nothing more to do (acknowledged, or
+    /// no target any more).
+    async fn attempt(&self, event: &Outgoing, attempt: u32) -> bool {
+        let Some(target) = self.shared.lock().webhook.clone() else {
+            return true;
+        };
+        let now = self.shared.clock.now();
+        let result = self
+            .http
+            .post(&target.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(
+                SIGNATURE_HEADER,
+                sign(&target.secret, now.timestamp(), &event.body),
+            )
+            .body(event.body.clone())
+            .send()
+            .await;
+        let (status, error) = match result {
+            Ok(response) => (Some(response.status().as_u16()), None),
+            Err(error) => (None, Some(error.to_string())),
+        };
+        self.record(event, attempt, status, error)
+    }
+
+    fn record(
+        &self,
+        event: &Outgoing,
+        attempt: u32,
+        status: Option<u16>,
+        error: Option<String>,
+    ) -> bool {
+        let delivery = WebhookDelivery {
+            event_id: event.id.clone(),
+            event_type: event.kind.to_owned(),
+            attempt,
+            status,
+            error,
+            at: self.shared.clock.now(),
+        };
+        let acknowledged = delivery.acknowledged();
+        self.shared.deliveries().push(delivery);
+        acknowledged
+    }
+
+    /// Retries from attempt `attempt` on, with capped exponential backoff,
+    /// until acknowledged.
+    async fn retry(self, event: Outgoing, mut attempt: u32) {
+        loop {
+            tokio::time::sleep(backoff(self.shared.webhook_retry_base, attempt - 1)).await;
+            if self.attempt(&event, attempt).await {
+                return;
+            }
+            attempt += 1;
+        }
+    }
+
+    /// The first delivery of each copy of an event; failures go to a retry
+    /// task so the dispatcher moves on.
+    async fn deliver(
+        &self,
+        event: Outgoing,
+        fault: Option<FaultAction>,
+        retries: &mut JoinSet<()>,
+    ) {
+        let copies = if fault == Some(FaultAction::Duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let acknowledged = if fault == Some(FaultAction::DropThenRedeliver) {
+                self.record(&event, 1, None, Some("dropped by fault".to_owned()))
+            } else {
+                self.attempt(&event, 1).await
+            };
+            if !acknowledged {
+                retries.spawn(self.clone().retry(event.clone(), 2));
+            }
+        }
+    }
+}
+
+/// Delay before the retry that follows `failures` failed attempts.
+fn backoff(base: Duration, failures: u32) -> Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+    base.saturating_mul(factor).min(WEBHOOK_RETRY_CAP)
+}
+
+/// Runs until shutdown: takes queued events in order and delivers them.
+pub(crate) async fn dispatch(
+    shared: Arc<Shared>,
+    mut events: UnboundedReceiver<Event>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let http = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).build() {
+        Ok(http) => http,
+        Err(error) => {
+            tracing::error!(%error, "cannot build the webhook HTTP client; webhooks are off");
+            return;
+        }
+    };
+    let sender = Sender { shared, http };
+    let mut retries = JoinSet::new();
+    // A `reorder`ed event waits for the next one, but not forever: at-least-once
+    // still holds when no other event comes.
+    let mut held: Option<(Outgoing, Instant)> = None;
+    loop {
+        let release_at = held.as_ref().map(|(_, since)| *since + WEBHOOK_RETRY_CAP);
+        let event = tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(_) = retries.join_next(), if !retries.is_empty() => continue,
+            () = sleep_until(release_at), if release_at.is_some() => {
+                if let Some((event, _)) = held.take() {
+                    sender.deliver(event, None, &mut retries).await;
+                }
+                continue;
+            }
+            event = events.recv() => match event {
+                Some(event) => Outgoing::new(event),
+                None => break,
+            },
+        };
+        let picked = {
+            let mut state = sender.shared.lock();
+            let state = &mut *state;
+            state.faults.pick(
+                Operation::Webhook,
+                Some(&event.reference),
+                &mut state.fault_rng,
+            )
+        };
+        if let Some(delay) = picked.latency {
+            // Inline, so later events wait too: the delay models a slow
+            // provider-side queue rather than a reordering.
+            tokio::time::sleep(delay).await;
+        }
+        let fault = picked.outcome.map(|(action, _)| action);
+        if fault == Some(FaultAction::Reorder) && held.is_none() {
+            held = Some((event, Instant::now()));
+            continue;
+        }
+        sender.deliver(event, fault, &mut retries).await;
+        if let Some((earlier, _)) = held.take() {
+            sender.deliver(earlier, None, &mut retries).await;
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,289 @@
+//! Each fault action, rule matching, search lag under the virtual clock, and
+//! seeded determinism.
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{EffectsExt, charge_body, charges, provider, provider_with, refunds};
+use fake_provider::{Config, Effects, FaultAction, FaultRule, Operation};
+use serde_json::json;
+
+#[tokio::test]
+async fn drop_response_after_effect_closes_the_connection_after_making_the_charge() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::DropResponseAfterEffect).with_next(1),
+    );
+
+    let lost = p
+        .post(
+            "/v1/charges",
+            Some("key-1"),
+            &charge_body("pedido-1:authorize-v1"),
+        )
+        .await;
+
+    let error = lost.expect_err("no HTTP answer at all");
+    assert!(
+        error.status().is_none(),
+        "a connection error, not a status: {error:?}"
+    );
+    assert!(
+        !error.is_connect(),
+        "the request was sent; the answer was lost: {error:?}"
+    );
+    assert_eq!(p.effects_of("pedido-1:authorize-v1"), charges(1));
+
+    let retried = p.charge(Some("key-1"), "pedido-1:authorize-v1").await;
+    assert_eq!((retried.status, retried.replayed), (201, true));
+    assert_eq!(p.totals(), charges(1));
+}
+
+#[tokio::test]
+async fn delay_after_effect_answers_after_the_client_gave_up_with_the_charge_made() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::DelayAfterEffect)
+            .with_next(1)
+            .with_delay(Duration::from_secs(3)),
+    );
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+
+    let timed_out = p
+        .post_with(
+            &impatient,
+            "sk_test_cobro",
+            "/v1/charges",
+            Some("key-2"),
+            &charge_body("pedido-2:authorize-v1"),
+        )
+        .await
+        .expect_err("the client times out");
+
+    assert!(timed_out.is_timeout(), "{timed_out:?}");
+    assert_eq!(p.totals(), charges(1));
+    let retried = p.charge(Some("key-2"), "pedido-2:authorize-v1").await;
+    assert_eq!((retried.status, retried.replayed), (201, true));
+    assert_eq!(p.totals(), charges(1));
+}
+
+#[tokio::test]
+async fn latency_delays_the_answer_but_not_the_outcome() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::Latency)
+            .with_next(1)
+            .with_delay(Duration::from_millis(300)),
+    );
+    let started = Instant::now();
+    let answer = p.charge(Some("key-3"), "pedido-3:authorize-v1").await;
+
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(answer.status, 201);
+    assert_eq!(p.totals(), charges(1));
+}
+
+#[tokio::test]
+async fn in_progress_fault_answers_409_and_makes_nothing() {
+    let p = provider().await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::InProgress).with_next(1));
+    let busy = p.charge(Some("key-4"), "pedido-4:authorize-v1").await;
+    assert_eq!(busy.error(), (409, "idempotency_in_progress"));
+    assert_eq!(p.totals(), Effects::default());
+
+    let retried = p.charge(Some("key-4"), "pedido-4:authorize-v1").await;
+    assert_eq!((retried.status, retried.replayed), (201, false));
+    assert_eq!(p.totals(), charges(1));
+}
+
+#[tokio::test]
+async fn rules_match_the_reference_and_expire_after_next_n() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::FailBeforeEffect)
+            .with_reference("pedido-5")
+            .with_next(2),
+    );
+    let other = p.charge(None, "pedido-6:authorize-v1").await;
+    let first = p.charge(None, "pedido-5:authorize-v1").await;
+    let second = p.charge(None, "pedido-5:authorize-v1").await;
+    let third = p.charge(None, "pedido-5:authorize-v1").await;
+
+    assert_eq!(
+        (other.status, first.status, second.status, third.status),
+        (201, 503, 503, 201)
+    );
+    assert!(p.control.faults().is_empty(), "the rule is spent");
+    let ledger = p.control.ledger();
+    assert_eq!(ledger.for_reference("pedido-5:authorize-v1"), charges(1));
+    assert_eq!(ledger.for_reference("pedido-6:authorize-v1"), charges(1));
+}
+
+#[tokio::test]
+async fn capture_faults_match_the_charge_reference_and_leave_it_authorized() {
+    let p = provider().await;
+    let charge = p.charge(Some("auth"), "pedido-7:authorize-v1").await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Capture, FaultAction::FailBeforeEffect)
+            .with_reference("pedido-7"),
+    );
+    let path = format!("/v1/charges/{}/capture", charge.id());
+
+    let failed = p.post(&path, Some("cap"), &json!({})).await.unwrap();
+
+    assert_eq!(failed.status, 503);
+    let stored = p.get(&format!("/v1/charges/{}", charge.id())).await;
+    assert_eq!(stored.body["status"], "authorized");
+    p.control.clear_faults();
+    let captured = p.post(&path, Some("cap"), &json!({})).await.unwrap();
+    assert_eq!(
+        (captured.status, captured.body["status"].as_str()),
+        (200, Some("captured"))
+    );
+    assert_eq!(p.totals(), charges(1).captures(1));
+}
+
+#[tokio::test]
+async fn any_matches_reads_as_well_as_mutations() {
+    let p = provider().await;
+    let charge = p.charge(None, "pedido-8:authorize-v1").await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Any, FaultAction::FailAfterEffect).with_next(3));
+
+    let get = p.get(&format!("/v1/charges/{}", charge.id())).await;
+    let search = p.get("/v1/charges?reference=pedido-8:authorize-v1").await;
+    let refund = p.refund(charge.id(), 1, "pedido-8:refund-v1").await;
+
+    assert_eq!((get.status, search.status, refund.status), (500, 500, 500));
+    // The refund ran (and was refused: nothing captured) before the 500.
+    assert_eq!(p.totals(), charges(1));
+}
+
+#[tokio::test]
+async fn search_lag_hides_new_charges_until_virtual_time_passes() {
+    let p = provider().await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Search, FaultAction::SearchLag).with_lag_seconds(30));
+    let reference = "pedido-9:authorize-v1";
+    let charge = p.charge(Some("key-9"), reference).await;
+
+    assert!(
+        p.search("charges", reference).await.is_empty(),
+        "invisible to search"
+    );
+    assert_eq!(
+        p.get(&format!("/v1/charges/{}", charge.id())).await.status,
+        200,
+        "GET by id finds it"
+    );
+    p.control.advance_clock(Duration::from_secs(29));
+    assert!(p.search("charges", reference).await.is_empty());
+    p.control.advance_clock(Duration::from_secs(1));
+    assert_eq!(
+        p.search("charges", reference).await,
+        vec![charge.id().to_owned()]
+    );
+    assert_eq!(p.totals(), charges(1));
+}
+
+#[tokio::test]
+async fn search_lag_applies_only_to_what_is_created_while_the_rule_is_active() {
+    let p = provider().await;
+    let reference = "pedido-10:authorize-v1";
+    let before = p.charge(None, reference).await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::SearchLag).with_next(1));
+    let lagged = p.charge(None, reference).await;
+    let after = p.charge(None, reference).await;
+
+    assert_eq!(
+        p.search("charges", reference).await,
+        vec![after.id().to_owned(), before.id().to_owned()]
+    );
+    p.control.advance_clock(Duration::from_secs(60));
+    let newest_first = vec![
+        after.id().to_owned(),
+        lagged.id().to_owned(),
+        before.id().to_owned(),
+    ];
+    assert_eq!(p.search("charges", reference).await, newest_first);
+    assert_eq!(p.effects_of(reference), charges(3));
+}
+
+#[tokio::test]
+async fn search_lag_hides_refunds_too() {
+    let p = provider().await;
+    let mut body = charge_body("pedido-11:authorize-v1");
+    body["capture"] = json!(true);
+    let charge = p.post("/v1/charges", None, &body).await.unwrap();
+    p.control
+        .add_fault(FaultRule::new(Operation::Refund, FaultAction::SearchLag).with_lag_seconds(10));
+    let refund = p.refund(charge.id(), 100, "pedido-11:refund-v1").await;
+
+    assert!(p.search("refunds", "pedido-11:refund-v1").await.is_empty());
+    assert_eq!(
+        p.get(&format!("/v1/refunds/{}", refund.id())).await.status,
+        200
+    );
+    p.control.advance_clock(Duration::from_secs(10));
+    assert_eq!(
+        p.search("refunds", "pedido-11:refund-v1").await,
+        vec![refund.id().to_owned()]
+    );
+    assert_eq!(p.effects_of("pedido-11:refund-v1"), refunds(1));
+}
+
+/// Statuses of 40 sequential charges under a coin-flip 503 and a coin-flip
+/// lost answer, on a fresh provider with `seed`.
+async fn chaos_run(seed: u64) -> (Vec<u16>, Effects) {
+    let p = provider_with(Config {
+        seed,
+        ..Config::default()
+    })
+    .await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::FailBeforeEffect).with_probability(0.5),
+    );
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::FailAfterEffect).with_probability(0.5),
+    );
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        statuses.push(
+            p.charge(
+                Some(&format!("key-{i}")),
+                &format!("pedido-{i}:authorize-v1"),
+            )
+            .await
+            .status,
+        );
+    }
+    (statuses, p.totals())
+}
+
+#[tokio::test]
+async fn the_same_seed_and_request_order_give_the_same_faults() {
+    let (first, first_effects) = chaos_run(42).await;
+    let (second, second_effects) = chaos_run(42).await;
+    let (other_seed, _) = chaos_run(7).await;
+
+    assert_eq!(first, second);
+    assert_eq!(first_effects, second_effects);
+    assert!(
+        first.contains(&503) && first.contains(&500) && first.contains(&201),
+        "{first:?}"
+    );
+    assert_ne!(first, other_seed, "a different seed draws differently");
+    let made = first.iter().filter(|&&status| status != 503).count() as u64;
+    assert_eq!(
+        first_effects,
+        charges(made),
+        "every non-503 made exactly one charge"
+    );
+}

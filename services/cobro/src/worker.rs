@@ -1,0 +1,114 @@
+//! The outbox worker: inside `serve` by default, alone as `cobro worker`.
+//! Also where the provider is chosen: the configured URL, or (for `serve`
+//! without one) the embedded fake provider on loopback.
+
+use crate::cli::WorkerArgs;
+use crate::database::{self, SchemaPolicy};
+use crate::output::say;
+use crate::settings::{GlobalSettings, ProviderSettings, WorkerSettings};
+use anyhow::Context;
+use cobro_core::{Clock, SystemClock};
+use cobro_provider::{HttpProvider, HttpProviderConfig};
+use cobro_store::Store;
+use cobro_worker::{Worker, WorkerConfig};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+
+/// The provider the worker calls, and the embedded fake one if we started it
+/// (kept alive as long as this value).
+pub struct ProviderHandle {
+    pub client: HttpProvider,
+    pub embedded: Option<fake_provider::Running>,
+}
+
+/// Connects to the configured provider, or starts the embedded fake one
+/// when `allow_embedded` and no URL is set.
+pub async fn provider(
+    settings: &ProviderSettings,
+    allow_embedded: bool,
+) -> anyhow::Result<ProviderHandle> {
+    let (url, embedded) = match &settings.provider_url {
+        Some(url) => (url.clone(), None),
+        None if allow_embedded => {
+            let running = fake_provider::start(fake_provider::Config {
+                retention: settings.provider_key_retention,
+                admin: true,
+                ..Default::default()
+            })
+            .await
+            .context("could not start the embedded fake provider")?;
+            tracing::warn!(
+                url = %running.url(),
+                "EMBEDDED FAKE PROVIDER: no real money moves; set COBRO_PROVIDER_URL for a real provider"
+            );
+            (running.url(), Some(running))
+        }
+        None => anyhow::bail!("no provider configured: set COBRO_PROVIDER_URL (or --provider-url)"),
+    };
+    let mut config = HttpProviderConfig::new(url, settings.provider_api_key.clone());
+    config.connect_timeout = settings.provider_connect_timeout;
+    config.request_timeout = settings.provider_timeout;
+    let client = HttpProvider::new(config).context("could not build the provider client")?;
+    Ok(ProviderHandle { client, embedded })
+}
+
+pub fn worker_config(
+    provider: &ProviderSettings,
+    worker: &WorkerSettings,
+) -> anyhow::Result<WorkerConfig> {
+    if worker.worker_heartbeat >= worker.worker_lease {
+        anyhow::bail!("the worker heartbeat must be shorter than its lease (2-3x shorter)");
+    }
+    if provider.provider_key_safety_margin >= provider.provider_key_retention {
+        anyhow::bail!("the provider key safety margin must be shorter than the key retention");
+    }
+    Ok(WorkerConfig {
+        lease: worker.worker_lease,
+        heartbeat: worker.worker_heartbeat,
+        max_in_flight: worker.worker_max_in_flight as usize,
+        poll_interval: worker.worker_poll,
+        key_retention: provider.provider_key_retention,
+        safety_margin: provider.provider_key_safety_margin,
+        ..Default::default()
+    })
+}
+
+/// Starts the worker loop as a task; it stops when `shutdown` turns true.
+pub fn spawn(
+    store: Store,
+    client: HttpProvider,
+    clock: Arc<dyn Clock>,
+    config: WorkerConfig,
+    wake: Arc<Notify>,
+    shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let worker = Arc::new(Worker::new(store, Arc::new(client), clock, config, wake));
+    tokio::spawn(worker.run(shutdown, grace))
+}
+
+/// `cobro worker`: the worker alone, until SIGTERM or SIGINT.
+pub async fn run_alone(
+    global: &GlobalSettings,
+    provider_settings: &ProviderSettings,
+    args: &WorkerArgs,
+) -> anyhow::Result<()> {
+    let config = worker_config(provider_settings, &args.worker)?;
+    let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    let handle = provider(provider_settings, false).await?;
+    let shutdown = crate::serve::watch_shutdown_signals()?;
+    say(format_args!("cobro worker running as {}", config.owner))?;
+    let task = spawn(
+        store.clone(),
+        handle.client,
+        Arc::new(SystemClock),
+        config,
+        Arc::new(Notify::new()),
+        shutdown,
+        args.shutdown_grace,
+    );
+    task.await.context("the worker task failed")?;
+    store.close().await;
+    Ok(())
+}

@@ -377,3 +377,91 @@ impl Rig {
             .expect("json")
     }
 }
+
+/// Polls `check` every 20 ms until it yields `Some`, and returns that; panics
+/// naming `what` if `within` passes first. Tests that involve real time
+/// (other processes, a real lease expiry) wait on a condition like this,
+/// never on a sleep of a guessed length.
+pub async fn wait_for<T>(
+    what: &str,
+    within: std::time::Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting until {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+impl TestApp {
+    /// Serves this app again, on a new port, with `settings` (e.g. webhook
+    /// secrets): the database, the clock and the worker's wake-up stay.
+    pub async fn serve_with(&mut self, settings: cobro_api::ApiSettings) {
+        self.server.abort();
+        self.state = cobro_api::AppState {
+            settings: std::sync::Arc::new(settings),
+            ..self.state.clone()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        self.url = format!("http://{}", listener.local_addr().expect("addr"));
+        let router = cobro_api::router(self.state.clone());
+        self.server = tokio::spawn(async move {
+            axum::serve(listener, router).await.expect("serve");
+        });
+    }
+}
+
+impl Rig {
+    /// Makes the app accept webhooks of provider `fake` signed with
+    /// `secret`, and aligns the app's manual clock with the provider's
+    /// virtual one (which signs with its own time). With `deliver`, the
+    /// provider also sends its webhooks to the app from now on.
+    pub async fn accept_webhooks(&mut self, secret: &str, deliver: bool) {
+        let mut settings = cobro_api::ApiSettings::default();
+        settings.webhook_secrets.insert(
+            "fake".to_owned(),
+            cobro_api::WebhookSecret::new(secret.to_owned()),
+        );
+        self.app.serve_with(settings).await;
+        let control = self.provider.control();
+        let gap = control.now() - cobro_core::Clock::now(&self.app.clock);
+        // The provider's clock only moves forward, so move the one behind.
+        match gap.to_std() {
+            Ok(ahead) => self
+                .app
+                .clock
+                .advance(chrono::Duration::from_std(ahead).expect("gap")),
+            Err(_) => control.advance_clock((-gap).to_std().expect("gap")),
+        }
+        if deliver {
+            self.point_webhooks(secret);
+        }
+    }
+
+    /// Points the provider's webhooks at this app's `/v1/webhooks/fake`,
+    /// signed with `secret` (a wrong one makes the app refuse them).
+    pub fn point_webhooks(&self, secret: &str) {
+        self.provider
+            .control()
+            .set_webhook(Some(fake_provider::WebhookTarget {
+                url: format!("{}/v1/webhooks/fake", self.app.url),
+                secret: secret.to_owned(),
+            }));
+    }
+}
+
+/// A valid create-payment body for `order_ref` with manual capture.
+pub fn manual_payment_body(order_ref: &str) -> serde_json::Value {
+    let mut body = payment_body(order_ref);
+    body["capture_method"] = serde_json::json!("manual");
+    body
+}

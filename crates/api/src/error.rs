@@ -65,6 +65,10 @@ pub enum ApiError {
     NotRefundable { payment_id: String, status: String },
     #[error("the refund would take refunds above the captured amount")]
     RefundExceedsCaptured { payment_id: String },
+    #[error(
+        "the webhook signature is missing, does not match, or its timestamp is outside the tolerance"
+    )]
+    WebhookSignatureInvalid,
     #[error("too many requests")]
     RateLimited,
     #[error("the service is temporarily unavailable")]
@@ -99,6 +103,7 @@ impl ApiError {
             E::RefundExceedsCaptured { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-captured")
             }
+            E::WebhookSignatureInvalid => (StatusCode::BAD_REQUEST, "webhook-signature-invalid"),
             E::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate-limited"),
             E::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service-unavailable"),
             E::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
@@ -121,6 +126,7 @@ impl ApiError {
             E::NotCancelable { .. } => "Payment not cancelable",
             E::NotRefundable { .. } => "Payment not refundable",
             E::RefundExceedsCaptured { .. } => "Refund exceeds the captured amount",
+            E::WebhookSignatureInvalid => "Webhook signature invalid",
             E::RateLimited => "Rate limited",
             E::Unavailable(_) => "Service unavailable",
             E::Internal(_) => "Internal error",
@@ -268,6 +274,11 @@ mod tests {
                 ApiError::RefundExceedsCaptured { payment_id: id() },
                 422,
                 "refund-exceeds-captured",
+            ),
+            (
+                ApiError::WebhookSignatureInvalid,
+                400,
+                "webhook-signature-invalid",
             ),
             (ApiError::RateLimited, 429, "rate-limited"),
             (ApiError::Unavailable(None), 503, "service-unavailable"),

@@ -7,9 +7,11 @@ mod keyed;
 mod openapi;
 mod payments;
 pub mod views;
+mod webhooks;
 
 pub use error::ApiError;
 pub use extract::token_hash;
+pub use webhooks::WebhookSecret;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -29,6 +31,12 @@ pub struct ApiSettings {
     pub idempotency_retention: Duration,
     /// How long tombstones are kept after that.
     pub tombstone_retention: Duration,
+    /// Signing secret of each provider whose webhooks are accepted, by the
+    /// `{provider}` of `/v1/webhooks/{provider}`; any other provider is 404.
+    pub webhook_secrets: std::collections::BTreeMap<String, WebhookSecret>,
+    /// How far a webhook signature's timestamp may be from now (either
+    /// way) before it is refused as a possible replay.
+    pub webhook_tolerance: Duration,
 }
 
 impl Default for ApiSettings {
@@ -36,6 +44,8 @@ impl Default for ApiSettings {
         Self {
             idempotency_retention: Duration::from_secs(24 * 3600),
             tombstone_retention: Duration::from_secs(30 * 24 * 3600),
+            webhook_secrets: std::collections::BTreeMap::new(),
+            webhook_tolerance: Duration::from_secs(300),
         }
     }
 }
@@ -73,6 +83,7 @@ pub fn router(state: AppState) -> Router {
         .merge(payments::routes())
         .merge(openapi::routes())
         .merge(health::routes())
+        .merge(webhooks::routes())
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(middleware::from_fn(request_context))
         .with_state(state)

@@ -76,7 +76,9 @@ pub fn document(settings: &ApiSettings) -> Document {
         paths::get_refund,
         paths::healthz,
         paths::readyz,
+        paths::metrics,
         paths::openapi_json,
+        paths::receive_webhook,
     ),
     components(schemas(
         schemas::CreatePaymentRequest,
@@ -85,6 +87,8 @@ pub fn document(settings: &ApiSettings) -> Document {
         schemas::PaymentList,
         schemas::Problem,
         schemas::HealthStatus,
+        schemas::WebhookEvent,
+        schemas::WebhookReceipt,
         crate::views::PaymentView,
         crate::views::RefundView,
         crate::views::AttemptView,
@@ -103,6 +107,7 @@ pub fn document(settings: &ApiSettings) -> Document {
         (name = "payments", description = "Authorise, read, list, capture and cancel payments."),
         (name = "refunds", description = "Refund captured payments."),
         (name = "operations", description = "Health, readiness and this document: no authentication, no idempotency."),
+        (name = "webhooks", description = "Events from the payment provider: authenticated by their signature, deduplicated by event id."),
     ),
     modifiers(&Contract),
 )]
@@ -202,6 +207,7 @@ mod paths {
     use super::PaymentStatusSchema;
     use super::schemas::{
         CreatePaymentRequest, CreateRefundRequest, EmptyBody, HealthStatus, PaymentList,
+        WebhookEvent, WebhookReceipt,
     };
     use crate::views::{PaymentView, RefundView};
 
@@ -384,6 +390,23 @@ mod paths {
     )]
     pub fn readyz() {}
 
+    /// Metrics
+    ///
+    /// Prometheus text: payments per unsettled status
+    /// (`cobro_payments_unsettled{status}`) and the age of the oldest one in
+    /// each (`cobro_payments_oldest_unsettled_seconds{status}`). No token.
+    #[utoipa::path(
+        get,
+        path = "/metrics",
+        operation_id = "metrics",
+        tag = "operations",
+        responses(
+            (status = 200, description = "Prometheus text exposition format.", content_type = "text/plain", body = String),
+            (status = 503, description = "The database is unreachable.", content_type = "text/plain", body = String),
+        ),
+    )]
+    pub fn metrics() {}
+
     /// This document
     #[utoipa::path(
         get,
@@ -394,6 +417,37 @@ mod paths {
             content_type = "application/json", body = Object)),
     )]
     pub fn openapi_json() {}
+
+    /// Receive a provider event
+    ///
+    /// For the payment provider, not for merchants: no bearer token and no
+    /// `Idempotency-Key`; the `Fake-Signature` header authenticates the
+    /// request (`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw
+    /// body>")>`, compared in constant time; a timestamp more than the
+    /// tolerance, 300 s by default, from the server's clock is refused).
+    /// The event id is the deduplication key: the event, its effect and its
+    /// outcome commit in one transaction and only then is 200 answered; a
+    /// redelivery answers 200 `duplicate_delivery` and changes nothing. A
+    /// charge event older than what is recorded for its charge (by
+    /// `sequence`) is stored as `ignored_stale` and never moves a payment
+    /// backwards.
+    #[utoipa::path(
+        post,
+        path = "/v1/webhooks/{provider}",
+        operation_id = "receiveWebhook",
+        tag = "webhooks",
+        params(
+            ("provider" = String, Path, description = "The provider's name as configured (`fake`); any other answers 404."),
+            ("Fake-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<raw body>\")>`; several `v1` values may be sent."),
+        ),
+        request_body(content = WebhookEvent, content_type = "application/json",
+            description = "At most 64 KiB, signed as received (the raw bytes)."),
+        responses(
+            (status = 200, description = "Stored (and applied where it proves something new), or a redelivery of an event already stored.",
+                body = WebhookReceipt),
+        ),
+    )]
+    pub fn receive_webhook() {}
 }
 
 /// Shapes that the code parses field by field (or builds as a JSON map),
@@ -517,6 +571,40 @@ pub(crate) mod schemas {
         /// `unreachable` when readyz fails.
         #[schema(nullable = false)]
         pub database: Option<String>,
+    }
+
+    /// A provider event. Other members are allowed and kept as received.
+    #[derive(ToSchema)]
+    pub struct WebhookEvent {
+        /// The provider's event id: the deduplication key.
+        #[schema(example = "evt_4f1c2d")]
+        pub id: String,
+        /// `charge.authorized`, `charge.captured`, `charge.declined`,
+        /// `charge.voided` or `refund.succeeded`; other types are stored as
+        /// `unmatched`.
+        #[schema(rename = "type", example = "charge.captured")]
+        pub kind: String,
+        /// When the provider made the effect.
+        #[schema(nullable = false, format = DateTime)]
+        pub created: Option<String>,
+        /// The charge's sequence after the effect (per charge, growing).
+        #[schema(minimum = 0, example = 2)]
+        pub sequence: i64,
+        /// The charge (`id`, `reference` = the authorisation's intent name,
+        /// `amount`, `currency`, ...) or the refund (`id`, `charge`,
+        /// `reference` = the refund's intent name, ...).
+        #[schema(value_type = Object)]
+        pub data: serde_json::Value,
+    }
+
+    /// The answer to a delivered event.
+    #[derive(ToSchema)]
+    pub struct WebhookReceipt {
+        pub event_id: String,
+        /// `applied`, `ignored_stale`, `duplicate_effect`, `unmatched`, or
+        /// `duplicate_delivery` for an event id already stored.
+        #[schema(example = "applied")]
+        pub outcome: String,
     }
 }
 
@@ -714,6 +802,7 @@ fn every_error() -> Vec<ApiError> {
             status: "authorized".into(),
         },
         ApiError::RefundExceedsCaptured { payment_id: id() },
+        ApiError::WebhookSignatureInvalid,
         ApiError::RateLimited,
         ApiError::Unavailable(None),
         ApiError::internal(std::io::Error::other("example")),
@@ -733,7 +822,9 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         E::Validation(_) => {
             "The body, a field or a query parameter is invalid; `errors` lists every invalid field, unknown fields included. Correct it and retry, with the same key if you like."
         }
-        E::BodyTooLarge { .. } => "The body is larger than 16 KiB (16384 bytes).",
+        E::BodyTooLarge { .. } => {
+            "The body is larger than 16 KiB (16384 bytes); 64 KiB (65536 bytes) for webhooks."
+        }
         E::KeyMissing => "A POST without an `Idempotency-Key` header.",
         E::KeyInvalid => {
             "More than one `Idempotency-Key` line, or a value that is not 1 to 255 visible ASCII characters (bare, or one structured-field string)."
@@ -758,6 +849,9 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         }
         E::RefundExceedsCaptured { .. } => {
             "Refunds that are not failed would exceed the captured amount. Stored against the key."
+        }
+        E::WebhookSignatureInvalid => {
+            "The `Fake-Signature` header is missing or malformed, no `v1` signature matches the body with the provider's secret, or its timestamp is outside the tolerance. Nothing was stored."
         }
         E::RateLimited => "Reserved: this server has no rate limiter yet and never sends it.",
         E::Unavailable(_) => {
@@ -883,6 +977,14 @@ fn refusals(operation_id: &str) -> Vec<Refusal> {
             ],
         ),
         "getRefund" => with(READ, &["not-found"]),
+        "receiveWebhook" => pick(&[
+            "not-found",
+            "body-too-large",
+            "webhook-signature-invalid",
+            "validation-error",
+            "service-unavailable",
+            "internal",
+        ]),
         _ => Vec::new(),
     }
 }
@@ -916,14 +1018,16 @@ impl Modify for Contract {
         add_shared_components(components);
         for (path, item) in openapi.paths.paths.iter_mut() {
             // Every `/v1` handler takes the `Account` extractor; the
-            // operations routes take none.
-            let secured = path.starts_with("/v1/");
+            // operations routes take none. Webhooks are the provider's:
+            // their signature authenticates them, their event id dedups.
+            let webhook = path.starts_with("/v1/webhooks/");
+            let secured = path.starts_with("/v1/") && !webhook;
             // The router serves only GET and POST.
             if let Some(operation) = item.get.as_mut() {
                 complete_operation(operation, false, secured);
             }
             if let Some(operation) = item.post.as_mut() {
-                complete_operation(operation, true, secured);
+                complete_operation(operation, !webhook, secured);
             }
         }
     }
@@ -1018,6 +1122,7 @@ fn add_shared_components(components: &mut Components) {
     );
 }
 
+/// `is_post`: a keyed POST (the `Idempotency-Key` parameter and its echo).
 fn complete_operation(operation: &mut PathOperation, is_post: bool, secured: bool) {
     if secured {
         operation.security = Some(vec![SecurityRequirement::new(

@@ -1,12 +1,15 @@
 #![doc = include_str!("../README.md")]
 
 pub mod accounts;
+pub mod audit;
 mod db_types;
 pub mod idempotency;
 pub mod outbox;
 pub mod payments;
 pub mod purge;
+pub mod reconcile;
 pub mod settle;
+pub mod webhooks;
 
 pub use db_types::{DbId, DbTime};
 pub use idempotency::{KeyScope, Reservation, StoredRecord};

@@ -2,15 +2,15 @@
 //!
 //! Layout:
 //! - [`Cli`]: global settings plus the subcommand.
-//! - [`Command`]: `serve`, `worker`, `migrate`, `accounts`, `tokens`, `purge`;
-//!   `reconcile` is reserved (hidden) for the issue that adds it.
+//! - [`Command`]: `serve`, `worker`, `reconcile`, `payments`, `migrate`,
+//!   `accounts`, `tokens`, `purge`.
 //! - [`run`]: dispatches a parsed command to its module.
 
 use crate::settings::{
-    DEFAULT_PURGE_BATCH, GlobalSettings, ProviderSettings, RetentionSettings, ServeSettings,
-    WorkerSettings,
+    DEFAULT_PURGE_BATCH, GlobalSettings, ProviderSettings, ReconcileSettings, RetentionSettings,
+    ServeSettings, WorkerSettings,
 };
-use crate::{admin, serve, worker};
+use crate::{admin, reconcile, serve, worker};
 use clap::{Args, Parser, Subcommand};
 
 /// cobro: payment orchestration. Settings come from flags or `COBRO_*`
@@ -23,6 +23,9 @@ pub struct Cli {
 
     #[command(flatten)]
     pub provider: ProviderSettings,
+
+    #[command(flatten)]
+    pub reconcile: ReconcileSettings,
 
     #[command(subcommand)]
     pub command: Command,
@@ -47,9 +50,13 @@ pub enum Command {
     /// Run the outbox worker alone (several may share one PostgreSQL):
     /// every provider call, with leases and fencing tokens.
     Worker(WorkerArgs),
-    /// Run the reconciler (not available in this build yet).
-    #[command(hide = true)]
-    Reconcile,
+    /// Ask the provider about every uncertain attempt and apply what it
+    /// proves (audited). Exit code 0: nothing left unresolved; 2: some
+    /// attempts are still unknown or need review.
+    Reconcile(reconcile::ReconcileArgs),
+    /// Look at payments and resolve the ones in `needs_review` by hand.
+    #[command(subcommand)]
+    Payments(reconcile::PaymentsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,7 +109,9 @@ pub struct PurgeArgs {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let global = &cli.global;
     match cli.command {
-        Command::Serve(settings) => serve::run(global, &cli.provider, &settings).await,
+        Command::Serve(settings) => {
+            serve::run(global, &cli.provider, &cli.reconcile, &settings).await
+        }
         Command::Worker(args) => worker::run_alone(global, &cli.provider, &args).await,
         Command::Migrate => admin::migrate(global).await,
         Command::Accounts(AccountsCommand::Create { name }) => {
@@ -113,9 +122,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             admin::create_token(global, &account, &label).await
         }
         Command::Purge(args) => admin::purge(global, &args.retention, args.batch).await,
-        Command::Reconcile => anyhow::bail!(
-            "this subcommand is reserved and not available in this build of cobro yet"
-        ),
+        Command::Reconcile(args) => {
+            reconcile::run(global, &cli.provider, &cli.reconcile, &args).await
+        }
+        Command::Payments(command) => reconcile::payments(global, command).await,
     }
 }
 

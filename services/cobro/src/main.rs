@@ -14,6 +14,7 @@ mod database;
 mod demo;
 mod output;
 mod purge;
+mod reconcile;
 mod serve;
 mod settings;
 mod telemetry;
@@ -34,7 +35,11 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("cobro: error: {error:#}");
-            ExitCode::FAILURE
+            // Exit 2: the command worked, but uncertain payments remain.
+            match error.downcast_ref::<reconcile::Unresolved>() {
+                Some(_) => ExitCode::from(2),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -12,11 +12,13 @@
 
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
-use crate::settings::{GlobalSettings, ProviderSettings, RetentionSettings, ServeSettings};
+use crate::settings::{
+    GlobalSettings, ProviderSettings, ReconcileSettings, RetentionSettings, ServeSettings,
+};
 use crate::{demo, purge};
 use anyhow::Context;
 use axum::Router;
-use cobro_api::{ApiSettings, AppState};
+use cobro_api::{ApiSettings, AppState, WebhookSecret};
 use cobro_core::{Clock, SystemClock};
 use cobro_store::Store;
 use std::future::IntoFuture;
@@ -31,6 +33,7 @@ use tokio_cron_scheduler::{Job, JobScheduler};
 pub async fn run(
     global: &GlobalSettings,
     provider: &ProviderSettings,
+    reconcile: &ReconcileSettings,
     settings: &ServeSettings,
 ) -> anyhow::Result<()> {
     let policy = if settings.no_migrate {
@@ -66,10 +69,23 @@ pub async fn run(
         .await
         .context("could not start the purge schedule")?;
 
-    let api = ApiSettings {
+    // The embedded fake provider (started below when no provider URL is
+    // set) signs its webhooks with a secret made here, unless one is set.
+    let embedded_provider = !settings.no_worker && provider.provider_url.is_none();
+    let webhook_secret = settings
+        .webhook_secret
+        .clone()
+        .or_else(|| embedded_provider.then(generated_webhook_secret));
+    let mut api = ApiSettings {
         idempotency_retention: settings.retention.idempotency_retention,
         tombstone_retention: settings.retention.tombstone_retention,
+        webhook_tolerance: settings.webhook_tolerance,
+        ..ApiSettings::default()
     };
+    if let Some(secret) = &webhook_secret {
+        api.webhook_secrets
+            .insert("fake".to_owned(), secret.clone());
+    }
     let state = AppState::new(store.clone(), Arc::clone(&clock), api);
     // The worker runs in this process unless told otherwise; the API wakes
     // it in memory after every commit that enqueued work.
@@ -89,7 +105,34 @@ pub async fn run(
         );
         (Some(handle), Some(task))
     };
+    // The reconciler runs on a schedule in this process, asking the same
+    // provider the worker calls.
+    if let Some(handle) = &provider_handle {
+        schedule_reconciler(
+            &scheduler,
+            &store,
+            &clock,
+            handle.client.clone(),
+            reconcile,
+            &settings.reconcile_schedule,
+        )
+        .await?;
+    }
     if let Some(fake) = provider_handle.as_ref().and_then(|h| h.embedded.as_ref()) {
+        if let Some(secret) = webhook_secret {
+            // Bound above, so the URL is final; a wildcard address is
+            // reached over loopback.
+            let host = if address.ip().is_unspecified() {
+                std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), address.port())
+            } else {
+                address
+            };
+            fake.control()
+                .set_webhook(Some(fake_provider::WebhookTarget {
+                    url: format!("http://{host}/v1/webhooks/fake"),
+                    secret: secret.expose().to_owned(),
+                }));
+        }
         say(format_args!(
             "embedded fake provider (no real money moves): {url} (faults, clock and ledger at {url}/__admin)",
             url = fake.url()
@@ -114,6 +157,12 @@ pub async fn run(
     }
     tracing::info!(drained, "stopped");
     Ok(())
+}
+
+/// A fresh webhook secret for the embedded fake provider: 122 random bits,
+/// never printed (the provider gets it in memory).
+fn generated_webhook_secret() -> WebhookSecret {
+    WebhookSecret::new(format!("whsec_{}", uuid::Uuid::new_v4().simple()))
 }
 
 /// Serves until `shutdown` fires, then drains for at most `grace`.
@@ -223,4 +272,45 @@ impl ScheduledPurge {
             tracing::error!(error = format!("{error:#}"), "scheduled purge failed");
         }
     }
+}
+
+/// The scheduled reconciliation: the same [`cobro_reconciler::Reconciler`]
+/// as `cobro reconcile`, every `schedule`. Runs never overlap in this
+/// process; across processes its compare-and-sets keep them from applying
+/// two decisions to one attempt.
+async fn schedule_reconciler(
+    scheduler: &JobScheduler,
+    store: &Store,
+    clock: &Arc<dyn Clock>,
+    provider: cobro_provider::HttpProvider,
+    settings: &ReconcileSettings,
+    schedule: &str,
+) -> anyhow::Result<()> {
+    let actor = format!("reconciler:serve-{}", std::process::id());
+    let reconciler = Arc::new(cobro_reconciler::Reconciler::new(
+        store.clone(),
+        Arc::new(provider),
+        Arc::clone(clock),
+        crate::reconcile::reconciler_config(settings, actor),
+    ));
+    let running = Arc::new(Mutex::new(()));
+    let job = Job::new_async(schedule, move |_id, _scheduler| {
+        let (reconciler, running) = (Arc::clone(&reconciler), Arc::clone(&running));
+        Box::pin(async move {
+            let Ok(_running) = running.try_lock() else {
+                tracing::warn!("the previous reconciliation is still running; skipping this one");
+                return;
+            };
+            let scope = cobro_reconciler::Scope::default();
+            if let Err(error) = reconciler.run(&scope, false, "schedule", &|_, _| {}).await {
+                tracing::error!(error = %error, "scheduled reconciliation failed");
+            }
+        })
+    })
+    .context("could not create the reconciliation job")?;
+    scheduler
+        .add(job)
+        .await
+        .context("could not schedule the reconciler")?;
+    Ok(())
 }

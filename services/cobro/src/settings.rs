@@ -16,6 +16,7 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use cobro_api::WebhookSecret;
 use cobro_store::StoreConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -105,6 +106,20 @@ pub struct ServeSettings {
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Signing secret of the `fake` provider's webhooks, accepted at
+    /// `POST /v1/webhooks/fake`. Unset: with the embedded fake provider a
+    /// random one is generated at start (and given to it); otherwise
+    /// webhooks are refused with 404.
+    // Parsed into `WebhookSecret`, whose `Debug` hides the value.
+    #[arg(long, env = "COBRO_WEBHOOK_SECRET", hide_env_values = true,
+          value_parser = |s: &str| Ok::<_, String>(WebhookSecret::new(s)))]
+    pub webhook_secret: Option<WebhookSecret>,
+
+    /// How far a webhook signature's timestamp may be from now before the
+    /// delivery is refused as a possible replay.
+    #[arg(long, env = "COBRO_WEBHOOK_TOLERANCE", default_value = "300s", value_parser = parse_duration)]
+    pub webhook_tolerance: Duration,
+
     #[command(flatten)]
     pub retention: RetentionSettings,
 
@@ -115,6 +130,10 @@ pub struct ServeSettings {
 
     #[command(flatten)]
     pub worker: WorkerSettings,
+
+    /// When the in-process reconciler runs: cron with seconds, in UTC.
+    #[arg(long, env = "COBRO_RECONCILE_SCHEDULE", default_value = "30 * * * * *", value_parser = parse_cron)]
+    pub reconcile_schedule: String,
 }
 
 /// The payment provider and how the worker talks to it.
@@ -155,6 +174,29 @@ pub struct ProviderSettings {
     #[arg(long, env = "COBRO_PROVIDER_TIMEOUT", default_value = "10s",
           value_parser = parse_duration, global = true)]
     pub provider_timeout: Duration,
+}
+
+/// How the reconciler decides (shared by `serve`'s schedule and `cobro reconcile`).
+#[derive(Args, Clone, Debug)]
+pub struct ReconcileSettings {
+    /// The provider's documented search consistency delay: "not found" is
+    /// proof of no effect only once this long has passed since the last send.
+    #[arg(long, env = "COBRO_PROVIDER_SEARCH_LAG", default_value = "60s", value_parser = parse_duration, global = true)]
+    pub provider_search_lag: Duration,
+
+    /// Unknown attempts not sent for this long, and captures, voids and
+    /// refunds waiting this long, are examined too.
+    #[arg(long, env = "COBRO_RECONCILE_STUCK_AFTER", default_value = "5m", value_parser = parse_duration, global = true)]
+    pub reconcile_stuck_after: Duration,
+
+    /// Unresolved this long after the first send: `needs_review`.
+    #[arg(long, env = "COBRO_RECONCILE_ESCALATE_AFTER", default_value = "24h", value_parser = parse_duration, global = true)]
+    pub reconcile_escalate_after: Duration,
+
+    /// After proof of no effect, fail the payment instead of scheduling a
+    /// new attempt with a new provider key.
+    #[arg(long, env = "COBRO_RECONCILE_NO_RETRY", global = true)]
+    pub reconcile_no_retry: bool,
 }
 
 /// The outbox worker's leases and pace.

@@ -1,0 +1,611 @@
+//! `POST /v1/webhooks/{provider}`: provider events, verified, deduplicated
+//! and applied at most once, never moving a payment backwards
+//! (provider-and-recovery.md section 4).
+//!
+//! Layout:
+//! - [`routes`]: the route and its own body limit (64 KiB; the rest of the
+//!   API keeps 16 KiB).
+//! - `verify`: the `Fake-Signature` check (HMAC-SHA256 over `"<t>.<raw
+//!   body>"`, constant-time compare, timestamp within the tolerance of the
+//!   injected clock). Nothing is stored for a request that fails it.
+//! - `parse`: the event's fields; a malformed event is a 400 and is not
+//!   stored either.
+//! - `receive` / `process`: one transaction per delivery. The event id is
+//!   inserted first under its unique key (a redelivery finds it and changes
+//!   nothing), the event is matched to its payment and attempt, what it
+//!   proves goes through `cobro_worker::apply_proof` (the one code path the
+//!   worker and the reconciler use too) with an audit row, and the outcome
+//!   is stored with the event. The 200 is sent only after the commit, so a
+//!   lost acknowledgement costs a harmless redelivery.
+//!
+//! Ordering: `sequence` is the provider's per-charge counter. A charge event
+//! is applied only when it is newer than `payments.provider_sequence`, which
+//! it then raises (compare-and-set); an older one is stored as
+//! `ignored_stale`. Refund events are not gated by it: a refund only ever
+//! adds to what is refunded, and the refund attempt's own state is the gate.
+
+use crate::AppState;
+use crate::error::{ApiError, FieldError};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use cobro_core::{AttemptId, AttemptState, CaptureMethod, Operation, PaymentId, RefundId};
+use cobro_store::audit::NewDecision;
+use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
+use cobro_store::{PaymentRow, StoreError, WriteTx};
+use cobro_worker::{Applied, Proof, apply_proof};
+use hmac::{Hmac, KeyInit, Mac};
+use serde_json::{Map, Value, json};
+use sha2::Sha256;
+use std::fmt;
+use std::time::Duration;
+
+/// The largest webhook body accepted: provider events carry a whole charge
+/// or refund, so more room than a merchant request.
+pub const WEBHOOK_BODY_LIMIT: usize = 64 * 1024;
+
+/// `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>`.
+pub const SIGNATURE_HEADER: &str = "fake-signature";
+
+/// How often a delivery is re-run after losing a race with a newer event
+/// for the same charge; each re-run starts from scratch and finds the event
+/// stale, so one is enough in practice.
+const RACE_RETRIES: usize = 3;
+
+/// A provider's webhook signing secret. Its `Debug` never shows the value,
+/// so settings can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookSecret(String);
+
+impl WebhookSecret {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    /// The secret itself, to hand to whoever signs (the embedded fake
+    /// provider); never for logs.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WebhookSecret(***)")
+    }
+}
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/webhooks/{provider}", post(receive))
+        // Inner to the router-wide 16 KiB limit, so it wins for this route.
+        .layer(DefaultBodyLimit::max(WEBHOOK_BODY_LIMIT))
+}
+
+async fn receive(
+    State(state): State<AppState>,
+    Path(provider): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    // Unknown provider first: nothing about the request matters then.
+    let secret = state
+        .settings
+        .webhook_secrets
+        .get(&provider)
+        .ok_or(ApiError::NotFound)?;
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge {
+                limit: WEBHOOK_BODY_LIMIT,
+            }
+        } else {
+            ApiError::Validation(vec![FieldError::new("body", "the body could not be read")])
+        }
+    })?;
+    let now = state.clock.now();
+    verify(
+        &headers,
+        &body,
+        secret,
+        now,
+        state.settings.webhook_tolerance,
+    )?;
+    let (event, payload) = parse(&body)?;
+    let span = tracing::info_span!(
+        "webhook.receive",
+        provider = %provider,
+        event_id = %event.id,
+        event_type = %event.kind,
+        outcome = tracing::field::Empty,
+    );
+    let outcome = tracing::Instrument::instrument(
+        deliver(&state, &provider, &event, payload, now),
+        span.clone(),
+    )
+    .await?;
+    span.record("outcome", outcome);
+    tracing::info!(parent: &span, outcome, "webhook event received");
+    Ok((
+        StatusCode::OK,
+        Json(json!({"event_id": event.id, "outcome": outcome})),
+    ))
+}
+
+/// Checks the signature header against `secret`.
+fn verify(
+    headers: &HeaderMap,
+    body: &[u8],
+    secret: &WebhookSecret,
+    now: DateTime<Utc>,
+    tolerance: Duration,
+) -> Result<(), ApiError> {
+    let invalid = |why: &'static str| {
+        // The header and the secret are never logged.
+        tracing::warn!(reason = why, "webhook signature refused");
+        ApiError::WebhookSignatureInvalid
+    };
+    let mut values = headers.get_all(SIGNATURE_HEADER).iter();
+    let header = match (values.next(), values.next()) {
+        (Some(one), None) => one.to_str().map_err(|_| invalid("header not ASCII"))?,
+        (None, _) => return Err(invalid("header missing")),
+        _ => return Err(invalid("more than one header")),
+    };
+    let mut timestamp = None;
+    let mut signatures = Vec::new();
+    for part in header.split(',') {
+        match part.trim().split_once('=') {
+            Some(("t", t)) => timestamp = t.parse::<i64>().ok(),
+            Some(("v1", v1)) => signatures.push(v1),
+            // Other schemes (a future v2) are not ours to check.
+            _ => {}
+        }
+    }
+    let timestamp = timestamp.ok_or_else(|| invalid("no timestamp"))?;
+    let age = now.timestamp().abs_diff(timestamp);
+    if age > tolerance.as_secs() {
+        return Err(invalid("timestamp outside the tolerance"));
+    }
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
+        .map_err(|_| invalid("unusable secret"))?;
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    // Several v1 values are allowed (a provider rotating its secret signs
+    // with both); any one that verifies is enough. `verify_slice` compares
+    // in constant time.
+    let matched = signatures.iter().any(|candidate| {
+        hex::decode(candidate).is_ok_and(|bytes| mac.clone().verify_slice(&bytes).is_ok())
+    });
+    if matched {
+        Ok(())
+    } else {
+        Err(invalid("no signature matches"))
+    }
+}
+
+/// What an event says happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Authorized,
+    Captured,
+    Declined,
+    Voided,
+    RefundSucceeded,
+    /// A type cobro does not act on; stored as `unmatched`.
+    Other,
+}
+
+impl Kind {
+    fn parse(raw: &str) -> Self {
+        match raw {
+            "charge.authorized" => Kind::Authorized,
+            "charge.captured" => Kind::Captured,
+            "charge.declined" => Kind::Declined,
+            "charge.voided" => Kind::Voided,
+            "refund.succeeded" => Kind::RefundSucceeded,
+            _ => Kind::Other,
+        }
+    }
+
+    fn is_charge(self) -> bool {
+        !matches!(self, Kind::RefundSucceeded | Kind::Other)
+    }
+}
+
+/// The fields of an event cobro uses; the rest is kept in the raw payload.
+#[derive(Clone, Debug)]
+struct Event {
+    id: String,
+    kind: String,
+    sequence: i64,
+    /// `data.id`: the charge (`ch_...`) or the refund (`re_...`).
+    object_id: String,
+    /// `data.reference`: the intent name cobro sent.
+    reference: String,
+    /// `data.charge` of a refund.
+    charge: Option<String>,
+    amount: Option<i64>,
+    currency: Option<String>,
+}
+
+impl Event {
+    fn kind(&self) -> Kind {
+        Kind::parse(&self.kind)
+    }
+}
+
+/// Parses the body, collecting every missing or mistyped field.
+fn parse(body: &[u8]) -> Result<(Event, &str), ApiError> {
+    let invalid = |message: String| ApiError::Validation(vec![FieldError::new("body", message)]);
+    let text = std::str::from_utf8(body).map_err(|_| invalid("is not UTF-8".to_owned()))?;
+    let root: Map<String, Value> = match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return Err(invalid("must be a JSON object".to_owned())),
+        Err(e) => return Err(invalid(format!("is not valid JSON (line {})", e.line()))),
+    };
+    let mut errors = Vec::new();
+    let mut string =
+        |map: &Map<String, Value>, prefix: &str, name: &str, required: bool| match map.get(name) {
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            None | Some(Value::Null) if !required => None,
+            _ => {
+                errors.push(FieldError::new(
+                    format!("{prefix}{name}"),
+                    "must be a non-empty string",
+                ));
+                None
+            }
+        };
+    let id = string(&root, "", "id", true);
+    let kind = string(&root, "", "type", true);
+    let data = match root.get("data") {
+        Some(Value::Object(data)) => data.clone(),
+        _ => Map::new(),
+    };
+    let object_id = string(&data, "data.", "id", true);
+    let reference = string(&data, "data.", "reference", true);
+    let is_refund = kind.as_deref().map(Kind::parse) == Some(Kind::RefundSucceeded);
+    let charge = string(&data, "data.", "charge", is_refund);
+    let currency = string(&data, "data.", "currency", false);
+    let sequence = root.get("sequence").and_then(Value::as_i64);
+    if sequence.is_none_or(|s| s < 0) {
+        errors.push(FieldError::new(
+            "sequence",
+            "must be a non-negative integer",
+        ));
+    }
+    if !matches!(root.get("data"), Some(Value::Object(_))) {
+        errors.push(FieldError::new("data", "must be an object"));
+    }
+    let amount = data.get("amount").and_then(Value::as_i64);
+    match (id, kind, sequence, object_id, reference) {
+        (Some(id), Some(kind), Some(sequence), Some(object_id), Some(reference))
+            if errors.is_empty() =>
+        {
+            Ok((
+                Event {
+                    id,
+                    kind,
+                    sequence,
+                    object_id,
+                    reference,
+                    charge,
+                    amount,
+                    currency,
+                },
+                text,
+            ))
+        }
+        _ => Err(ApiError::Validation(errors)),
+    }
+}
+
+/// Runs one delivery to its committed outcome. A race lost to a newer event
+/// of the same charge rolls everything back and starts again.
+async fn deliver(
+    state: &AppState,
+    provider: &str,
+    event: &Event,
+    payload: &str,
+    now: DateTime<Utc>,
+) -> Result<&'static str, ApiError> {
+    let receipt = NewWebhookEvent {
+        provider,
+        event_id: &event.id,
+        event_type: &event.kind,
+        sequence: event.sequence,
+        payload,
+    };
+    for _ in 0..RACE_RETRIES {
+        let mut tx = state.store.begin().await?;
+        if !tx.insert_webhook_event(&receipt, now).await? {
+            tx.rollback().await?;
+            return Ok("duplicate_delivery");
+        }
+        match process(&mut tx, provider, event, payload, now).await? {
+            Processed::Done(outcome, payment) => {
+                tx.record_webhook_outcome(provider, &event.id, outcome, payment)
+                    .await?;
+                tx.commit().await?;
+                return Ok(outcome.as_str());
+            }
+            Processed::Raced => {
+                tx.rollback().await?;
+                tracing::info!("a newer event of the same charge committed first; re-running");
+            }
+        }
+    }
+    // Still racing: let the provider redeliver later rather than guess.
+    Err(ApiError::Unavailable(None))
+}
+
+enum Processed {
+    Done(WebhookOutcome, Option<PaymentId>),
+    /// A concurrent event raised the charge's sequence past this one after
+    /// it was read: this transaction must not commit.
+    Raced,
+}
+
+/// Matches the event and applies what it proves, inside `tx`.
+async fn process(
+    tx: &mut WriteTx,
+    provider: &str,
+    event: &Event,
+    payload: &str,
+    now: DateTime<Utc>,
+) -> Result<Processed, StoreError> {
+    let kind = event.kind();
+    let Some(payment) = match_payment(tx, event, kind).await? else {
+        return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
+    };
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
+    if kind.is_charge() && event.sequence <= payment.provider_sequence {
+        return done(WebhookOutcome::IgnoredStale);
+    }
+    let (operation, reference) = match kind {
+        Kind::Authorized | Kind::Declined => (Operation::Authorize, Some(&event.reference)),
+        // Captured while the authorisation is still awaited, or for an
+        // automatic-capture payment (which never has a capture attempt):
+        // the authorisation's own outcome. Otherwise a capture.
+        Kind::Captured
+            if payment.status()?.authorisation_pending()
+                || payment.capture_method == CaptureMethod::Automatic.as_str() =>
+        {
+            (Operation::Authorize, Some(&event.reference))
+        }
+        Kind::Captured => (Operation::Capture, None),
+        Kind::Voided => (Operation::Cancel, None),
+        Kind::RefundSucceeded => (Operation::Refund, Some(&event.reference)),
+        Kind::Other => return done(WebhookOutcome::Unmatched),
+    };
+    let attempt = tx
+        .attempt_for_event(payment_id, operation, reference.map(String::as_str))
+        .await?;
+    let outcome = match attempt {
+        // The provider did something cobro never asked for: a person or the
+        // reconciler has to look at it.
+        None => WebhookOutcome::Unmatched,
+        Some(attempt)
+            if !AttemptState::parse(&attempt.state).is_some_and(AttemptState::is_unresolved) =>
+        {
+            WebhookOutcome::DuplicateEffect
+        }
+        Some(attempt) => {
+            let proof = proof(event, kind);
+            match apply_proof(tx, &attempt, &proof, now).await? {
+                Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
+                Applied::Settled { before, after } => {
+                    let decision = NewDecision {
+                        run_id: None,
+                        payment: payment_id,
+                        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
+                        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+                        state_before: before,
+                        state_after: after,
+                        provider_said: payload.to_owned(),
+                        decision: match proof {
+                            Proof::Succeeded { .. } => "adopt_succeeded",
+                            Proof::Declined { .. } => "adopt_declined",
+                            Proof::Failed { .. } => "adopt_failed",
+                        }
+                        .to_owned(),
+                        actor: format!("webhook:{provider}"),
+                        reason: Some(format!(
+                            "event {} ({}, sequence {})",
+                            event.id, event.kind, event.sequence
+                        )),
+                    };
+                    tx.record_decision(&decision, now).await?;
+                    WebhookOutcome::Applied
+                }
+            }
+        }
+    };
+    // What is recorded about the charge now goes at least this far (an
+    // effect already recorded by the worker counts too).
+    let raised = tx
+        .raise_provider_sequence(payment_id, event.sequence)
+        .await?;
+    if kind.is_charge() && !raised && outcome == WebhookOutcome::Applied {
+        return Ok(Processed::Raced);
+    }
+    done(outcome)
+}
+
+/// The one payment the event is about. Intent names are unique per account
+/// only, so the charge id (once cobro knows it), the amount and the
+/// currency must agree too; an event that still fits several payments is
+/// left `unmatched` for the reconciler rather than guessed.
+async fn match_payment(
+    tx: &mut WriteTx,
+    event: &Event,
+    kind: Kind,
+) -> Result<Option<PaymentRow>, StoreError> {
+    let (operation, charge) = match kind {
+        Kind::RefundSucceeded => (Operation::Refund, event.charge.as_deref()),
+        Kind::Other => return Ok(None),
+        _ => (Operation::Authorize, Some(event.object_id.as_str())),
+    };
+    let candidates = tx
+        .payments_by_attempt_reference(&event.reference, operation)
+        .await?;
+    let mut fitting = candidates.into_iter().filter(|p| {
+        let charge_fits = match (&p.provider_ref, charge) {
+            (Some(known), Some(charge)) => known == charge,
+            _ => true,
+        };
+        // A refund's amount is the refund's, not the payment's.
+        let amount_fits =
+            kind == Kind::RefundSucceeded || event.amount.is_none_or(|a| a == p.amount);
+        let currency_fits = event
+            .currency
+            .as_deref()
+            .is_none_or(|c| c.eq_ignore_ascii_case(&p.currency));
+        charge_fits && amount_fits && currency_fits
+    });
+    match (fitting.next(), fitting.next()) {
+        (Some(one), None) => Ok(Some(one)),
+        (Some(_), Some(_)) => {
+            tracing::warn!(reference = %event.reference, "event matches several payments; left for the reconciler");
+            Ok(None)
+        }
+        (None, _) => Ok(None),
+    }
+}
+
+/// What the event proves about the attempt it matched.
+fn proof(event: &Event, kind: Kind) -> Proof {
+    match kind {
+        Kind::Declined => Proof::Declined {
+            // The provider's charge carries no decline code; the worker's
+            // answer (if it comes second) does not overwrite this one.
+            code: "declined".to_owned(),
+            message: "the provider reported the charge declined".to_owned(),
+        },
+        Kind::Captured => Proof::Succeeded {
+            provider_ref: event.object_id.clone(),
+            captured: true,
+        },
+        _ => Proof::Succeeded {
+            provider_ref: event.object_id.clone(),
+            captured: false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn sign(secret: &str, t: i64, body: &[u8]) -> String {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("key");
+        mac.update(format!("{t}.").as_bytes());
+        mac.update(body);
+        format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    }
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            SIGNATURE_HEADER,
+            HeaderValue::from_str(value).expect("ascii"),
+        );
+        h
+    }
+
+    const BODY: &[u8] = br#"{"id":"evt_1"}"#;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).expect("instant")
+    }
+
+    fn check(value: &str) -> Result<(), ApiError> {
+        verify(
+            &headers(value),
+            BODY,
+            &WebhookSecret::new("whsec_x"),
+            now(),
+            Duration::from_secs(300),
+        )
+    }
+
+    #[test]
+    fn a_signature_made_with_the_secret_within_the_tolerance_verifies() {
+        let t = now().timestamp() - 299;
+        assert!(check(&sign("whsec_x", t, BODY)).is_ok());
+        // A rotating provider may send several v1 values.
+        let both = format!("{},v1=00", sign("whsec_x", t, BODY));
+        assert!(check(&both).is_ok());
+    }
+
+    #[test]
+    fn wrong_secret_old_or_future_timestamp_and_garbage_are_refused() {
+        let t = now().timestamp();
+        for bad in [
+            sign("whsec_other", t, BODY),
+            sign("whsec_x", t - 301, BODY),
+            sign("whsec_x", t + 301, BODY),
+            sign("whsec_x", t, b"{}"),
+            format!("t={t}"),
+            "v1=abcd".to_owned(),
+            "garbage".to_owned(),
+            format!("t={t},v1=zz"),
+        ] {
+            assert!(
+                matches!(check(&bad), Err(ApiError::WebhookSignatureInvalid)),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            verify(
+                &HeaderMap::new(),
+                BODY,
+                &WebhookSecret::new("whsec_x"),
+                now(),
+                Duration::from_secs(300)
+            ),
+            Err(ApiError::WebhookSignatureInvalid)
+        ));
+    }
+
+    #[test]
+    fn the_secret_never_shows_in_debug_output() {
+        assert!(!format!("{:?}", WebhookSecret::new("whsec_hunter2")).contains("hunter2"));
+    }
+
+    #[test]
+    fn events_without_their_fields_are_refused_with_every_field_named() {
+        let Err(ApiError::Validation(errors)) = parse(br#"{"type":"refund.succeeded","data":{}}"#)
+        else {
+            panic!("refused");
+        };
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        for field in ["id", "sequence", "data.id", "data.reference", "data.charge"] {
+            assert!(fields.contains(&field), "{field} in {fields:?}");
+        }
+        assert!(parse(b"not json").is_err());
+        assert!(parse(b"[1]").is_err());
+    }
+
+    #[test]
+    fn a_charge_event_parses() {
+        let body = br#"{"id":"evt_1","type":"charge.captured","created":"2026-11-30T10:00:00Z","sequence":2,
+            "data":{"id":"ch_1","object":"charge","amount":1999,"currency":"EUR","reference":"o-1:authorize-v1","status":"captured"}}"#;
+        let (event, _) = parse(body).expect("parses");
+        assert_eq!(event.kind(), Kind::Captured);
+        assert_eq!(event.sequence, 2);
+        assert_eq!(event.object_id, "ch_1");
+        assert_eq!(event.amount, Some(1999));
+    }
+}

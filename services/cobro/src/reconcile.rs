@@ -1,0 +1,433 @@
+//! The operators' commands: `cobro reconcile` and `cobro payments
+//! list|show|resolve`. They talk to the database directly (and to the
+//! provider for `reconcile`), as operators do during an incident.
+
+use crate::database::{self, SchemaPolicy};
+use crate::output::say;
+use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings, parse_duration};
+use anyhow::{Context, bail};
+use chrono::SecondsFormat;
+use clap::{Args, Subcommand, ValueEnum};
+use cobro_core::{Clock, PaymentId, SystemClock};
+use cobro_reconciler::{
+    ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Summary,
+};
+use cobro_store::Store;
+use comfy_table::Table;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    /// Only this payment.
+    #[arg(long, value_name = "ID", conflicts_with = "all")]
+    pub payment: Option<String>,
+    /// Every candidate (the default; says so explicitly in scripts).
+    #[arg(long)]
+    pub all: bool,
+    /// Only attempts last sent longer ago than this (e.g. `10m`).
+    #[arg(long, value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+    /// Decide and show, but write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Machine-readable output on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PaymentsCommand {
+    /// Payments in uncertain states, oldest first, with their age.
+    List {
+        /// Only this status (repeatable). Default: every unsettled status.
+        #[arg(long)]
+        status: Vec<String>,
+        /// Only payments in their status for longer than this.
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Option<Duration>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One payment: state, attempts, audit history, late answers kept.
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve a payment in `needs_review` by hand (audited).
+    Resolve {
+        id: String,
+        #[arg(long, value_enum)]
+        outcome: OutcomeArg,
+        /// The provider's charge id (required for authorized/captured).
+        #[arg(long)]
+        provider_ref: Option<String>,
+        /// Why: written to the audit trail.
+        #[arg(long)]
+        reason: String,
+        /// Who: defaults to $USER.
+        #[arg(long, env = "USER", default_value = "unknown")]
+        operator: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OutcomeArg {
+    Authorized,
+    Captured,
+    Declined,
+    Failed,
+}
+
+/// Unsettled statuses an operator cares about.
+const UNSETTLED: &[&str] = &[
+    "requires_reconciliation",
+    "needs_review",
+    "processing",
+    "capturing",
+    "canceling",
+];
+
+pub fn reconciler_config(settings: &ReconcileSettings, actor: String) -> ReconcilerConfig {
+    ReconcilerConfig {
+        actor,
+        search_lag: settings.provider_search_lag,
+        stuck_after: settings.reconcile_stuck_after,
+        escalate_after: settings.reconcile_escalate_after,
+        retry_on_no_effect: !settings.reconcile_no_retry,
+        ..Default::default()
+    }
+}
+
+fn parse_payment(id: &str) -> anyhow::Result<PaymentId> {
+    id.parse()
+        .with_context(|| format!("`{id}` is not a payment id"))
+}
+
+/// `cobro reconcile`. Exit status: Ok when nothing is left unresolved; an
+/// error (exit 2 via [`Unresolved`]) otherwise.
+pub async fn run(
+    global: &GlobalSettings,
+    provider: &ProviderSettings,
+    settings: &ReconcileSettings,
+    args: &ReconcileArgs,
+) -> anyhow::Result<()> {
+    let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    let handle = crate::worker::provider(provider, false).await?;
+    let actor = format!(
+        "operator:{}",
+        std::env::var("USER").unwrap_or_else(|_| "cli".into())
+    );
+    let reconciler = Reconciler::new(
+        store.clone(),
+        Arc::new(handle.client),
+        Arc::new(SystemClock),
+        reconciler_config(settings, actor),
+    );
+    let scope = Scope {
+        payment: args.payment.as_deref().map(parse_payment).transpose()?,
+        older_than: args.older_than,
+    };
+    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} attempts {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress = |done: usize, total: usize| {
+        if let Some(bar) = &bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    };
+    let summary = reconciler
+        .run(&scope, args.dry_run, "cli", &progress)
+        .await
+        .context("the reconciliation run failed")?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    store.close().await;
+    if args.json {
+        say(serde_json::to_string_pretty(&summary)?)?;
+    } else {
+        print_summary(&summary)?;
+    }
+    if summary.unresolved() > 0 {
+        return Err(Unresolved(summary.unresolved()).into());
+    }
+    Ok(())
+}
+
+/// Returned when a run leaves attempts unresolved: `main` maps it to exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} attempt(s) still unresolved (unknown or in review)")]
+pub struct Unresolved(pub usize);
+
+fn print_summary(s: &Summary) -> anyhow::Result<()> {
+    let mut items = Table::new();
+    items.set_header(["payment", "reference", "operation", "verdict", "applied"]);
+    for item in &s.items {
+        let verdict = serde_json::to_value(&item.verdict)?;
+        let mut text = verdict["verdict"].as_str().unwrap_or("?").to_owned();
+        if let Some(extra) = verdict
+            .get("outcome")
+            .or_else(|| verdict.get("reason"))
+            .and_then(|v| v.as_str())
+        {
+            text.push_str(": ");
+            text.push_str(extra);
+        }
+        items.add_row([
+            item.payment_id.clone(),
+            item.reference.clone(),
+            item.operation.clone(),
+            text,
+            item.applied.to_string(),
+        ]);
+    }
+    if !s.items.is_empty() {
+        say(items)?;
+    }
+    let mut totals = Table::new();
+    totals.set_header([
+        "examined",
+        "resolved",
+        "retried (new key)",
+        "failed (no effect)",
+        "still unknown",
+        "escalated",
+        "already settled",
+    ]);
+    let resolved = s
+        .resolved
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    totals.add_row([
+        s.examined.to_string(),
+        if resolved.is_empty() {
+            "0".into()
+        } else {
+            resolved
+        },
+        s.retried.to_string(),
+        s.failed_no_effect.to_string(),
+        s.still_unknown.to_string(),
+        s.escalated.to_string(),
+        s.already_settled.to_string(),
+    ]);
+    say(totals)?;
+    if s.dry_run {
+        say("dry run: nothing was written")?;
+    }
+    Ok(())
+}
+
+/// `cobro payments ...`.
+pub async fn payments(global: &GlobalSettings, command: PaymentsCommand) -> anyhow::Result<()> {
+    let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    let result = match command {
+        PaymentsCommand::List {
+            status,
+            older_than,
+            json,
+        } => list(&store, status, older_than, json).await,
+        PaymentsCommand::Show { id, json } => show(&store, &id, json).await,
+        PaymentsCommand::Resolve {
+            id,
+            outcome,
+            provider_ref,
+            reason,
+            operator,
+            yes,
+        } => resolve(&store, &id, outcome, provider_ref, reason, operator, yes).await,
+    };
+    store.close().await;
+    result
+}
+
+async fn list(
+    store: &Store,
+    status: Vec<String>,
+    older_than: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let now = SystemClock.now();
+    let states: Vec<&str> = if status.is_empty() {
+        UNSETTLED.to_vec()
+    } else {
+        for s in &status {
+            if cobro_core::PaymentStatus::parse(s).is_none() {
+                bail!("unknown payment status `{s}`");
+            }
+        }
+        status.iter().map(String::as_str).collect()
+    };
+    let before =
+        now - chrono::Duration::from_std(older_than.unwrap_or_default()).unwrap_or_default();
+    let rows = store.payments_in_states(&states, before, 1000).await?;
+    if json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "id": p.id.0.to_string(), "intent": p.intent, "status": p.status,
+                    "amount": p.amount, "currency": p.currency, "provider_ref": p.provider_ref,
+                    "in_status_since": p.status_changed_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
+                    "age_seconds": (now - p.status_changed_at.0).num_seconds(),
+                })
+            })
+            .collect();
+        return say(serde_json::to_string_pretty(&list)?);
+    }
+    let mut table = Table::new();
+    table.set_header(["id", "intent", "status", "amount", "in status for"]);
+    for p in &rows {
+        let age = now - p.status_changed_at.0;
+        table.add_row([
+            p.id.0.to_string(),
+            p.intent.clone(),
+            p.status.clone(),
+            format!("{} {}", p.amount, p.currency),
+            format!("{}m{:02}s", age.num_minutes(), age.num_seconds() % 60),
+        ]);
+    }
+    say(table)?;
+    say(format_args!("{} payment(s)", rows.len()))
+}
+
+async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
+    let id = parse_payment(id)?;
+    let Some(p) = store.payment_unscoped(id).await? else {
+        bail!("no payment {id}");
+    };
+    let attempts = store.attempts_for_payment(id).await?;
+    let decisions = store.decisions_for(id).await?;
+    let mut observations = Vec::new();
+    for a in &attempts {
+        for (token, outcome) in store
+            .observations_for(cobro_core::AttemptId::from_uuid(a.id.0))
+            .await?
+        {
+            observations.push(serde_json::json!({"attempt_id": a.id.0.to_string(), "lease_token": token, "outcome": outcome}));
+        }
+    }
+    let time = |t: &cobro_store::DbTime| t.0.to_rfc3339_opts(SecondsFormat::Millis, true);
+    let view = serde_json::json!({
+        "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(), "intent": p.intent,
+        "status": p.status, "amount": p.amount, "currency": p.currency,
+        "amount_captured": p.amount_captured, "amount_refunded": p.amount_refunded,
+        "provider_ref": p.provider_ref, "failure_code": p.failure_code,
+        "cancel_requested": p.cancel_requested_at.is_some(),
+        "in_status_since": time(&p.status_changed_at),
+        // The provider key is an operator's tool during an incident (to
+        // look the attempt up at the provider); the merchant API never shows it.
+        "attempts": attempts.iter().map(|a| serde_json::json!({
+            "id": a.id.0.to_string(), "operation": a.operation, "reference": a.reference,
+            "provider_key": a.provider_key, "state": a.state, "sends": a.send_count,
+            "first_send_at": a.first_send_at.as_ref().map(time), "last_send_at": a.last_send_at.as_ref().map(time),
+            "provider_ref": a.provider_ref, "last_error": a.last_error,
+        })).collect::<Vec<_>>(),
+        "late_answers_kept": observations,
+        "audit": decisions.iter().map(|d| serde_json::json!({
+            "at": time(&d.decided_at), "actor": d.actor, "decision": d.decision,
+            "before": d.state_before, "after": d.state_after, "reason": d.reason,
+            "provider_said": serde_json::from_str::<serde_json::Value>(&d.provider_said).unwrap_or_default(),
+        })).collect::<Vec<_>>(),
+    });
+    if json {
+        return say(serde_json::to_string_pretty(&view)?);
+    }
+    say(format_args!("payment {} ({})", view["id"], view["intent"]))?;
+    say(format_args!(
+        "  status {} since {}",
+        p.status,
+        time(&p.status_changed_at)
+    ))?;
+    say(format_args!(
+        "  amount {} {}, provider_ref {:?}",
+        p.amount, p.currency, p.provider_ref
+    ))?;
+    let mut table = Table::new();
+    table.set_header([
+        "attempt",
+        "operation",
+        "state",
+        "sends",
+        "last send",
+        "provider key",
+    ]);
+    for a in &attempts {
+        table.add_row([
+            a.id.0.to_string(),
+            a.operation.clone(),
+            a.state.clone(),
+            a.send_count.to_string(),
+            a.last_send_at.as_ref().map(time).unwrap_or_default(),
+            a.provider_key.clone(),
+        ]);
+    }
+    say(table)?;
+    let mut audit = Table::new();
+    audit.set_header(["at", "actor", "decision", "before -> after", "reason"]);
+    for d in &decisions {
+        audit.add_row([
+            time(&d.decided_at),
+            d.actor.clone(),
+            d.decision.clone(),
+            format!("{} -> {}", d.state_before, d.state_after),
+            d.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    say(audit)
+}
+
+async fn resolve(
+    store: &Store,
+    id: &str,
+    outcome: OutcomeArg,
+    provider_ref: Option<String>,
+    reason: String,
+    operator: String,
+    yes: bool,
+) -> anyhow::Result<()> {
+    let id = parse_payment(id)?;
+    if reason.trim().is_empty() {
+        bail!("--reason must say why");
+    }
+    if !yes {
+        eprint!("resolve payment {id} as {outcome:?} (provider_ref {provider_ref:?})? [y/N] ");
+        let mut answer = String::new();
+        std::io::stdin()
+            .read_line(&mut answer)
+            .context("could not read the confirmation")?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            bail!("not confirmed; nothing changed");
+        }
+    }
+    let resolution = ManualResolution {
+        payment: id,
+        outcome: match outcome {
+            OutcomeArg::Authorized => ManualOutcome::Authorized,
+            OutcomeArg::Captured => ManualOutcome::Captured,
+            OutcomeArg::Declined => ManualOutcome::Declined,
+            OutcomeArg::Failed => ManualOutcome::Failed,
+        },
+        provider_ref,
+        operator,
+        reason,
+    };
+    let after = cobro_reconciler::resolve_by_hand(store, &resolution, SystemClock.now())
+        .await
+        .context("could not resolve the payment")?;
+    say(format_args!("payment {id} resolved: {after}"))
+}

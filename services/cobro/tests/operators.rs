@@ -1,0 +1,293 @@
+//! The operators' commands as an on-call engineer runs them: `cobro
+//! reconcile` (dry run, JSON, exit codes) and `cobro payments
+//! list|show|resolve`, against an embedded SQLite file and a fake provider
+//! running in this test process. The ledger of the fake provider is the
+//! judge of effects.
+
+use chrono::Utc;
+use cobro_core::{
+    AttemptId, AttemptState, IntentName, Operation, OrderRef, PaymentId, PaymentStatus,
+};
+use cobro_store::settle::PaymentOutcome;
+use cobro_store::{NewPayment, Store, StoreConfig};
+use serde_json::Value;
+use std::process::{Command, Output, Stdio};
+
+struct Setup {
+    dir: tempfile::TempDir,
+    url: String,
+    provider: fake_provider::Running,
+}
+
+impl Setup {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("cobro.db").display());
+        let provider = fake_provider::start(fake_provider::Config {
+            admin: true,
+            ..Default::default()
+        })
+        .await
+        .expect("fake provider");
+        Self { dir, url, provider }
+    }
+
+    fn cobro(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cobro"));
+        for (name, _) in std::env::vars() {
+            if name.starts_with("COBRO_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("COBRO_DATABASE_URL", &self.url)
+            .env("COBRO_PROVIDER_URL", self.provider.url())
+            .env("COBRO_PROVIDER_API_KEY", "sk_test_cobro")
+            .env("COBRO_PROVIDER_SEARCH_LAG", "0s")
+            .env("COBRO_RECONCILE_STUCK_AFTER", "0s")
+            .env("COBRO_LOG", "warn")
+            .env("USER", "alice")
+            .stdin(Stdio::null());
+        command
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        let mut command = self.cobro(args);
+        tokio::task::spawn_blocking(move || command.output().expect("cobro runs"))
+            .await
+            .expect("join")
+    }
+
+    async fn store(&self) -> Store {
+        Store::connect(&StoreConfig::new(self.url.clone()))
+            .await
+            .expect("connect")
+    }
+
+    /// A payment whose authorisation the worker handed to reconciliation:
+    /// `charged` says whether the provider really made the charge.
+    async fn uncertain_payment(&self, order: &str, charged: bool) -> PaymentId {
+        let store = self.store().await;
+        let now = Utc::now() - chrono::Duration::hours(1);
+        let account = match store.find_account_by_name("acme").await.expect("find") {
+            Some(a) => a,
+            None => store.create_account("acme", now).await.expect("account"),
+        };
+        let order_ref = OrderRef::parse(order).expect("order");
+        let intent = IntentName::new(&order_ref, Operation::Authorize, 1);
+        let payment = NewPayment {
+            id: PaymentId::new(),
+            account,
+            order_ref,
+            intent: intent.clone(),
+            amount: 1500,
+            currency: "EUR".into(),
+            capture_method: "automatic".into(),
+            payment_method: "pm_card_visa".into(),
+            description: None,
+            metadata: "{}".into(),
+        };
+        let mut tx = store.begin().await.expect("begin");
+        tx.insert_payment(&payment, now)
+            .await
+            .expect("insert")
+            .expect("inserted");
+        let attempt = tx
+            .open_intent(
+                account,
+                payment.id,
+                None,
+                Operation::Authorize,
+                &intent,
+                now,
+            )
+            .await
+            .expect("intent");
+        tx.resolve_attempt(
+            AttemptId::from_uuid(attempt.id.0),
+            AttemptState::Reconciling,
+            None,
+            Some("test"),
+            now,
+        )
+        .await
+        .expect("reconciling");
+        tx.settle_payment(
+            payment.id,
+            PaymentStatus::Processing,
+            PaymentStatus::RequiresReconciliation,
+            &PaymentOutcome::default(),
+            now,
+        )
+        .await
+        .expect("settle")
+        .expect("moved");
+        tx.commit().await.expect("commit");
+        if charged {
+            let r = reqwest::Client::new()
+                .post(format!("{}/v1/charges", self.provider.url()))
+                .bearer_auth("sk_test_cobro")
+                .header("idempotency-key", attempt.provider_key.clone())
+                .json(&serde_json::json!({"amount": 1500, "currency": "EUR", "payment_method": "pm_card_visa", "capture": true, "reference": intent.as_str()}))
+                .send()
+                .await
+                .expect("charge");
+            assert_eq!(r.status().as_u16(), 201);
+        }
+        store.close().await;
+        payment.id
+    }
+}
+
+fn stdout_json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reconcile_dry_run_changes_nothing_then_a_real_run_adopts_the_charge() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    let id = setup.uncertain_payment("o-1", true).await;
+
+    let dry = setup
+        .run(&["reconcile", "--all", "--dry-run", "--json"])
+        .await;
+    let summary = stdout_json(&dry);
+    assert_eq!(summary["dry_run"], true);
+    assert_eq!(summary["examined"], 1);
+    assert_eq!(summary["items"][0]["verdict"], "resolved");
+    assert_eq!(summary["items"][0]["applied"], false);
+    assert_eq!(dry.status.code(), Some(0));
+    let listed = stdout_json(&setup.run(&["payments", "list", "--json"]).await);
+    assert_eq!(
+        listed[0]["status"], "requires_reconciliation",
+        "the dry run wrote nothing"
+    );
+
+    let real = setup.run(&["reconcile", "--json"]).await;
+    assert_eq!(real.status.code(), Some(0), "nothing left unresolved");
+    assert_eq!(stdout_json(&real)["resolved"]["succeeded"], 1);
+    let shown = stdout_json(
+        &setup
+            .run(&["payments", "show", &id.to_string(), "--json"])
+            .await,
+    );
+    assert_eq!(shown["status"], "captured");
+    assert_eq!(shown["audit"][0]["decision"], "adopt_succeeded");
+    assert_eq!(
+        setup.provider.control().ledger().totals.charges,
+        1,
+        "adopted, not charged again"
+    );
+    // The table form is for humans; it still says what happened.
+    let table = setup.run(&["reconcile"]).await;
+    assert!(String::from_utf8_lossy(&table.stdout).contains("examined"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_confirmation() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    let id = setup.uncertain_payment("o-2", true).await;
+    setup
+        .provider
+        .control()
+        .add_fault(fake_provider::FaultRule::new(
+            fake_provider::Operation::Search,
+            fake_provider::FaultAction::FailBeforeEffect,
+        ));
+
+    let run = setup.run(&["reconcile", "--json"]).await;
+    assert_eq!(run.status.code(), Some(2), "something is left unresolved");
+    assert_eq!(stdout_json(&run)["still_unknown"], 1);
+
+    // Only a payment in needs_review can be resolved by hand.
+    let early = setup
+        .run(&[
+            "payments",
+            "resolve",
+            &id.to_string(),
+            "--outcome",
+            "captured",
+            "--provider-ref",
+            "ch_x",
+            "--reason",
+            "seen in dashboard",
+            "--yes",
+        ])
+        .await;
+    assert!(!early.status.success());
+    assert!(String::from_utf8_lossy(&early.stderr).contains("needs_review"));
+
+    // Past the horizon it escalates.
+    let escalate = setup
+        .cobro(&["reconcile", "--json"])
+        .env("COBRO_RECONCILE_ESCALATE_AFTER", "1m")
+        .output()
+        .expect("runs");
+    assert_eq!(escalate.status.code(), Some(2));
+    assert_eq!(stdout_json(&escalate)["escalated"], 1);
+    let listed = stdout_json(
+        &setup
+            .run(&["payments", "list", "--status", "needs_review", "--json"])
+            .await,
+    );
+    assert_eq!(listed.as_array().map(Vec::len), Some(1));
+
+    // Without --yes and without a "y" on stdin, nothing changes.
+    let unconfirmed = setup
+        .run(&[
+            "payments",
+            "resolve",
+            &id.to_string(),
+            "--outcome",
+            "captured",
+            "--provider-ref",
+            "ch_x",
+            "--reason",
+            "seen in dashboard",
+        ])
+        .await;
+    assert!(!unconfirmed.status.success());
+    let confirmed = setup
+        .run(&[
+            "payments",
+            "resolve",
+            &id.to_string(),
+            "--outcome",
+            "captured",
+            "--provider-ref",
+            "ch_x",
+            "--reason",
+            "seen in dashboard",
+            "--yes",
+        ])
+        .await;
+    assert!(
+        confirmed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&confirmed.stderr)
+    );
+    let shown = stdout_json(
+        &setup
+            .run(&["payments", "show", &id.to_string(), "--json"])
+            .await,
+    );
+    assert_eq!(shown["status"], "captured");
+    let audit = shown["audit"].as_array().expect("audit");
+    let manual = audit
+        .iter()
+        .find(|d| d["decision"] == "manual_resolve")
+        .expect("audited");
+    assert_eq!(manual["actor"], "operator:alice");
+    assert_eq!(manual["reason"], "seen in dashboard");
+    assert_eq!(setup.provider.control().ledger().totals.charges, 1);
+}

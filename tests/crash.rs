@@ -1,0 +1,772 @@
+//! Crash tests: real `cobro` processes over a real PostgreSQL, killed with
+//! SIGKILL (or stopped with SIGTERM) at the moments that matter, with the fake
+//! provider's ledger as the judge (provider-and-recovery spec, section 6:
+//! crash before commit, crash after commit, a worker killed between the
+//! charge and its record, several worker processes on one database).
+//!
+//! Layout: [`Cobro`] is one child process (its stdout lines, its stderr, a
+//! SIGKILL when the test ends or fails); [`Site`] is what the processes of one
+//! test share (a fresh database with an account and its token, the fake
+//! provider running in this test process, the environment); then the tests.
+//!
+//! The binary: `cobro` is not a dependency of this crate, so Cargo sets no
+//! `CARGO_BIN_EXE_cobro` here. The tests run `target/<profile>/cobro`, next to
+//! the directory of this test binary (`target/<profile>/deps/crash-*`).
+//! `ops/test.sh` (`cargo nextest run --workspace`) builds it, because the
+//! `cobro` package's own integration tests need it; any narrower run (`-p
+//! cobro-tests`, `cargo test --test crash`) must run `cargo build -p cobro`
+//! first, or it runs a missing or stale binary.
+//!
+//! Time: the processes use the system clock, so a lease expiry is a real wait.
+//! Leases are 2 s (heartbeat 500 ms) and every wait is a condition polled
+//! with a deadline.
+
+use cobro_test_support::{Backend, TestDb, payment_body, wait_for};
+use fake_provider::{FaultAction, FaultRule, Ledger, Operation as FOp};
+use futures::{StreamExt, stream};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+/// How long a process may take to print its ready line (a cold debug
+/// binary on a busy 2-core machine, migrations included).
+const STARTUP: Duration = Duration::from_secs(30);
+/// How long anything a test waits for may take once it is due.
+const SETTLE: Duration = Duration::from_secs(15);
+/// The worker lease the processes run with: an expired lease is this far away.
+const LEASE: &str = "2s";
+const HEARTBEAT: &str = "500ms";
+
+/// `target/<profile>/cobro`, found from this test binary's path (see the
+/// module docs for who builds it).
+fn cobro_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps");
+    let binary = profile_dir.join(format!("cobro{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `cargo build -p cobro` first (ops/test.sh builds it)",
+        binary.display()
+    );
+    binary
+}
+
+/// One running `cobro` process. Dropping it SIGKILLs the process if it is
+/// still running (so a failing test leaves nothing behind) and, when the
+/// test is failing, prints the end of its stderr.
+struct Cobro {
+    name: String,
+    child: Child,
+    stdout: mpsc::UnboundedReceiver<String>,
+    stdout_seen: Vec<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Cobro {
+    fn spawn(name: &str, mut command: Command) -> Self {
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: cobro does not start: {e}"));
+        let (send, stdout) = mpsc::unbounded_channel();
+        let out = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (err, sink) = (child.stderr.take().expect("piped stderr"), stderr.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            child,
+            stdout,
+            stdout_seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    /// Reads stdout until a line starts with `prefix`; the rest of that line.
+    async fn line(&mut self, prefix: &str) -> String {
+        let deadline = tokio::time::Instant::now() + STARTUP;
+        loop {
+            let line = match tokio::time::timeout_at(deadline, self.stdout.recv()).await {
+                Ok(Some(line)) => line,
+                Ok(None) => panic!(
+                    "{}: stdout ended before a line `{prefix}...`; stdout {:?}",
+                    self.name, self.stdout_seen
+                ),
+                Err(_) => panic!(
+                    "{}: no line `{prefix}...` within {STARTUP:?}; stdout {:?}",
+                    self.name, self.stdout_seen
+                ),
+            };
+            self.stdout_seen.push(line.clone());
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("a pid fits in i32"))
+    }
+
+    /// `kill -9` and reap; asserts the process was running until then.
+    fn kill9(&mut self) {
+        kill(self.pid(), Signal::SIGKILL).expect("SIGKILL delivered");
+        let status = self.child.wait().expect("reap");
+        assert_eq!(
+            status.signal(),
+            Some(Signal::SIGKILL as i32),
+            "{} was still running when killed: {status:?}",
+            self.name
+        );
+    }
+
+    fn sigterm(&self) {
+        kill(self.pid(), Signal::SIGTERM).expect("SIGTERM delivered");
+    }
+
+    async fn exit_within(&mut self, within: Duration) -> ExitStatus {
+        let what = format!("{} exits", self.name);
+        let child = &mut self.child;
+        wait_for(&what, within, async || child.try_wait().expect("try_wait")).await
+    }
+
+    fn stderr(&self) -> Vec<String> {
+        self.stderr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for Cobro {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let lines = self.stderr();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "--- {} stderr (last lines) ---\n{}",
+                self.name,
+                tail.join("\n")
+            );
+        }
+    }
+}
+
+/// What the processes of one test share: a fresh PostgreSQL database with
+/// one account and its API token, and the fake provider in this process.
+/// Declare processes after the site, so they are killed before its
+/// database is dropped.
+struct Site {
+    db: TestDb,
+    pg: PgPool,
+    account: Uuid,
+    token: String,
+    provider: fake_provider::Running,
+    http: reqwest::Client,
+}
+
+impl Site {
+    async fn new() -> Self {
+        let db = TestDb::new(Backend::Postgres).await;
+        let now = chrono::Utc::now();
+        let account = db
+            .store
+            .create_account("merchant", now)
+            .await
+            .expect("account");
+        let token = format!("test_{}", Uuid::new_v4().simple());
+        db.store
+            .create_token(account, "crash", &cobro_api::token_hash(&token), now)
+            .await
+            .expect("token");
+        let pg = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&db.url)
+            .await
+            .expect("connect to the test database");
+        let provider = fake_provider::start(fake_provider::Config {
+            admin: true,
+            ..Default::default()
+        })
+        .await
+        .expect("start the fake provider");
+        Self {
+            db,
+            pg,
+            account: account.as_uuid(),
+            token,
+            provider,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// `cobro ARGS` against this site, with nothing inherited from the
+    /// environment of whoever runs the tests; `env` comes last and wins.
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(cobro_binary());
+        for (name, _) in std::env::vars() {
+            if name.starts_with("COBRO_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .args(args)
+            .env("COBRO_DATABASE_URL", &self.db.url)
+            .env("COBRO_PROVIDER_URL", self.provider.url())
+            .env("COBRO_LOG", "warn")
+            .env("COBRO_DB_MAX_CONNECTIONS", "5")
+            .env("COBRO_WORKER_LEASE", LEASE)
+            .env("COBRO_WORKER_HEARTBEAT", HEARTBEAT)
+            .env("COBRO_WORKER_POLL", "100ms")
+            .envs(env.iter().copied());
+        command
+    }
+
+    /// `cobro serve --listen 127.0.0.1:0 ARGS`, ready; and its base URL.
+    async fn serve(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Cobro, String) {
+        let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let mut process = Cobro::spawn(name, self.command(&all, env));
+        let url = process.line("cobro listening on ").await;
+        (process, url)
+    }
+
+    /// `cobro worker`, running; and its lease owner name.
+    async fn worker(&self, name: &str, env: &[(&str, &str)]) -> (Cobro, String) {
+        let mut process = Cobro::spawn(name, self.command(&["worker"], env));
+        let owner = process.line("cobro worker running as ").await;
+        (process, owner)
+    }
+
+    fn post_payment(&self, base: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{base}/v1/payments"))
+            .bearer_auth(&self.token)
+            .header("idempotency-key", key)
+            .json(body)
+    }
+
+    /// A first execution: 201, not replayed; the payment's JSON.
+    async fn create_payment(&self, base: &str, key: &str, body: &Value) -> Value {
+        let response = self
+            .post_payment(base, key, body)
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(response.status().as_u16(), 201, "create {key}");
+        assert_eq!(replayed(&response), "false", "create {key}");
+        response.json().await.expect("json")
+    }
+
+    async fn payment(&self, base: &str, id: &str) -> Value {
+        let response = self
+            .http
+            .get(format!("{base}/v1/payments/{id}"))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("an answer");
+        assert_eq!(response.status().as_u16(), 200, "GET payment {id}");
+        response.json().await.expect("json")
+    }
+
+    /// The payment once it has left `processing`, through the API.
+    async fn settled_payment(&self, base: &str, id: &str) -> Value {
+        wait_for(
+            &format!("payment {id} leaves processing"),
+            SETTLE,
+            async || {
+                let payment = self.payment(base, id).await;
+                (payment["status"] != "processing").then_some(payment)
+            },
+        )
+        .await
+    }
+
+    /// The provider makes the next charge, then holds its answer for `hold`
+    /// (real time) before sending it.
+    fn hold_next_charge_answer(&self, hold: Duration) {
+        self.provider.control().add_fault(
+            FaultRule::new(FOp::Charge, FaultAction::DelayAfterEffect)
+                .with_delay(hold)
+                .with_next(1),
+        );
+    }
+
+    fn ledger(&self) -> Ledger {
+        self.provider.control().ledger()
+    }
+
+    /// Waits until the provider has made the charge for `reference`.
+    async fn charged(&self, reference: &str) {
+        wait_for(
+            &format!("the provider charged {reference}"),
+            SETTLE,
+            async || (self.ledger().for_reference(reference).charges > 0).then_some(()),
+        )
+        .await;
+    }
+
+    /// The ids of the charges the provider holds for `reference`, asked
+    /// through its own search API.
+    async fn provider_charges(&self, reference: &str) -> Vec<String> {
+        let found: Value = self
+            .http
+            // References are `{order}:{verb}-v{n}`: nothing to escape.
+            .get(format!(
+                "{}/v1/charges?reference={reference}",
+                self.provider.url()
+            ))
+            .bearer_auth("sk_test_cobro")
+            .send()
+            .await
+            .expect("provider search")
+            .json()
+            .await
+            .expect("json");
+        found["data"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|charge| charge["id"].as_str().expect("charge id").to_owned())
+            .collect()
+    }
+
+    async fn count(&self, from_where: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {from_where}"))
+            .fetch_one(&self.pg)
+            .await
+            .expect("count")
+    }
+}
+
+fn replayed(response: &reqwest::Response) -> &str {
+    response
+        .headers()
+        .get("idempotent-replayed")
+        .expect("an Idempotent-Replayed header")
+        .to_str()
+        .expect("ascii")
+}
+
+fn id_of(payment: &Value) -> String {
+    payment["id"].as_str().expect("payment id").to_owned()
+}
+
+/// Asserts a payment the worker finished: captured, with the provider's one
+/// charge for its reference as provider_ref, one attempt sent `sends` times.
+async fn assert_captured_once(site: &Site, payment: &Value, sends: u64) {
+    let reference = payment["intent"].as_str().expect("intent");
+    assert_eq!(payment["status"], "captured", "{payment}");
+    assert_eq!(payment["amount_captured"], 1999);
+    let attempts = payment["attempts"].as_array().expect("attempts");
+    assert_eq!(
+        attempts.len(),
+        1,
+        "one attempt, one provider key: {payment}"
+    );
+    assert_eq!(attempts[0]["state"], "succeeded");
+    assert_eq!(attempts[0]["sends"], sends, "{payment}");
+    let charges = site.provider_charges(reference).await;
+    assert_eq!(charges.len(), 1, "{reference}: {charges:?}");
+    assert_eq!(payment["provider_ref"], charges[0].as_str());
+    let ledger = site.ledger();
+    assert_eq!(ledger.for_reference(reference).charges, 1, "{reference}");
+    assert_eq!(ledger.totals.charges, 1);
+    assert!(ledger.duplicate_charge_references.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn worker_killed_after_the_charge_and_before_recording_it_is_finished_by_another_worker() {
+    let site = Site::new().await;
+    // Far longer than the test lasts: worker A dies knowing nothing.
+    site.hold_next_charge_answer(Duration::from_secs(30));
+    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
+    let created = site.create_payment(&url, "k-1", &payment_body("o-1")).await;
+    let id = id_of(&created);
+
+    let (mut a, owner_a) = site.worker("worker A", &[]).await;
+    site.charged("o-1:authorize-v1").await;
+    let (owner, state, sends): (Option<String>, String, i32) = sqlx::query_as(
+        "SELECT o.lease_owner, a.state, a.send_count FROM outbox o \
+         JOIN attempts a ON a.id = o.attempt_id",
+    )
+    .fetch_one(&site.pg)
+    .await
+    .expect("the outbox row");
+    assert_eq!(
+        (owner.as_deref(), state.as_str(), sends),
+        (Some(owner_a.as_str()), "pending", 1),
+        "A holds the lease, has sent once and recorded nothing"
+    );
+    a.kill9();
+    assert_eq!(site.payment(&url, &id).await["status"], "processing");
+
+    // B takes the row once A's lease expires and resends under the same
+    // provider key: the provider replays the charge it already made.
+    let (_b, owner_b) = site.worker("worker B", &[]).await;
+    assert_ne!(owner_a, owner_b);
+    let payment = site.settled_payment(&url, &id).await;
+    assert_captured_once(&site, &payment, 2).await;
+    let (state, token): (String, i64) = sqlx::query_as("SELECT state, lease_token FROM outbox")
+        .fetch_one(&site.pg)
+        .await
+        .expect("the outbox row");
+    assert_eq!(
+        (state.as_str(), token),
+        ("done", 2),
+        "claimed by A, then once by B"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_worker_processes_charge_a_thousand_payments_exactly_once() {
+    const PAYMENTS: usize = 1000;
+    let site = Site::new().await;
+    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
+    // Each worker logs one `provider.call` line per send: proof that both
+    // processes took part.
+    let calls = [("COBRO_LOG", "warn,cobro_worker=info")];
+    let (w1, owner_1) = site.worker("worker 1", &calls).await;
+    let (w2, owner_2) = site.worker("worker 2", &calls).await;
+    assert_ne!(owner_1, owner_2);
+
+    let started = Instant::now();
+    let created: Vec<Value> = stream::iter(0..PAYMENTS)
+        .map(|i| {
+            let (site, url) = (&site, &url);
+            async move {
+                site.create_payment(url, &format!("k-{i}"), &payment_body(&format!("o-{i}")))
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let created_in = started.elapsed();
+    assert_eq!(created.len(), PAYMENTS);
+
+    wait_for(
+        "every payment has left processing",
+        Duration::from_secs(60),
+        async || {
+            let (total, processing): (i64, i64) = sqlx::query_as(
+                "SELECT COUNT(*), COUNT(*) FILTER (WHERE status = 'processing') FROM payments",
+            )
+            .fetch_one(&site.pg)
+            .await
+            .expect("counts");
+            (total == PAYMENTS as i64 && processing == 0).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "{PAYMENTS} payments: created in {created_in:?}, all settled after {:?}",
+        started.elapsed()
+    );
+
+    // What cobro answers, page by page.
+    let mut listed: BTreeMap<String, Value> = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let after = cursor.take().map(|c| format!("&cursor={c}"));
+        let response = site
+            .http
+            .get(format!(
+                "{url}/v1/payments?limit=100{}",
+                after.unwrap_or_default()
+            ))
+            .bearer_auth(&site.token)
+            .send()
+            .await
+            .expect("list");
+        assert_eq!(response.status().as_u16(), 200);
+        let page: Value = response.json().await.expect("json");
+        for payment in page["data"].as_array().expect("data") {
+            listed.insert(id_of(payment), payment.clone());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(listed.len(), PAYMENTS);
+    for payment in &created {
+        let id = id_of(payment);
+        assert_eq!(listed[&id]["status"], "captured", "{}", listed[&id]);
+    }
+
+    // What the provider did: one charge per reference, and it is the
+    // charge cobro recorded.
+    let ledger = site.ledger();
+    assert_eq!(ledger.totals.charges, PAYMENTS as u64);
+    assert!(
+        ledger.duplicate_charge_references.is_empty(),
+        "{:?}",
+        ledger.duplicate_charge_references
+    );
+    assert_eq!(ledger.by_reference.len(), PAYMENTS);
+    assert!(ledger.by_reference.values().all(|e| e.charges == 1));
+    let site = &site;
+    let mismatched: Vec<String> = stream::iter(listed.values())
+        .map(|payment| async move {
+            let reference = payment["intent"].as_str().expect("intent");
+            let charges = site.provider_charges(reference).await;
+            let matches = charges.len() == 1 && payment["provider_ref"] == charges[0].as_str();
+            (!matches).then(|| format!("{reference}: {charges:?} vs {payment}"))
+        })
+        .buffer_unordered(32)
+        .filter_map(|mismatch| async move { mismatch })
+        .collect()
+        .await;
+    assert!(mismatched.is_empty(), "{mismatched:?}");
+
+    // Every attempt succeeded; every outbox row is done.
+    assert_eq!(
+        site.count("attempts WHERE state = 'succeeded'").await,
+        PAYMENTS as i64
+    );
+    assert_eq!(site.count("attempts").await, PAYMENTS as i64);
+    assert_eq!(
+        site.count("outbox WHERE state = 'done'").await,
+        PAYMENTS as i64
+    );
+    let sends = |w: &Cobro| {
+        w.stderr()
+            .iter()
+            .filter(|l| l.contains("provider.call"))
+            .count()
+    };
+    let (sends_1, sends_2) = (sends(&w1), sends(&w2));
+    assert!(
+        sends_1 > 0 && sends_2 > 0 && sends_1 + sends_2 >= PAYMENTS,
+        "both workers sent: {sends_1} + {sends_2}"
+    );
+    eprintln!("worker 1 sent {sends_1}, worker 2 sent {sends_2}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_before_commit_records_nothing_and_the_retry_executes_once() {
+    let site = Site::new().await;
+    let body = payment_body("o-1");
+    // An uncommitted payment for the same order: cobro's INSERT of its
+    // payment waits on the partial unique index, after it reserved the key
+    // in the same transaction.
+    let mut blocker = PgConnection::connect(&site.db.url).await.expect("connect");
+    let mut blocking = blocker.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
+         capture_method, payment_method, status, status_changed_at, created_at, updated_at) \
+         VALUES ($1, $2, 'o-1', 'o-1:authorize-v1', 1999, 'EUR', 'automatic', 'pm_card_visa', \
+         'processing', now(), now(), now())",
+    )
+    .bind(Uuid::new_v4())
+    .bind(site.account)
+    .execute(&mut *blocking)
+    .await
+    .expect("the blocking insert");
+
+    let (mut a, url_a) = site
+        .serve(
+            "serve A",
+            &["--no-worker"],
+            &[("COBRO_LOCK_TIMEOUT", "60s")],
+        )
+        .await;
+    let post = tokio::spawn(site.post_payment(&url_a, "k-1", &body).send());
+    let backend: i32 = wait_for(
+        "cobro's INSERT INTO payments waits on a lock",
+        SETTLE,
+        async || {
+            sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO payments %'",
+            )
+            .fetch_optional(&site.pg)
+            .await
+            .expect("pg_stat_activity")
+        },
+    )
+    .await;
+    let holds_key_lock: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+         WHERE l.pid = $1 AND c.relname = 'idempotency_records' AND l.mode = 'RowExclusiveLock')",
+    )
+    .bind(backend)
+    .fetch_one(&site.pg)
+    .await
+    .expect("pg_locks");
+    assert!(
+        holds_key_lock,
+        "the key was reserved in the waiting transaction"
+    );
+
+    a.kill9();
+    let answer = post.await.expect("the request task");
+    assert!(answer.is_err(), "the client got no answer: {answer:?}");
+    blocking.rollback().await.expect("rollback");
+    // With its client gone, the backend ends and its transaction with it.
+    wait_for("cobro's orphaned backend ends", SETTLE, async || {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(backend)
+                .fetch_one(&site.pg)
+                .await
+                .expect("pg_stat_activity");
+        (!alive).then_some(())
+    })
+    .await;
+    for table in [
+        "idempotency_records",
+        "payments",
+        "intents",
+        "attempts",
+        "outbox",
+    ] {
+        assert_eq!(site.count(table).await, 0, "nothing recorded in {table}");
+    }
+
+    // The retry, on a new process with a worker: a first execution.
+    let (_b, url_b) = site.serve("serve B", &[], &[]).await;
+    let created = site.create_payment(&url_b, "k-1", &body).await;
+    assert_eq!(created["intent"], "o-1:authorize-v1");
+    let payment = site.settled_payment(&url_b, &id_of(&created)).await;
+    assert_captured_once(&site, &payment, 1).await;
+    assert_eq!(site.count("payments").await, 1);
+    assert_eq!(site.count("idempotency_records").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_after_commit_replays_on_retry() {
+    let site = Site::new().await;
+    let body = payment_body("o-1");
+    let (mut a, url_a) = site.serve("serve A", &["--no-worker"], &[]).await;
+    let post = tokio::spawn(site.post_payment(&url_a, "k-1", &body).send());
+    // The record is visible to others only once the transaction committed.
+    let committed: Uuid = wait_for(
+        "the create-payment transaction commits",
+        SETTLE,
+        async || {
+            sqlx::query_scalar(
+                "SELECT resource_id FROM idempotency_records WHERE idempotency_key = 'k-1'",
+            )
+            .fetch_optional(&site.pg)
+            .await
+            .expect("the record")
+        },
+    )
+    .await;
+    // The client never uses an answer, and A dies.
+    post.abort();
+    a.kill9();
+    assert_eq!(site.count("payments").await, 1);
+    assert_eq!(
+        site.count("attempts WHERE state = 'pending' AND send_count = 0")
+            .await,
+        1
+    );
+    assert_eq!(site.ledger().totals.charges, 0, "A ran no worker");
+
+    let (_b, url_b) = site.serve("serve B", &[], &[]).await;
+    let response = site
+        .post_payment(&url_b, "k-1", &body)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status().as_u16(), 201);
+    assert_eq!(replayed(&response), "true");
+    let location = response.headers().get("location").cloned();
+    let replay: Value = response.json().await.expect("json");
+    assert_eq!(id_of(&replay), committed.to_string());
+    assert_eq!(
+        location.as_ref().and_then(|l| l.to_str().ok()),
+        Some(format!("/v1/payments/{committed}").as_str())
+    );
+    let payment = site.settled_payment(&url_b, &id_of(&replay)).await;
+    assert_captured_once(&site, &payment, 1).await;
+    assert_eq!(site.count("payments").await, 1);
+    assert_eq!(site.count("attempts").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_an_in_flight_provider_call_finish() {
+    // COBRO_SHUTDOWN_GRACE below.
+    const GRACE: Duration = Duration::from_secs(10);
+    let site = Site::new().await;
+    site.hold_next_charge_answer(Duration::from_secs(1));
+    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
+    let created = site.create_payment(&url, "k-1", &payment_body("o-1")).await;
+    let id = id_of(&created);
+    let (mut worker, _) = site
+        .worker(
+            "worker",
+            &[
+                ("COBRO_PROVIDER_TIMEOUT", "5s"),
+                ("COBRO_SHUTDOWN_GRACE", "10s"),
+                // For the line saying how many calls were in flight.
+                ("COBRO_LOG", "warn,cobro_worker=info"),
+            ],
+        )
+        .await;
+    site.charged("o-1:authorize-v1").await;
+    assert_eq!(
+        site.count("attempts WHERE state = 'pending' AND send_count = 1")
+            .await,
+        1,
+        "the answer is still on its way"
+    );
+    let stopped_at = Instant::now();
+    worker.sigterm();
+    let status = worker.exit_within(GRACE).await;
+    let stopped_in = stopped_at.elapsed();
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    let stderr = worker.stderr();
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("letting in-flight calls finish") && l.contains("in_flight=1")),
+        "the call was in flight when the signal came: {stderr:?}"
+    );
+    assert!(
+        !stderr.iter().any(|l| l.contains("grace period over")),
+        "{stderr:?}"
+    );
+    eprintln!("the worker stopped {stopped_in:?} after SIGTERM");
+
+    let payment = site.payment(&url, &id).await;
+    assert_captured_once(&site, &payment, 1).await;
+    assert_eq!(site.count("outbox WHERE state = 'done'").await, 1);
+}

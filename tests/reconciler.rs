@@ -1,0 +1,380 @@
+//! The reconciler against the fake provider, on both backends: it applies
+//! only what the provider proves, and the ledger shows no second charge.
+
+use chrono::Duration;
+use cobro_core::{Clock, PaymentId};
+use cobro_provider::{HttpProvider, HttpProviderConfig};
+use cobro_reconciler::{
+    ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
+};
+use cobro_test_support::{Backend, Rig, on_both_backends, payment_body};
+use cobro_worker::Step;
+use fake_provider::{FaultAction, FaultRule, Operation as FOp};
+use serde_json::Value;
+use std::sync::Arc;
+
+on_both_backends!(
+    an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again,
+    proven_no_effect_after_the_search_lag_retries_with_a_new_key_once,
+    not_found_within_the_search_lag_decides_nothing,
+    a_failing_status_query_decides_nothing,
+    unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
+    two_reconcilers_on_one_backlog_decide_each_payment_once,
+    a_dry_run_changes_nothing,
+);
+
+fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
+    let mut config = ReconcilerConfig {
+        actor: "reconciler:test".into(),
+        search_lag: std::time::Duration::from_secs(60),
+        ..Default::default()
+    };
+    tweak(&mut config);
+    Reconciler::new(
+        rig.app.db.store.clone(),
+        Arc::new(
+            HttpProvider::new(HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro"))
+                .expect("client"),
+        ),
+        Arc::new(rig.app.clock.clone()),
+        config,
+    )
+}
+
+fn no_progress(_: usize, _: usize) {}
+
+/// Creates a payment whose first send has the given fault, then lets cobro's
+/// clock pass the provider key window so the worker hands it over.
+async fn handed_over(rig: &Rig, order: &str, fault: FaultAction) -> String {
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, fault).with_reference(format!("{order}:")));
+    let p = rig
+        .create_payment(&format!("key-{order}"), &payment_body(order))
+        .await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    let steps = rig.drain(1).await;
+    assert!(
+        steps.contains(&Step::Rescheduled { class: "unknown" }),
+        "{steps:?}"
+    );
+    id
+}
+
+async fn pass_the_window(rig: &Rig, expected: usize) {
+    rig.app
+        .clock
+        .advance(Duration::hours(23) + Duration::minutes(1));
+    let steps = rig.drain(2).await;
+    assert_eq!(
+        steps.iter().filter(|s| **s == Step::HandedOver).count(),
+        expected,
+        "{steps:?}"
+    );
+}
+
+async fn an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let id = handed_over(&rig, "o-1", FaultAction::FailAfterEffect).await;
+    pass_the_window(&rig, 1).await;
+    // The provider forgets the key: a resend now WOULD be a second charge.
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(25 * 3600));
+    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+
+    let summary = reconciler(&rig, |_| {})
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.examined, 1);
+    assert_eq!(
+        summary.items[0].verdict,
+        Verdict::Resolved {
+            outcome: "succeeded".into()
+        }
+    );
+    let p = rig.payment(&id).await;
+    assert_eq!(p["status"], "captured");
+    let ledger = rig.ledger();
+    assert!(
+        p["provider_ref"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("ch_"))
+    );
+    assert_eq!(
+        ledger.for_reference("o-1:authorize-v1").charges,
+        1,
+        "adopted, never charged again"
+    );
+    // Nothing is left for the worker or a second run.
+    assert!(rig.drain(2).await.is_empty());
+    let again = reconciler(&rig, |_| {})
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(again.examined, 0);
+    assert_eq!(
+        rig.app
+            .db
+            .count("reconciliation_decisions WHERE decision = 'adopt_succeeded'")
+            .await,
+        1
+    );
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
+    pass_the_window(&rig, 1).await;
+    rig.provider.control().clear_faults();
+    let summary = reconciler(&rig, |_| {})
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Retried);
+    assert_eq!(rig.payment(&id).await["status"], "processing");
+    rig.drain(2).await;
+    let p = rig.payment(&id).await;
+    assert_eq!(p["status"], "captured");
+    let attempts = p["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0]["state"], "no_effect");
+    assert_eq!(attempts[1]["state"], "succeeded");
+    assert_eq!(
+        rig.app
+            .db
+            .count("(SELECT DISTINCT provider_key FROM attempts) k")
+            .await,
+        2,
+        "a new provider key"
+    );
+    assert_eq!(
+        rig.ledger().totals.charges,
+        1,
+        "exactly one charge in the end"
+    );
+}
+
+async fn not_found_within_the_search_lag_decides_nothing(backend: Backend) {
+    // A provider key window that closes right after the first send: the
+    // worker hands the attempt over at once, so the reconciler looks while
+    // the last send is still recent.
+    let rig = Rig::with(backend, |_, worker| {
+        worker.key_retention = std::time::Duration::from_secs(2 * 3600);
+        worker.safety_margin =
+            std::time::Duration::from_secs(2 * 3600) - std::time::Duration::from_millis(1);
+    })
+    .await;
+    // The charge is made, but the provider's search will not show it for an hour.
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::SearchLag).with_lag_seconds(3600));
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    assert_eq!(rig.drain(1).await, vec![Step::HandedOver]);
+    rig.app.clock.advance(Duration::minutes(10));
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(600));
+    let recon = reconciler(&rig, |c| {
+        c.search_lag = std::time::Duration::from_secs(3600)
+    });
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    match &summary.items[0].verdict {
+        Verdict::StillUnknown { reason } => assert!(reason.contains("search lag"), "{reason}"),
+        other => panic!("not found within the lag must prove nothing: {other:?}"),
+    }
+    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+    assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
+    assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
+    // Once the lag has passed, the search finds it and it is adopted.
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(3600));
+    rig.app.clock.advance(Duration::hours(1));
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(
+        summary.items[0].verdict,
+        Verdict::Resolved {
+            outcome: "succeeded".into()
+        }
+    );
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+async fn a_failing_status_query_decides_nothing(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
+    pass_the_window(&rig, 1).await;
+    rig.provider.control().clear_faults();
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
+    let summary = reconciler(&rig, |_| {})
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    match &summary.items[0].verdict {
+        Verdict::StillUnknown { reason } => assert!(reason.contains("proves nothing"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(summary.unresolved(), 1);
+    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+    assert!(rig.drain(1).await.is_empty(), "no new attempt");
+    assert_eq!(rig.ledger().totals.charges, 0);
+}
+
+async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = handed_over(&rig, "o-1", FaultAction::FailAfterEffect).await;
+    pass_the_window(&rig, 1).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
+    rig.app.clock.advance(Duration::hours(2));
+    let summary = reconciler(&rig, |_| {})
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Escalated);
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    // Visible to monitoring without a token.
+    let metrics = rig
+        .app
+        .client
+        .get(format!("{}/metrics", rig.app.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("cobro_payments_unsettled{status=\"needs_review\"} 1"),
+        "{metrics}"
+    );
+    // needs_review still blocks a second payment for the order.
+    let blocked = rig
+        .app
+        .post("/v1/payments", Some("another-key"))
+        .json(&payment_body("o-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(blocked.status().as_u16(), 422);
+
+    let charge = rig.ledger();
+    assert_eq!(charge.for_reference("o-1:authorize-v1").charges, 1);
+    let after = cobro_reconciler::resolve_by_hand(
+        &rig.app.db.store,
+        &ManualResolution {
+            payment: id.parse::<PaymentId>().expect("id"),
+            outcome: ManualOutcome::Captured,
+            provider_ref: Some("ch_looked_up_by_hand".into()),
+            operator: "alice".into(),
+            reason: "confirmed in the provider dashboard".into(),
+        },
+        rig.app.clock.now(),
+    )
+    .await
+    .expect("resolve");
+    assert_eq!(after, "captured");
+    let p = rig.payment(&id).await;
+    assert_eq!(p["status"], "captured");
+    assert_eq!(p["provider_ref"], "ch_looked_up_by_hand");
+    let audited = rig.app.db.count("reconciliation_decisions WHERE decision = 'manual_resolve' AND actor = 'operator:alice' AND reason = 'confirmed in the provider dashboard'").await;
+    assert_eq!(audited, 1);
+    assert_eq!(
+        rig.app
+            .db
+            .count("reconciliation_decisions WHERE decision = 'escalate'")
+            .await,
+        1
+    );
+    // A second resolve is refused: the payment is no longer in review.
+    let again = cobro_reconciler::resolve_by_hand(
+        &rig.app.db.store,
+        &ManualResolution {
+            payment: id.parse().expect("id"),
+            outcome: ManualOutcome::Failed,
+            provider_ref: None,
+            operator: "bob".into(),
+            reason: "x".into(),
+        },
+        rig.app.clock.now(),
+    )
+    .await;
+    assert!(again.is_err());
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+async fn two_reconcilers_on_one_backlog_decide_each_payment_once(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    const N: usize = 10;
+    let mut ids = Vec::new();
+    for i in 0..N {
+        ids.push(handed_over(&rig, &format!("o-{i}"), FaultAction::FailAfterEffect).await);
+    }
+    pass_the_window(&rig, N).await;
+    let (a, b) = (
+        reconciler(&rig, |c| c.actor = "reconciler:a".into()),
+        reconciler(&rig, |c| c.actor = "reconciler:b".into()),
+    );
+    let scope = Scope::default();
+    let (ra, rb) = tokio::join!(
+        a.run(&scope, false, "test", &no_progress),
+        b.run(&scope, false, "test", &no_progress)
+    );
+    let (ra, rb) = (ra.expect("a"), rb.expect("b"));
+    let resolved = |s: &cobro_reconciler::Summary| s.resolved.values().sum::<usize>();
+    assert_eq!(
+        resolved(&ra) + resolved(&rb),
+        N,
+        "each payment decided exactly once"
+    );
+    assert_eq!(rig.app.db.count("reconciliation_decisions").await, N as i64);
+    for id in &ids {
+        let p: Value = rig.payment(id).await;
+        assert_eq!(p["status"], "captured");
+    }
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, N as u64);
+    assert!(ledger.duplicate_charge_references.is_empty());
+}
+
+async fn a_dry_run_changes_nothing(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = handed_over(&rig, "o-1", FaultAction::FailAfterEffect).await;
+    pass_the_window(&rig, 1).await;
+    let summary = reconciler(&rig, |_| {})
+        .run(&Scope::default(), true, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(
+        summary.items[0].verdict,
+        Verdict::Resolved {
+            outcome: "succeeded".into()
+        }
+    );
+    assert!(!summary.items[0].applied);
+    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+    assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
+    assert_eq!(rig.app.db.count("reconciliation_runs").await, 0);
+    let json = serde_json::to_value(&summary).expect("summary serialises");
+    assert_eq!(json["examined"], 1);
+    assert_eq!(rig.ledger().totals.charges, 1);
+}

@@ -1,0 +1,598 @@
+//! Provider webhooks, end to end on both backends: the fake provider sends
+//! real, signed webhooks (with its delivery faults) to cobro's API while the
+//! worker talks to it, and the provider's ledger counts the effects.
+//!
+//! Waits are on conditions with a deadline (the provider's delivery log,
+//! the database), never a sleep of a guessed length.
+
+use cobro_core::Clock;
+use cobro_test_support::{
+    Backend, Rig, manual_payment_body, on_both_backends, payment_body, wait_for,
+};
+use cobro_worker::Step;
+use fake_provider::{FaultAction, FaultRule, Operation as FOp, WebhookDelivery};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+on_both_backends!(
+    duplicate_deliveries_are_applied_once,
+    reordered_events_never_move_a_payment_backwards,
+    a_delivery_refused_once_and_redelivered_is_applied_once,
+    a_webhook_before_the_workers_answer_and_an_answer_before_the_webhook_end_alike,
+    a_refund_event_settles_the_refund_it_names,
+    a_bad_signature_an_old_timestamp_and_a_malformed_body_change_nothing,
+    event_ids_are_kept_for_their_retention_and_no_longer,
+);
+
+const SECRET: &str = "whsec_test_cobro";
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A rig whose provider sends its webhooks to the app.
+async fn rig_with_webhooks(backend: Backend) -> Rig {
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, true).await;
+    rig
+}
+
+/// The provider's acknowledged deliveries of events of `event_type`, in
+/// the order they were made.
+fn acked(rig: &Rig, event_type: &str) -> Vec<WebhookDelivery> {
+    rig.provider
+        .control()
+        .webhook_deliveries()
+        .into_iter()
+        .filter(|d| d.event_type == event_type && d.acknowledged())
+        .collect()
+}
+
+/// Waits until `n` deliveries of `event_type` were acknowledged.
+async fn wait_acked(rig: &Rig, event_type: &str, n: usize) -> Vec<WebhookDelivery> {
+    wait_for(
+        &format!("{n} deliveries of {event_type} are acknowledged"),
+        PATIENCE,
+        async || {
+            let found = acked(rig, event_type);
+            (found.len() >= n).then_some(found)
+        },
+    )
+    .await
+}
+
+/// `(event_type, outcome)` of every stored event, sorted.
+async fn stored_events(rig: &Rig) -> Vec<(String, String)> {
+    use sqlx::Connection;
+    let sql = "SELECT event_type, outcome FROM webhook_events ORDER BY event_type, outcome";
+    let url = &rig.app.db.url;
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+        sqlx::query_as(sql).fetch_all(&mut c).await.expect("events")
+    } else {
+        let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
+        sqlx::query_as(sql).fetch_all(&mut c).await.expect("events")
+    }
+}
+
+async fn webhook_decisions(rig: &Rig) -> i64 {
+    rig.app
+        .db
+        .count("reconciliation_decisions WHERE actor = 'webhook:fake' AND run_id IS NULL")
+        .await
+}
+
+async fn duplicate_deliveries_are_applied_once(backend: Backend) {
+    let rig = rig_with_webhooks(backend).await;
+    let control = rig.provider.control();
+    // The worker's answer is lost, so the webhook is what settles the
+    // payment; every event is delivered twice.
+    control
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::DropResponseAfterEffect).with_next(1));
+    control.add_fault(FaultRule::new(FOp::Webhook, FaultAction::Duplicate));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id");
+    assert_eq!(
+        rig.drain(1).await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+
+    let deliveries = wait_acked(&rig, "charge.captured", 2).await;
+    assert_eq!(
+        deliveries[0].event_id, deliveries[1].event_id,
+        "the same event, twice"
+    );
+    assert_eq!(
+        stored_events(&rig).await,
+        vec![("charge.captured".to_owned(), "applied".to_owned())],
+        "one row per event id"
+    );
+    assert_eq!(webhook_decisions(&rig).await, 1, "one audit row");
+    let p = rig.payment(id).await;
+    assert_eq!(p["status"], "captured");
+    assert_eq!(p["amount_captured"], 1999);
+    assert_eq!(p["attempts"][0]["state"], "succeeded");
+    assert!(p["provider_ref"].as_str().expect("ref").starts_with("ch_"));
+
+    // The worker's retry finds the attempt settled and sends nothing.
+    rig.app.clock.advance(chrono::Duration::seconds(5));
+    assert_eq!(rig.drain(2).await, vec![Step::Skipped]);
+    assert_eq!(rig.payment(id).await["attempts"][0]["sends"], 1);
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert!(ledger.duplicate_charge_references.is_empty());
+}
+
+async fn reordered_events_never_move_a_payment_backwards(backend: Backend) {
+    let rig = rig_with_webhooks(backend).await;
+    let control = rig.provider.control();
+    // `charge.authorized` is held back until the next event of the charge
+    // (`charge.captured`) has been sent; the capture's answer is lost, so
+    // that event is what settles the capture.
+    control.add_fault(FaultRule::new(FOp::Webhook, FaultAction::Reorder).with_next(1));
+    control
+        .add_fault(FaultRule::new(FOp::Capture, FaultAction::DropResponseAfterEffect).with_next(1));
+    let p = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id");
+    rig.drain(1).await;
+    assert_eq!(rig.payment(id).await["status"], "authorized");
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{id}/capture"), Some("cap-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 202);
+    assert_eq!(
+        rig.drain(1).await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+
+    wait_acked(&rig, "charge.authorized", 1).await;
+    let order: Vec<String> = control
+        .webhook_deliveries()
+        .into_iter()
+        .filter(WebhookDelivery::acknowledged)
+        .map(|d| d.event_type)
+        .collect();
+    assert_eq!(
+        order,
+        ["charge.captured", "charge.authorized"],
+        "delivered out of order"
+    );
+    assert_eq!(
+        stored_events(&rig).await,
+        [
+            ("charge.authorized".to_owned(), "ignored_stale".to_owned()),
+            ("charge.captured".to_owned(), "applied".to_owned()),
+        ]
+    );
+    let p = rig.payment(id).await;
+    assert_eq!(p["status"], "captured", "never back to authorized");
+    assert_eq!(p["amount_captured"], 1999);
+    assert_eq!(webhook_decisions(&rig).await, 1);
+    assert_eq!(
+        rig.app
+            .db
+            .count("payments WHERE provider_sequence = 2")
+            .await,
+        1
+    );
+
+    rig.app.clock.advance(chrono::Duration::seconds(5));
+    assert_eq!(rig.drain(2).await, vec![Step::Skipped]);
+    assert_eq!(rig.payment(id).await["status"], "captured");
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.captures), (1, 1));
+}
+
+async fn a_delivery_refused_once_and_redelivered_is_applied_once(backend: Backend) {
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, false).await;
+    let control = rig.provider.control();
+    control.add_fault(FaultRule::new(
+        FOp::Charge,
+        FaultAction::DropResponseAfterEffect,
+    ));
+
+    // o-1: the provider signs with a secret cobro does not accept, so
+    // cobro answers 400 and stores nothing; the provider retries, and once
+    // it signs with the right secret the event is applied, once.
+    rig.point_webhooks("whsec_wrong");
+    let one = rig.create_payment("k-1", &payment_body("o-1")).await;
+    rig.drain(1).await;
+    let refused = wait_for("a delivery is refused", PATIENCE, async || {
+        control
+            .webhook_deliveries()
+            .into_iter()
+            .find(|d| d.status == Some(400))
+    })
+    .await;
+    assert_eq!(rig.app.db.count("webhook_events").await, 0);
+    assert_eq!(
+        rig.payment(one["id"].as_str().expect("id")).await["status"],
+        "processing"
+    );
+    rig.point_webhooks(SECRET);
+    let accepted = wait_acked(&rig, "charge.captured", 1).await;
+    assert_eq!(accepted[0].event_id, refused.event_id);
+    assert!(accepted[0].attempt > 1, "a redelivery");
+
+    // o-2: the first delivery is dropped by the provider and redelivered.
+    control.add_fault(FaultRule::new(FOp::Webhook, FaultAction::DropThenRedeliver).with_next(1));
+    let two = rig.create_payment("k-2", &payment_body("o-2")).await;
+    rig.drain(1).await;
+    wait_acked(&rig, "charge.captured", 2).await;
+    assert!(
+        control
+            .webhook_deliveries()
+            .iter()
+            .any(|d| d.error.as_deref() == Some("dropped by fault"))
+    );
+
+    for p in [&one, &two] {
+        let p = rig.payment(p["id"].as_str().expect("id")).await;
+        assert_eq!(p["status"], "captured");
+        assert_eq!(p["attempts"][0]["state"], "succeeded");
+    }
+    assert_eq!(
+        stored_events(&rig).await,
+        vec![("charge.captured".to_owned(), "applied".to_owned()); 2]
+    );
+    assert_eq!(webhook_decisions(&rig).await, 2);
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 2);
+    assert!(ledger.duplicate_charge_references.is_empty());
+}
+
+async fn a_webhook_before_the_workers_answer_and_an_answer_before_the_webhook_end_alike(
+    backend: Backend,
+) {
+    let mut rig = Rig::with(backend, |client, _| {
+        client.request_timeout = Duration::from_secs(10);
+    })
+    .await;
+    rig.accept_webhooks(SECRET, true).await;
+    let control = rig.provider.control();
+    // o-1: the provider holds its answer back; the webhook comes first.
+    control.add_fault(
+        FaultRule::new(FOp::Charge, FaultAction::DelayAfterEffect)
+            .with_reference("o-1:")
+            .with_delay(Duration::from_millis(3000))
+            .with_next(1),
+    );
+    // o-2: the webhook is held back; the worker's answer comes first.
+    control.add_fault(
+        FaultRule::new(FOp::Webhook, FaultAction::Latency)
+            .with_reference("o-2:")
+            .with_delay(Duration::from_millis(500))
+            .with_next(1),
+    );
+
+    let first = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let first_id = first["id"].as_str().expect("id").to_owned();
+    let worker = rig.worker.clone();
+    let answer = tokio::spawn(async move { worker.run_once().await });
+    let settled_by_webhook = wait_for("the webhook settled o-1", PATIENCE, async || {
+        let p = rig.payment(&first_id).await;
+        (p["status"] == "captured").then_some(p)
+    })
+    .await;
+    assert!(
+        !answer.is_finished(),
+        "the worker's answer is still held back"
+    );
+    assert_eq!(
+        answer.await.expect("join").expect("worker"),
+        vec![Step::Recorded { class: "succeeded" }],
+        "the late answer is recorded as what it is, and changes nothing"
+    );
+    assert_eq!(rig.payment(&first_id).await, settled_by_webhook);
+
+    let second = rig.create_payment("k-2", &payment_body("o-2")).await;
+    let second_id = second["id"].as_str().expect("id").to_owned();
+    assert_eq!(
+        rig.drain(1).await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    let settled_by_worker = rig.payment(&second_id).await;
+    assert_eq!(settled_by_worker["status"], "captured");
+    wait_acked(&rig, "charge.captured", 2).await;
+    assert_eq!(rig.payment(&second_id).await, settled_by_worker);
+
+    // One single state, whoever came first.
+    let shape = |p: &Value| {
+        json!({
+            "status": p["status"],
+            "amount_captured": p["amount_captured"],
+            "has_ref": p["provider_ref"].is_string(),
+            "attempts": p["attempts"].as_array().map(|a| a.iter().map(|a| a["state"].clone()).collect::<Vec<_>>()),
+        })
+    };
+    assert_eq!(shape(&settled_by_webhook), shape(&settled_by_worker));
+    assert_eq!(
+        stored_events(&rig).await,
+        [
+            ("charge.captured".to_owned(), "applied".to_owned()),
+            ("charge.captured".to_owned(), "duplicate_effect".to_owned()),
+        ]
+    );
+    assert_eq!(webhook_decisions(&rig).await, 1, "only the applied one");
+    let ledger = rig.ledger();
+    assert_eq!(ledger.for_reference("o-1:authorize-v1").charges, 1);
+    assert_eq!(ledger.for_reference("o-2:authorize-v1").charges, 1);
+    assert_eq!(ledger.totals.charges, 2);
+}
+
+async fn a_refund_event_settles_the_refund_it_names(backend: Backend) {
+    let rig = rig_with_webhooks(backend).await;
+    let control = rig.provider.control();
+    control
+        .add_fault(FaultRule::new(FOp::Refund, FaultAction::DropResponseAfterEffect).with_next(1));
+    let mut body = payment_body("o-1");
+    body["amount"] = json!(1000);
+    let p = rig.create_payment("k-1", &body).await;
+    let id = p["id"].as_str().expect("id");
+    rig.drain(1).await;
+    wait_acked(&rig, "charge.captured", 1).await;
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{id}/refunds"), Some("r-1"))
+        .json(&json!({"amount": 400}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 201);
+    assert_eq!(
+        rig.drain(1).await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+    wait_acked(&rig, "refund.succeeded", 1).await;
+    let p = rig.payment(id).await;
+    assert_eq!(p["status"], "partially_refunded");
+    assert_eq!(p["amount_refunded"], 400);
+    let refund: Value = rig
+        .app
+        .get(&format!(
+            "/v1/payments/{id}/refunds/{}",
+            r.json::<Value>().await.expect("json")["id"]
+                .as_str()
+                .expect("refund id")
+        ))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(refund["status"], "succeeded");
+    // The charge's event may come before or after the worker's answer
+    // (the provider emits it before it answers); either way it is one row.
+    let events = stored_events(&rig).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].0, "charge.captured");
+    assert!(["applied", "duplicate_effect"].contains(&events[0].1.as_str()));
+    assert_eq!(
+        events[1],
+        ("refund.succeeded".to_owned(), "applied".to_owned())
+    );
+    assert_eq!(
+        rig.app
+            .db
+            .count(
+                "reconciliation_decisions WHERE actor = 'webhook:fake' AND refund_id IS NOT NULL"
+            )
+            .await,
+        1
+    );
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.refunds), (1, 1));
+}
+
+/// A `charge.captured` event for `reference`, as the provider would send it.
+fn captured_event(event_id: &str, reference: &str, sequence: i64) -> Value {
+    json!({
+        "id": event_id, "type": "charge.captured", "created": "2026-11-30T12:00:00Z",
+        "sequence": sequence,
+        "data": {"id": "ch_test", "object": "charge", "amount": 1999, "currency": "EUR",
+                 "payment_method": "pm_card_visa", "reference": reference, "status": "captured",
+                 "amount_captured": 1999, "amount_refunded": 0,
+                 "created": "2026-11-30T12:00:00Z", "sequence": sequence},
+    })
+}
+
+/// POSTs `body` to the webhook endpoint of `provider` with `signature`.
+async fn post_webhook(
+    rig: &Rig,
+    provider: &str,
+    body: &[u8],
+    signature: Option<String>,
+) -> (u16, Value) {
+    let mut request = rig
+        .app
+        .client
+        .post(format!("{}/v1/webhooks/{provider}", rig.app.url))
+        .header("content-type", "application/json")
+        .body(body.to_vec());
+    if let Some(signature) = signature {
+        request = request.header(fake_provider::SIGNATURE_HEADER, signature);
+    }
+    let response = request.send().await.expect("send");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A request the endpoint must refuse: (case, provider, body, signature,
+/// status, problem code).
+type Refused<'a> = (&'a str, &'a str, Vec<u8>, Option<String>, u16, &'a str);
+
+async fn a_bad_signature_an_old_timestamp_and_a_malformed_body_change_nothing(backend: Backend) {
+    // The provider sends no webhooks here: the test sends them by hand.
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, false).await;
+    rig.provider.control().add_fault(FaultRule::new(
+        FOp::Charge,
+        FaultAction::DropResponseAfterEffect,
+    ));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id");
+    rig.drain(1).await;
+    let before = rig.payment(id).await;
+    assert_eq!(before["status"], "processing");
+
+    let now = rig.app.clock.now().timestamp();
+    let event = serde_json::to_vec(&captured_event("evt_1", "o-1:authorize-v1", 1)).expect("json");
+    let sign = |secret: &str, t: i64, body: &[u8]| Some(fake_provider::sign(secret, t, body));
+    let too_big = vec![b' '; 64 * 1024 + 1];
+    let cases: Vec<Refused> = vec![
+        (
+            "wrong secret",
+            "fake",
+            event.clone(),
+            sign("whsec_other", now, &event),
+            400,
+            "webhook-signature-invalid",
+        ),
+        (
+            "old timestamp",
+            "fake",
+            event.clone(),
+            sign(SECRET, now - 301, &event),
+            400,
+            "webhook-signature-invalid",
+        ),
+        (
+            "future timestamp",
+            "fake",
+            event.clone(),
+            sign(SECRET, now + 301, &event),
+            400,
+            "webhook-signature-invalid",
+        ),
+        (
+            "no signature",
+            "fake",
+            event.clone(),
+            None,
+            400,
+            "webhook-signature-invalid",
+        ),
+        (
+            "body changed after signing",
+            "fake",
+            event.clone(),
+            sign(SECRET, now, b"{}"),
+            400,
+            "webhook-signature-invalid",
+        ),
+        (
+            "malformed JSON",
+            "fake",
+            b"{not json".to_vec(),
+            sign(SECRET, now, b"{not json"),
+            400,
+            "validation-error",
+        ),
+        (
+            "missing fields",
+            "fake",
+            br#"{"id":"evt_2","type":"charge.captured"}"#.to_vec(),
+            sign(SECRET, now, br#"{"id":"evt_2","type":"charge.captured"}"#),
+            400,
+            "validation-error",
+        ),
+        (
+            "unknown provider",
+            "other",
+            event.clone(),
+            sign(SECRET, now, &event),
+            404,
+            "not-found",
+        ),
+        (
+            "over 64 KiB",
+            "fake",
+            too_big.clone(),
+            sign(SECRET, now, &too_big),
+            413,
+            "body-too-large",
+        ),
+    ];
+    for (case, provider, body, signature, status, code) in cases {
+        let (got, problem) = post_webhook(&rig, provider, &body, signature).await;
+        assert_eq!(got, status, "{case}");
+        assert_eq!(problem["code"], code, "{case}");
+    }
+    assert_eq!(
+        rig.app.db.count("webhook_events").await,
+        0,
+        "nothing stored"
+    );
+    assert_eq!(webhook_decisions(&rig).await, 0);
+    assert_eq!(rig.payment(id).await, before, "payment unchanged");
+
+    // The same event, correctly signed (and padded past the 16 KiB limit of
+    // merchant requests), is applied: the refusals above were the checks.
+    let mut padded = captured_event("evt_1", "o-1:authorize-v1", 1);
+    padded["padding"] = json!("x".repeat(20 * 1024));
+    let padded = serde_json::to_vec(&padded).expect("json");
+    let (status, receipt) =
+        post_webhook(&rig, "fake", &padded, sign(SECRET, now - 299, &padded)).await;
+    assert_eq!(status, 200);
+    assert_eq!(receipt, json!({"event_id": "evt_1", "outcome": "applied"}));
+    let (status, receipt) = post_webhook(&rig, "fake", &padded, sign(SECRET, now, &padded)).await;
+    assert_eq!(status, 200);
+    assert_eq!(receipt["outcome"], "duplicate_delivery");
+    assert_eq!(rig.payment(id).await["status"], "captured");
+    assert_eq!(rig.app.db.count("webhook_events").await, 1);
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+async fn event_ids_are_kept_for_their_retention_and_no_longer(backend: Backend) {
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, false).await;
+    let send = async |event_id: &str| {
+        let body = serde_json::to_vec(&captured_event(event_id, "o-unknown:authorize-v1", 1))
+            .expect("json");
+        let t = rig.app.clock.now().timestamp();
+        let (status, receipt) = post_webhook(
+            &rig,
+            "fake",
+            &body,
+            Some(fake_provider::sign(SECRET, t, &body)),
+        )
+        .await;
+        assert_eq!(status, 200);
+        receipt["outcome"].as_str().expect("outcome").to_owned()
+    };
+    // An event cobro cannot match is kept (for the reconciler) all the same.
+    assert_eq!(send("evt_old").await, "unmatched");
+    rig.app.clock.advance(chrono::Duration::days(2));
+    assert_eq!(send("evt_young").await, "unmatched");
+    rig.app.clock.advance(chrono::Duration::days(29));
+
+    // 30 days of retention: the first is 31 days old, the second 29.
+    let cutoff = rig.app.clock.now_minus(chrono::Duration::days(30));
+    let store = &rig.app.db.store;
+    assert_eq!(
+        store
+            .delete_expired_webhook_events(cutoff, 100)
+            .await
+            .expect("purge"),
+        1
+    );
+    assert!(
+        store
+            .webhook_event("fake", "evt_old")
+            .await
+            .expect("read")
+            .is_none()
+    );
+    let young = store
+        .webhook_event("fake", "evt_young")
+        .await
+        .expect("read")
+        .expect("kept");
+    assert_eq!(young.outcome, "unmatched");
+    assert!(young.payment_id.is_none());
+    // Within its retention, a redelivery is still recognised.
+    assert_eq!(send("evt_young").await, "duplicate_delivery");
+    assert_eq!(rig.ledger().totals.charges, 0);
+}

@@ -2,7 +2,8 @@
 //! SIGKILL (or stopped with SIGTERM) at the moments that matter, with the fake
 //! provider's ledger as the judge (provider-and-recovery spec, section 6:
 //! crash before commit, crash after commit, a worker killed between the
-//! charge and its record, several worker processes on one database).
+//! charge and its record, several worker processes on one database, and the
+//! chaos run: every fault at once with repeated worker kills).
 //!
 //! Layout: [`Cobro`] is one child process (its stdout lines, its stderr, a
 //! SIGKILL when the test ends or fails); [`Site`] is what the processes of one
@@ -200,6 +201,15 @@ struct Site {
 
 impl Site {
     async fn new() -> Self {
+        Self::with_provider(fake_provider::Config {
+            admin: true,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// A site whose fake provider runs with `config` (retention, seed).
+    async fn with_provider(config: fake_provider::Config) -> Self {
         let db = TestDb::new(Backend::Postgres).await;
         let now = chrono::Utc::now();
         let account = db
@@ -217,12 +227,9 @@ impl Site {
             .connect(&db.url)
             .await
             .expect("connect to the test database");
-        let provider = fake_provider::start(fake_provider::Config {
-            admin: true,
-            ..Default::default()
-        })
-        .await
-        .expect("start the fake provider");
+        let provider = fake_provider::start(config)
+            .await
+            .expect("start the fake provider");
         Self {
             db,
             pg,
@@ -769,4 +776,198 @@ async fn sigterm_lets_an_in_flight_provider_call_finish() {
     let payment = site.payment(&url, &id).await;
     assert_captured_once(&site, &payment, 1).await;
     assert_eq!(site.count("outbox WHERE state = 'done'").await, 1);
+}
+
+/// The chaos run (spec section 6, item 14): thousands of payments under
+/// random faults of every kind (seeded), with worker processes SIGKILLed and
+/// restarted over and over, a provider that forgets idempotency keys after
+/// a few seconds and whose search lags; then reconcile until quiet. The
+/// provider must hold no reference with more than one charge, every
+/// payment's final state must be the provider's, and nothing may be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_many_payments_every_fault_and_repeated_worker_kills_end_with_one_charge_each() {
+    const PAYMENTS: usize = 2000;
+    const SEED: u64 = 14;
+    // The provider forgets a key 8 s after its first use; cobro is told so
+    // and sends no attempt later than 8 s - 4 s after its first send, then
+    // hands it to the reconciler. Real time, so the window really closes
+    // during the run.
+    let site = Site::with_provider(fake_provider::Config {
+        admin: true,
+        seed: SEED,
+        retention: Duration::from_secs(8),
+        ..Default::default()
+    })
+    .await;
+    let control = site.provider.control();
+    let chance = |op, action, p: f64| FaultRule::new(op, action).with_probability(p);
+    for rule in [
+        chance(FOp::Any, FaultAction::Latency, 0.05).with_delay(Duration::from_millis(150)),
+        chance(FOp::Charge, FaultAction::FailBeforeEffect, 0.05),
+        chance(FOp::Charge, FaultAction::FailAfterEffect, 0.05),
+        chance(FOp::Charge, FaultAction::DropResponseAfterEffect, 0.05),
+        chance(FOp::Charge, FaultAction::DelayAfterEffect, 0.03).with_delay(Duration::from_secs(2)),
+        chance(FOp::Charge, FaultAction::InProgress, 0.03),
+        chance(FOp::Charge, FaultAction::SearchLag, 0.2).with_lag_seconds(2),
+        chance(FOp::Search, FaultAction::FailBeforeEffect, 0.1),
+    ] {
+        control.add_fault(rule);
+    }
+    let env: &[(&str, &str)] = &[
+        ("COBRO_PROVIDER_TIMEOUT", "1s"),
+        ("COBRO_PROVIDER_KEY_RETENTION", "8s"),
+        ("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "4s"),
+        ("COBRO_PROVIDER_SEARCH_LAG", "3s"),
+        ("COBRO_RECONCILE_STUCK_AFTER", "5s"),
+    ];
+    let (_api, url) = site.serve("api", &["--no-worker"], env).await;
+    let mut workers = Vec::new();
+    for i in 0..2 {
+        workers.push(site.worker(&format!("worker {i}"), env).await.0);
+    }
+
+    // The payments: automatic captures, manual authorisations, declines.
+    let bodies: Vec<(String, Value)> = (0..PAYMENTS)
+        .map(|i| {
+            let mut body = payment_body(&format!("chaos-{i}"));
+            match i % 10 {
+                0 => body["payment_method"] = "pm_card_declined".into(),
+                1 => body["capture_method"] = "manual".into(),
+                _ => {}
+            }
+            (format!("chaos-key-{i}"), body)
+        })
+        .collect();
+    let creating = {
+        let (http, token, url) = (site.http.clone(), site.token.clone(), url.clone());
+        let bodies = bodies.clone();
+        tokio::spawn(async move {
+            stream::iter(bodies)
+                .map(|(key, body)| {
+                    let (http, token, url) = (http.clone(), token.clone(), url.clone());
+                    async move {
+                        // A client retries its own request until it gets an
+                        // answer that is not "in progress" or "unavailable".
+                        loop {
+                            let r = http
+                                .post(format!("{url}/v1/payments"))
+                                .bearer_auth(&token)
+                                .header("idempotency-key", &key)
+                                .json(&body)
+                                .send()
+                                .await
+                                .expect("the API answers");
+                            match r.status().as_u16() {
+                                201 => return r.json::<Value>().await.expect("json"),
+                                409 | 503 => tokio::task::yield_now().await,
+                                other => panic!("create {key}: {other}"),
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(16)
+                .collect::<Vec<Value>>()
+                .await
+        })
+    };
+
+    // Kill a worker, start a new one, again and again while payments flow.
+    for round in 0..8usize {
+        let ledger_before = site.ledger().totals.charges;
+        wait_for("the provider keeps charging", SETTLE, async || {
+            (site.ledger().totals.charges >= ledger_before + 40 || creating.is_finished())
+                .then_some(())
+        })
+        .await;
+        let victim = round % workers.len();
+        workers[victim].kill9();
+        workers[victim] = site
+            .worker(&format!("worker {victim} (restart {round})"), env)
+            .await
+            .0;
+    }
+    let created = creating.await.expect("creating task");
+    assert_eq!(created.len(), PAYMENTS);
+
+    // Reconcile until quiet: nothing processing, unknown or in flight.
+    let unsettled = "payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling')";
+    wait_for(
+        "every payment is settled",
+        Duration::from_secs(120),
+        async || {
+            let reconcile = site
+                .command(&["reconcile", "--json"], env)
+                .output()
+                .expect("cobro reconcile runs");
+            assert!(
+                matches!(reconcile.status.code(), Some(0 | 2)),
+                "reconcile failed: {}",
+                String::from_utf8_lossy(&reconcile.stderr)
+            );
+            (site.count(unsettled).await == 0).then_some(())
+        },
+    )
+    .await;
+
+    // Ground truth: the provider's ledger, and its own search API (faults
+    // off, so that a failing search does not read as a mismatch).
+    control.clear_faults();
+    let ledger = site.ledger();
+    assert!(
+        ledger.duplicate_charge_references.is_empty(),
+        "references charged more than once: {:?}",
+        ledger.duplicate_charge_references
+    );
+    // Nothing lost: every 201 is a payment, and every payment's state is
+    // the provider's.
+    assert_eq!(site.count("payments").await, PAYMENTS as i64);
+    let (site, url, ledger) = (&site, &url, &ledger);
+    let wrong: Vec<String> = stream::iter(created.iter())
+        .map(|first| async move {
+            let payment = site.payment(url, &id_of(first)).await;
+            let reference = payment["intent"].as_str().expect("intent").to_owned();
+            let charges = site.provider_charges(&reference).await;
+            let effects = ledger.for_reference(&reference);
+            let ok = match payment["status"].as_str() {
+                Some("captured") | Some("authorized") => {
+                    effects.charges == 1
+                        && charges.len() == 1
+                        && payment["provider_ref"] == charges[0].as_str()
+                }
+                Some("declined") => effects.charges == 0,
+                _ => false,
+            };
+            (!ok).then(|| {
+                format!(
+                    "{reference}: {} {:?} charges {charges:?} effects {effects:?}",
+                    payment["status"], payment["provider_ref"]
+                )
+            })
+        })
+        .buffer_unordered(32)
+        .filter_map(|mismatch| async move { mismatch })
+        .collect()
+        .await;
+    assert!(
+        wrong.is_empty(),
+        "{} payments disagree with the provider: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    let declined = created
+        .iter()
+        .filter(|p| p["order_ref"].as_str().is_some_and(|o| o.ends_with('0')))
+        .count();
+    assert_eq!(
+        ledger.totals.charges as usize,
+        PAYMENTS - declined,
+        "one charge per payment that was not declined"
+    );
+    eprintln!(
+        "chaos: {} charges, {} declines, {} reconciler decisions, {} attempts retried with a new key",
+        ledger.totals.charges,
+        ledger.totals.declines,
+        site.count("reconciliation_decisions").await,
+        site.count("attempts WHERE state = 'no_effect'").await,
+    );
 }

@@ -28,6 +28,7 @@ on_both_backends!(
     tombstones_replay_the_current_resource_and_expire_into_a_new_key,
     list_is_newest_first_with_cursor_pagination,
     get_waits_for_nothing_once_the_payment_left_processing,
+    over_the_rate_limit_is_429_and_leaves_the_key_free,
 );
 
 async fn create(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
@@ -726,4 +727,49 @@ async fn get_waits_for_nothing_once_the_payment_left_processing(backend: Backend
     )
     .await;
     assert_eq!(effects(&app).await, (1, 1, 1));
+}
+
+async fn over_the_rate_limit_is_429_and_leaves_the_key_free(backend: Backend) {
+    let mut app = TestApp::spawn(backend).await;
+    app.serve_with(cobro_api::ApiSettings {
+        rate_limit: cobro_api::rate_limit::RateLimit {
+            per_second: 1,
+            burst: 2,
+        },
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        create(&app, "k-1", &payment_body("o-1")).await.status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        create(&app, "k-2", &payment_body("o-2")).await.status(),
+        StatusCode::CREATED
+    );
+    let limited = create(&app, "k-3", &payment_body("o-3")).await;
+    assert_eq!(header(&limited, "retry-after"), Some("1"));
+    assert_eq!(header(&limited, "idempotency-key"), Some("k-3"));
+    assert_problem(limited, 429, "rate-limited").await;
+    assert_eq!(effects(&app).await, (2, 2, 2));
+    assert_eq!(
+        app.db.count("idempotency_records").await,
+        2,
+        "k-3 is not stored"
+    );
+    // Another account is not limited by this one's traffic.
+    let (_, other) = app.new_account("other").await;
+    let theirs = app
+        .post_as(&other, "/v1/payments", Some("k-3"))
+        .json(&payment_body("o-3"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(theirs.status(), StatusCode::CREATED);
+    // A second later the same key executes.
+    app.clock.advance(Duration::seconds(1));
+    let retried = create(&app, "k-3", &payment_body("o-3")).await;
+    assert_eq!(retried.status(), StatusCode::CREATED);
+    assert_eq!(header(&retried, "idempotent-replayed"), Some("false"));
+    assert_eq!(effects(&app).await, (4, 4, 4));
 }

@@ -406,6 +406,9 @@ impl TestApp {
     pub async fn serve_with(&mut self, settings: cobro_api::ApiSettings) {
         self.server.abort();
         self.state = cobro_api::AppState {
+            rate_limiter: std::sync::Arc::new(cobro_api::rate_limit::RateLimiter::new(
+                settings.rate_limit,
+            )),
             settings: std::sync::Arc::new(settings),
             ..self.state.clone()
         };

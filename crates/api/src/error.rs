@@ -214,7 +214,10 @@ impl IntoResponse for ApiError {
             tracing::error!(code, error = %self, cause = %chain, "request failed");
         }
         let mut response = problem_response(status, self.problem_bytes());
-        if matches!(self, ApiError::InProgress | ApiError::Unavailable(_)) {
+        if matches!(
+            self,
+            ApiError::InProgress | ApiError::Unavailable(_) | ApiError::RateLimited
+        ) {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -37,8 +37,16 @@ impl FromRequestParts<AppState> for Account {
             .ok_or(ApiError::Unauthenticated)?;
         // Tokens are high-entropy: one SHA-256 and one indexed lookup, no
         // slow password hash per request.
-        let account = state.store.account_for_token(&token_hash(token)).await?;
-        account.map(Account).ok_or(ApiError::Unauthenticated)
+        let account = state
+            .store
+            .account_for_token(&token_hash(token))
+            .await?
+            .ok_or(ApiError::Unauthenticated)?;
+        // Before anything else: a refused request never touches a key.
+        if !state.rate_limiter.allow(account, state.clock.now()) {
+            return Err(ApiError::RateLimited);
+        }
+        Ok(Account(account))
     }
 }
 

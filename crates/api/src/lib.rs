@@ -6,6 +6,7 @@ mod health;
 mod keyed;
 mod openapi;
 mod payments;
+pub mod rate_limit;
 pub mod views;
 mod webhooks;
 
@@ -37,6 +38,8 @@ pub struct ApiSettings {
     /// How far a webhook signature's timestamp may be from now (either
     /// way) before it is refused as a possible replay.
     pub webhook_tolerance: Duration,
+    /// Requests per second (and burst) per account, per process.
+    pub rate_limit: rate_limit::RateLimit,
 }
 
 impl Default for ApiSettings {
@@ -46,6 +49,7 @@ impl Default for ApiSettings {
             tombstone_retention: Duration::from_secs(30 * 24 * 3600),
             webhook_secrets: std::collections::BTreeMap::new(),
             webhook_tolerance: Duration::from_secs(300),
+            rate_limit: rate_limit::RateLimit::default(),
         }
     }
 }
@@ -59,6 +63,7 @@ pub struct AppState {
     /// Signalled after every commit that enqueued provider work, so an
     /// in-process worker wakes without polling.
     pub work_available: Arc<Notify>,
+    pub rate_limiter: Arc<rate_limit::RateLimiter>,
 }
 
 impl AppState {
@@ -66,6 +71,7 @@ impl AppState {
         Self {
             store,
             clock,
+            rate_limiter: Arc::new(rate_limit::RateLimiter::new(settings.rate_limit)),
             settings: Arc::new(settings),
             work_available: Arc::new(Notify::new()),
         }

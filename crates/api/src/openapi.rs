@@ -183,8 +183,8 @@ its retention.
 `status`, `detail`, `code`, `request_id`, and `payment_id` / `errors` where relevant. \
 409 only ever means \"this same key is still in progress: retry with it\"; every refusal \
 caused by a resource's state is a 422 with its own code. 5xx bodies carry no internal \
-detail. The code `rate-limited` (429) is reserved: this server has no rate limiter yet \
-and never sends it.",
+detail. Each account has a request rate limit (per process); over it the answer is \
+429 `rate-limited` with `Retry-After`, decided before anything else and never stored against a key.",
         max_key = IdempotencyKey::MAX_LEN,
     )
 }
@@ -833,7 +833,7 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
             "This key was already used in this account for this operation with a different request. Nothing was executed or changed; a new request needs a new key."
         }
         E::InProgress => {
-            "A request with this same key is still in progress (or the resource stayed locked by a concurrent request longer than the lock wait, about 2 s). Retry with the same key after `Retry-After`."
+            "A request with this same key is still in progress (its transaction has not committed within the bounded wait, about 2 s). Retry with the same key after `Retry-After`."
         }
         E::OrderHasActivePayment { .. } => {
             "The order already has a payment that is not declined, failed or canceled; `payment_id` names it. Not stored against the key."
@@ -853,7 +853,9 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         E::WebhookSignatureInvalid => {
             "The `Fake-Signature` header is missing or malformed, no `v1` signature matches the body with the provider's secret, or its timestamp is outside the tolerance. Nothing was stored."
         }
-        E::RateLimited => "Reserved: this server has no rate limiter yet and never sends it.",
+        E::RateLimited => {
+            "The account sent more requests per second than its limit (per process; `COBRO_RATE_LIMIT`). Nothing was stored against the key: retry the same request after `Retry-After`."
+        }
         E::Unavailable(_) => {
             "The database is unreachable; nothing was stored. Retry with the same key after `Retry-After`."
         }
@@ -948,9 +950,15 @@ fn refusals(operation_id: &str) -> Vec<Refusal> {
         }
         picked
     };
-    const READ: &[&str] = &["unauthenticated", "service-unavailable", "internal"];
+    const READ: &[&str] = &[
+        "unauthenticated",
+        "rate-limited",
+        "service-unavailable",
+        "internal",
+    ];
     const KEYED: &[&str] = &[
         "unauthenticated",
+        "rate-limited",
         "idempotency-key-missing",
         "idempotency-key-invalid",
         "body-too-large",
@@ -1231,7 +1239,7 @@ fn complete_operation(operation: &mut PathOperation, is_post: bool, secured: boo
                     .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
             }
         }
-        if status == 409 || status == 503 {
+        if status == 409 || status == 429 || status == 503 {
             response
                 .headers
                 .insert(H_RETRY_AFTER.into(), header_ref(H_RETRY_AFTER));

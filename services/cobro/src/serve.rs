@@ -80,6 +80,10 @@ pub async fn run(
         idempotency_retention: settings.retention.idempotency_retention,
         tombstone_retention: settings.retention.tombstone_retention,
         webhook_tolerance: settings.webhook_tolerance,
+        rate_limit: cobro_api::rate_limit::RateLimit {
+            per_second: settings.rate_limit,
+            burst: settings.rate_limit_burst,
+        },
         ..ApiSettings::default()
     };
     if let Some(secret) = &webhook_secret {

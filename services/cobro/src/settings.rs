@@ -120,6 +120,15 @@ pub struct ServeSettings {
     #[arg(long, env = "COBRO_WEBHOOK_TOLERANCE", default_value = "300s", value_parser = parse_duration)]
     pub webhook_tolerance: Duration,
 
+    /// Requests per second per account in this process (0: no limit);
+    /// over it: 429 `rate-limited`, never stored against a key.
+    #[arg(long, env = "COBRO_RATE_LIMIT", default_value_t = 200)]
+    pub rate_limit: u32,
+
+    /// Burst of requests an account may send above the rate.
+    #[arg(long, env = "COBRO_RATE_LIMIT_BURST", default_value_t = 400)]
+    pub rate_limit_burst: u32,
+
     #[command(flatten)]
     pub retention: RetentionSettings,
 

@@ -29,6 +29,7 @@ on_both_backends!(
     list_is_newest_first_with_cursor_pagination,
     get_waits_for_nothing_once_the_payment_left_processing,
     over_the_rate_limit_is_429_and_leaves_the_key_free,
+    without_a_database_answers_are_503_and_readyz_fails,
 );
 
 async fn create(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
@@ -772,4 +773,46 @@ async fn over_the_rate_limit_is_429_and_leaves_the_key_free(backend: Backend) {
     assert_eq!(retried.status(), StatusCode::CREATED);
     assert_eq!(header(&retried, "idempotent-replayed"), Some("false"));
     assert_eq!(effects(&app).await, (4, 4, 4));
+}
+
+async fn without_a_database_answers_are_503_and_readyz_fails(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    assert_eq!(
+        create(&app, "k-1", &payment_body("o-1")).await.status(),
+        StatusCode::CREATED
+    );
+    let ready = app
+        .client
+        .get(format!("{}/readyz", app.url))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), StatusCode::OK);
+    // The database goes away (the pool is closed: every query fails).
+    app.db.store.close().await;
+    let ready = app
+        .client
+        .get(format!("{}/readyz", app.url))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let health = app
+        .client
+        .get(format!("{}/healthz", app.url))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(
+        health.status(),
+        StatusCode::OK,
+        "the process itself is alive"
+    );
+    let r = create(&app, "k-2", &payment_body("o-2")).await;
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    let body = assert_problem(r, 503, "service-unavailable").await;
+    assert!(
+        !body.to_string().contains("pool"),
+        "no internal detail: {body}"
+    );
 }

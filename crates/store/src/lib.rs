@@ -217,6 +217,11 @@ impl Store {
                 .options([("lock_timeout", lock_timeout.as_str())]);
             let pool = PgPoolOptions::new()
                 .max_connections(config.max_connections)
+                // No ping before every checkout: it is a round trip on every
+                // request (measured by ops/bench.sh). A connection that died
+                // fails its first statement instead, which surfaces as
+                // `Unavailable` (503, retryable) and is not reused.
+                .test_before_acquire(false)
                 .acquire_timeout(config.acquire_timeout)
                 .connect_with(options)
                 .await?;

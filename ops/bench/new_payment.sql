@@ -1,0 +1,32 @@
+-- pgbench: POST /v1/payments as cobro runs it, statement for statement
+-- (ops/bench.sh; variables come from -D and from the \gset below).
+--
+-- 1. Account extractor: crates/store/src/accounts.rs account_for_token.
+--    cobro generates the request's ids, key and order ref in process; here
+--    the same lookup also returns them (\gset), which costs no extra round
+--    trip and keeps every statement after it byte-identical to cobro's.
+\set amount random(100, 99999)
+SELECT account_id, gen_random_uuid() AS payment_id, gen_random_uuid() AS intent_id,
+       gen_random_uuid() AS attempt_id, gen_random_uuid() AS outbox_id,
+       gen_random_uuid()::text AS provider_key, md5(random()::text) AS idem_key,
+       o.order_ref, o.order_ref || ':' || 'authorize-v1' AS intent, clock_timestamp() AS ts
+  FROM api_tokens, (SELECT 'pgb-' || md5(random()::text) AS order_ref) o
+ WHERE token_hash = :token_hash AND revoked_at IS NULL \gset
+-- 2. keyed::begin: sqlx pool.begin() sends BEGIN on its own.
+BEGIN;
+-- 3. idempotency.rs reserve_key (the key is new: one row inserted).
+INSERT INTO idempotency_records (account_id, operation, idempotency_key, fingerprint, state, status_code, response_body, resource_type, resource_id, created_at) VALUES (:account_id, :operation, :idem_key, :fingerprint, 'completed', 0, :empty, :resource_type, :payment_id, :ts) ON CONFLICT (account_id, operation, idempotency_key) DO NOTHING;
+-- 4. payments.rs next_intent_sequence (authorize).
+SELECT COUNT(*) FROM payments WHERE account_id = :account_id AND order_ref = :order_ref;
+-- 5. payments.rs insert_payment.
+INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, status_changed_at, created_at, updated_at) VALUES (:payment_id, :account_id, :order_ref, :intent, :amount, :currency, :capture_method, :payment_method, :description, :metadata, 'processing', :ts, :ts, :ts) RETURNING id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, amount_captured, amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, failure_message, cancel_requested_at, status_changed_at, created_at, updated_at;
+-- 6. payments.rs insert_intent (cobro binds refund_id as NULL).
+INSERT INTO intents (id, account_id, payment_id, refund_id, operation, name, created_at) VALUES (:intent_id, :account_id, :payment_id, NULL, :operation, :intent, :ts);
+-- 7. outbox.rs enqueue_attempt: the attempt ...
+INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, created_at, updated_at) VALUES (:attempt_id, :intent_id, :payment_id, NULL, :operation, :provider_key, :intent, 'pending', :ts, :ts) RETURNING id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, send_count, first_send_at, last_send_at, provider_ref, last_error, created_at, updated_at;
+-- 8. ... and its outbox row (fires the NOTIFY trigger of migration 0002).
+INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) VALUES (:outbox_id, :attempt_id, 'pending', :ts, :ts, :ts);
+-- 9. idempotency.rs complete_key: the stored 201 body (a real one, -D body).
+UPDATE idempotency_records SET status_code = :status_code, response_body = :body WHERE account_id = :account_id AND operation = :operation AND idempotency_key = :idem_key;
+-- 10. keyed::commit.
+COMMIT;

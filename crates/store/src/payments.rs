@@ -232,6 +232,43 @@ impl WriteTx {
         name: &IntentName,
         now: DateTime<Utc>,
     ) -> Result<crate::AttemptRow> {
+        let provider_key = uuid::Uuid::new_v4().to_string();
+        if let crate::TxInner::Postgres(tx) = &mut self.inner {
+            // One round trip instead of three on the hot path: PostgreSQL
+            // runs the three INSERTs of one statement in order, and they
+            // commit or roll back with the transaction like any other.
+            let columns = ATTEMPT_COLUMNS
+                .split(", ")
+                .map(|c| format!("a.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "WITH i AS (INSERT INTO intents (id, account_id, payment_id, refund_id, operation, \
+                     name, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id), \
+                 a AS (INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
+                     provider_key, reference, state, created_at, updated_at) \
+                     SELECT $8, i.id, $3, $4, $5, $9, $6, 'pending', $7, $7 FROM i \
+                     RETURNING *), \
+                 o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
+                     SELECT $10, a.id, 'pending', $7, $7, $7 FROM a) \
+                 SELECT {columns} FROM a"
+            );
+            return Ok(sqlx::query_as(&sql)
+                .bind(DbId::from(IntentId::new()))
+                .bind(DbId::from(account))
+                .bind(DbId::from(payment))
+                .bind(refund.map(DbId::from))
+                .bind(operation.as_str())
+                .bind(name.as_str())
+                .bind(DbTime(now))
+                .bind(DbId::from(cobro_core::AttemptId::new()))
+                .bind(&provider_key)
+                .bind(DbId::from(cobro_core::OutboxId::new()))
+                .fetch_one(&mut **tx)
+                .await?);
+        }
+        // SQLite has no data-modifying CTEs: three statements (in process,
+        // so no network round trips either).
         let intent = self
             .insert_intent(account, payment, refund, operation, name, now)
             .await?;
@@ -240,7 +277,7 @@ impl WriteTx {
             payment,
             refund,
             operation,
-            provider_key: uuid::Uuid::new_v4().to_string(),
+            provider_key,
             reference: name.as_str().to_owned(),
         };
         self.enqueue_attempt(&attempt, now, now).await

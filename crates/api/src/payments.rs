@@ -136,6 +136,29 @@ fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
     }
 }
 
+/// Commits a keyed success that enqueued provider work (its answer stored
+/// against the key), then wakes the in-process worker.
+async fn commit_and_wake(
+    state: &AppState,
+    tx: WriteTx,
+    keyed: &Keyed,
+    status: StatusCode,
+    body: &impl Serialize,
+    location: Option<String>,
+) -> Result<Response, ApiError> {
+    let response = keyed::commit(
+        tx,
+        keyed,
+        status,
+        to_json(body)?,
+        "application/json",
+        location,
+    )
+    .await?;
+    state.work_available.notify_one();
+    Ok(response)
+}
+
 fn to_json(value: &impl Serialize) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(value).map_err(ApiError::internal)
 }
@@ -206,17 +229,15 @@ async fn create_payment(
             now,
         )
         .await?;
-    let body = to_json(&views::payment(&row, Some(&[attempt])))?;
-    let response = keyed::commit(
+    let response = commit_and_wake(
+        &state,
         tx,
         &keyed,
         StatusCode::CREATED,
-        body,
-        "application/json",
+        &views::payment(&row, Some(&[attempt])),
         Some(format!("/v1/payments/{payment_id}")),
     )
     .await?;
-    state.work_available.notify_one();
     tracing::info!(payment_id = %payment_id, intent = %intent, "payment created");
     Ok(response)
 }
@@ -441,17 +462,15 @@ async fn capture_payment(
         now,
     )
     .await?;
-    let body = to_json(&views::payment(&row, None))?;
-    let response = keyed::commit(
+    let response = commit_and_wake(
+        &state,
         tx,
         &keyed,
         StatusCode::ACCEPTED,
-        body,
-        "application/json",
+        &views::payment(&row, None),
         None,
     )
     .await?;
-    state.work_available.notify_one();
     Ok(response)
 }
 
@@ -520,17 +539,15 @@ async fn cancel_payment(
         // refunded, not canceled.
         return keyed::commit_refusal(tx, &keyed, refusal()).await;
     };
-    let body = to_json(&views::payment(&row, None))?;
-    let response = keyed::commit(
+    let response = commit_and_wake(
+        &state,
         tx,
         &keyed,
         StatusCode::ACCEPTED,
-        body,
-        "application/json",
+        &views::payment(&row, None),
         None,
     )
     .await?;
-    state.work_available.notify_one();
     Ok(response)
 }
 
@@ -622,17 +639,15 @@ async fn create_refund(
         now,
     )
     .await?;
-    let body = to_json(&views::refund(&refund))?;
-    let response = keyed::commit(
+    let response = commit_and_wake(
+        &state,
         tx,
         &keyed,
         StatusCode::CREATED,
-        body,
-        "application/json",
+        &views::refund(&refund),
         Some(format!("/v1/payments/{id}/refunds/{refund_id}")),
     )
     .await?;
-    state.work_available.notify_one();
     Ok(response)
 }
 

@@ -20,13 +20,11 @@ INSERT INTO idempotency_records (account_id, operation, idempotency_key, fingerp
 SELECT COUNT(*) FROM payments WHERE account_id = :account_id AND order_ref = :order_ref;
 -- 5. payments.rs insert_payment.
 INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, status_changed_at, created_at, updated_at) VALUES (:payment_id, :account_id, :order_ref, :intent, :amount, :currency, :capture_method, :payment_method, :description, :metadata, 'processing', :ts, :ts, :ts) RETURNING id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, amount_captured, amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, failure_message, cancel_requested_at, status_changed_at, created_at, updated_at;
--- 6. payments.rs insert_intent (cobro binds refund_id as NULL).
-INSERT INTO intents (id, account_id, payment_id, refund_id, operation, name, created_at) VALUES (:intent_id, :account_id, :payment_id, NULL, :operation, :intent, :ts);
--- 7. outbox.rs enqueue_attempt: the attempt ...
-INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, created_at, updated_at) VALUES (:attempt_id, :intent_id, :payment_id, NULL, :operation, :provider_key, :intent, 'pending', :ts, :ts) RETURNING id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, send_count, first_send_at, last_send_at, provider_ref, last_error, created_at, updated_at;
--- 8. ... and its outbox row (fires the NOTIFY trigger of migration 0002).
-INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) VALUES (:outbox_id, :attempt_id, 'pending', :ts, :ts, :ts);
--- 9. idempotency.rs complete_key: the stored 201 body (a real one, -D body).
+-- 6. payments.rs open_intent on PostgreSQL: the intent, its attempt and its
+--    outbox row in one data-modifying CTE (fires the NOTIFY trigger of
+--    migration 0002).
+WITH i AS (INSERT INTO intents (id, account_id, payment_id, refund_id, operation, name, created_at) VALUES (:intent_id, :account_id, :payment_id, NULL, :operation, :intent, :ts) RETURNING id), a AS (INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, created_at, updated_at) SELECT :attempt_id, i.id, :payment_id, NULL, :operation, :provider_key, :intent, 'pending', :ts, :ts FROM i RETURNING *), o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) SELECT :outbox_id, a.id, 'pending', :ts, :ts, :ts FROM a) SELECT a.id, a.intent_id, a.payment_id, a.refund_id, a.operation, a.provider_key, a.reference, a.state, a.send_count, a.first_send_at, a.last_send_at, a.provider_ref, a.last_error, a.created_at, a.updated_at FROM a;
+-- 7. idempotency.rs complete_key: the stored 201 body (a real one, -D body).
 UPDATE idempotency_records SET status_code = :status_code, response_body = :body WHERE account_id = :account_id AND operation = :operation AND idempotency_key = :idem_key;
--- 10. keyed::commit.
+-- 8. keyed::commit.
 COMMIT;

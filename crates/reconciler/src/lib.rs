@@ -347,28 +347,11 @@ impl<P: Provider> Reconciler<P> {
                     })
                 }
             }
-            Operation::Capture => match by_status(&["captured", "voided", "declined"]) {
-                Some(c) if c.status == "captured" => Some(Proof::Succeeded {
-                    provider_ref: c.id.clone(),
-                    captured: true,
-                }),
-                Some(c) => Some(Proof::Failed {
-                    code: format!("charge_{}", c.status),
-                    message: "the charge can no longer be captured".into(),
-                }),
-                None => None,
-            },
-            Operation::Cancel => match by_status(&["voided", "captured", "declined"]) {
-                Some(c) if c.status == "voided" => Some(Proof::Succeeded {
-                    provider_ref: c.id.clone(),
-                    captured: false,
-                }),
-                Some(c) => Some(Proof::Failed {
-                    code: format!("charge_{}", c.status),
-                    message: "the charge can no longer be voided".into(),
-                }),
-                None => None,
-            },
+            Operation::Capture => by_status(&["captured", "voided", "declined"])
+                .map(|c| charge_settled(c, "captured")),
+            Operation::Cancel => {
+                by_status(&["voided", "captured", "declined"]).map(|c| charge_settled(c, "voided"))
+            }
             Operation::Refund => match by_status(&["succeeded", "failed"]) {
                 Some(r) if r.status == "succeeded" => Some(Proof::Succeeded {
                     provider_ref: r.id.clone(),
@@ -706,6 +689,26 @@ impl<P: Provider> Reconciler<P> {
     }
 }
 
+/// What a charge in a final status proves about a capture or a void: the
+/// status that operation produces (`done`) proves it; any other final status
+/// means it can never happen.
+fn charge_settled(charge: &ProviderObject, done: &str) -> Proof {
+    if charge.status == done {
+        Proof::Succeeded {
+            provider_ref: charge.id.clone(),
+            captured: done == "captured",
+        }
+    } else {
+        Proof::Failed {
+            code: format!("charge_{}", charge.status),
+            message: format!(
+                "the charge is {} and can no longer be {done}",
+                charge.status
+            ),
+        }
+    }
+}
+
 /// Commits, or in a dry run rolls back what was computed.
 async fn finish(tx: WriteTx, dry_run: bool) -> Result<(), StoreError> {
     if dry_run {
@@ -811,4 +814,45 @@ pub async fn resolve_by_hand(
     .await?;
     tx.commit().await?;
     Ok(after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn charge(status: &str) -> ProviderObject {
+        ProviderObject {
+            id: "ch_1".into(),
+            status: status.into(),
+            reference: None,
+            amount: None,
+            amount_captured: None,
+            sequence: None,
+        }
+    }
+
+    #[test]
+    fn a_charges_final_status_proves_its_capture_or_void_and_refutes_the_other() {
+        let captured = Proof::Succeeded {
+            provider_ref: "ch_1".into(),
+            captured: true,
+        };
+        let voided = Proof::Succeeded {
+            provider_ref: "ch_1".into(),
+            captured: false,
+        };
+        assert_eq!(charge_settled(&charge("captured"), "captured"), captured);
+        assert_eq!(charge_settled(&charge("voided"), "voided"), voided);
+        for (status, done) in [
+            ("voided", "captured"),
+            ("declined", "captured"),
+            ("captured", "voided"),
+            ("declined", "voided"),
+        ] {
+            match charge_settled(&charge(status), done) {
+                Proof::Failed { code, .. } => assert_eq!(code, format!("charge_{status}")),
+                other => panic!("{status} must refute {done}: {other:?}"),
+            }
+        }
+    }
 }

@@ -481,7 +481,7 @@ impl Store {
             .await?))
     }
 
-    /// Every payment of an account for one order (any state), newest first.
+    /// How many payments an account has for one order, in any state.
     pub async fn count_payments_for_order(
         &self,
         account: AccountId,

@@ -11,18 +11,18 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::faults::{FaultAction, Operation, Picked};
 use crate::idempotency::Claim;
-use crate::model::{ApiError, CaptureParams, NewResource, StoredResponse, VoidParams};
+use crate::model::{
+    ApiError, CaptureParams, NewResource, SearchFilter, StoredResponse, VoidParams,
+};
 use crate::server::drop_connection;
 use crate::state::{Ctx, Shared, State as ProviderState};
 
@@ -178,8 +178,8 @@ async fn get_charge(
     headers: HeaderMap,
 ) -> Response {
     let subject = Subject::Charge(id.clone());
-    read(&shared, &headers, Operation::Get, subject, |state, _| {
-        state.get_charge(&id)
+    read(&shared, &headers, Operation::Get, subject, |state, ctx| {
+        state.get_charge(&id, ctx)
     })
     .await
 }
@@ -190,8 +190,8 @@ async fn get_refund(
     headers: HeaderMap,
 ) -> Response {
     let subject = Subject::Refund(id.clone());
-    read(&shared, &headers, Operation::Get, subject, |state, _| {
-        state.get_refund(&id)
+    read(&shared, &headers, Operation::Get, subject, |state, ctx| {
+        state.get_refund(&id, ctx)
     })
     .await
 }
@@ -210,16 +210,10 @@ async fn read(
     }
 }
 
-/// Query of the search endpoints.
-#[derive(Deserialize)]
-struct SearchQuery {
-    reference: String,
-}
-
 async fn search_charges(
     State(shared): AppState,
     headers: HeaderMap,
-    query: Result<Query<SearchQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Response {
     search(&shared, &headers, query, ProviderState::search_charges).await
 }
@@ -227,38 +221,30 @@ async fn search_charges(
 async fn search_refunds(
     State(shared): AppState,
     headers: HeaderMap,
-    query: Result<Query<SearchQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Response {
     search(&shared, &headers, query, ProviderState::search_refunds).await
 }
 
+/// `reference=R` and/or `metadata[KEY]=VALUE` filters, parsed from the raw
+/// query (axum's `Query` cannot read `metadata[KEY]` into a map). Fault rules
+/// match the `reference` filter; a metadata-only search has no reference.
 async fn search(
     shared: &Shared,
     headers: &HeaderMap,
-    query: Result<Query<SearchQuery>, QueryRejection>,
-    run: fn(&ProviderState, &str, chrono::DateTime<chrono::Utc>) -> StoredResponse,
+    query: Option<String>,
+    run: fn(&ProviderState, &SearchFilter, Ctx<'_>) -> StoredResponse,
 ) -> Response {
     let call = match Call::read(Operation::Search, headers) {
         Ok(call) => call,
         Err(error) => return error.into_response(),
     };
-    let Ok(Query(query)) = query else {
-        let error = ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "parameter_missing",
-            "reference: the query parameter is required",
-        );
-        return error.into_response();
+    let filter = match SearchFilter::parse(query.as_deref()) {
+        Ok(filter) => filter,
+        Err(error) => return error.into_response(),
     };
-    let reference = query.reference;
-    execute(
-        shared,
-        call,
-        Subject::Reference(Some(reference.clone())),
-        |state, ctx| run(state, &reference, ctx.now),
-    )
-    .await
+    let subject = Subject::Reference(filter.reference.clone());
+    execute(shared, call, subject, |state, ctx| run(state, &filter, ctx)).await
 }
 
 /// Parses a JSON body.
@@ -284,8 +270,10 @@ fn fingerprint(route: &str, canonical: Result<String, &ApiError>, raw: &[u8]) ->
 }
 
 /// Who is calling and with which key.
-struct Call {
+struct Call<'h> {
     operation: Operation,
+    /// The bearer token, borrowed from the request headers.
+    caller: &'h str,
     key: Option<IdempotencyKey>,
 }
 
@@ -297,11 +285,11 @@ struct IdempotencyKey {
     fingerprint: String,
 }
 
-impl Call {
-    fn read(operation: Operation, headers: &HeaderMap) -> Result<Self, ApiError> {
-        caller(headers)?;
+impl<'h> Call<'h> {
+    fn read(operation: Operation, headers: &'h HeaderMap) -> Result<Self, ApiError> {
         Ok(Self {
             operation,
+            caller: caller(headers)?,
             key: None,
         })
     }
@@ -309,13 +297,14 @@ impl Call {
     /// `fingerprint` runs only when the request carries a key.
     fn mutation(
         operation: Operation,
-        headers: &HeaderMap,
+        headers: &'h HeaderMap,
         fingerprint: impl FnOnce() -> String,
     ) -> Result<Self, ApiError> {
         let caller = caller(headers)?;
         let Some(key) = headers.get("idempotency-key") else {
             return Ok(Self {
                 operation,
+                caller,
                 key: None,
             });
         };
@@ -332,6 +321,7 @@ impl Call {
         let scope = format!("{caller}\n{key}");
         Ok(Self {
             operation,
+            caller,
             key: Some(IdempotencyKey {
                 scope,
                 key: key.to_owned(),
@@ -368,11 +358,13 @@ enum Subject {
 }
 
 impl Subject {
-    fn reference<'s>(&'s self, state: &'s ProviderState) -> Option<&'s str> {
+    /// For an id: the reference of `caller`'s object, none for another
+    /// caller's (exactly as for an id that does not exist).
+    fn reference<'s>(&'s self, state: &'s ProviderState, caller: &str) -> Option<&'s str> {
         match self {
             Subject::Reference(reference) => reference.as_deref(),
-            Subject::Charge(id) => state.charge_reference(id),
-            Subject::Refund(id) => state.refund_reference(id),
+            Subject::Charge(id) => state.charge_reference(id, caller),
+            Subject::Refund(id) => state.refund_reference(id, caller),
         }
     }
 }
@@ -405,13 +397,14 @@ impl Drop for Reservation<'_> {
 
 async fn execute(
     shared: &Shared,
-    call: Call,
+    call: Call<'_>,
     subject: Subject,
     effect: impl FnOnce(&mut ProviderState, Ctx<'_>) -> StoredResponse,
 ) -> Response {
     let now = shared.clock.now();
     let ctx = Ctx {
         now,
+        caller: call.caller,
         key: call.key.as_ref().map(|k| k.key.as_str()),
     };
     let mut reservation = Reservation {
@@ -425,7 +418,7 @@ async fn execute(
         let picked = if state.faults.is_empty() {
             Picked::default()
         } else {
-            let reference = subject.reference(state).map(str::to_owned);
+            let reference = subject.reference(state, call.caller).map(str::to_owned);
             state
                 .faults
                 .pick(call.operation, reference.as_deref(), &mut state.fault_rng)

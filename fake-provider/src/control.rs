@@ -65,9 +65,10 @@ impl Control {
         self.shared.clock.now()
     }
 
-    /// A snapshot of every effect made so far.
+    /// A snapshot of every effect made so far, with every charge and refund
+    /// in its current state.
     pub fn ledger(&self) -> Ledger {
-        self.shared.lock().ledger.snapshot()
+        self.shared.lock().ledger_snapshot()
     }
 
     /// Sets (or with `None` removes) the webhook target. Events are emitted

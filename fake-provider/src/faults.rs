@@ -25,7 +25,8 @@ pub enum Operation {
     Refund,
     /// `GET /v1/charges/{id}`, `GET /v1/refunds/{id}`.
     Get,
-    /// `GET /v1/charges?reference=`, `GET /v1/refunds?reference=`.
+    /// `GET /v1/charges?...`, `GET /v1/refunds?...` (by reference and/or
+    /// metadata).
     Search,
     /// Outgoing webhook events (never matched by `any`).
     Webhook,

@@ -3,9 +3,15 @@
 //! Only effects count, never requests: a replayed response, a 503 before the
 //! effect or a 409 adds nothing, while a lost response after the effect does.
 //! Tests compare cobro's view of the world against this.
+//!
+//! Besides the counts, a snapshot lists every charge and refund made, with
+//! its caller, amounts, metadata and current state, so a test can tell whose
+//! attempt a charge was and whether one intent was charged twice.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Counts of effects made.
@@ -24,6 +30,67 @@ pub struct Effects {
     pub refunds: u64,
 }
 
+/// A charge the provider made (declined ones included), in its current state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LedgerCharge {
+    /// `ch_...`.
+    pub id: String,
+    /// The bearer token that created it.
+    pub caller: String,
+    /// The merchant's reference.
+    pub reference: String,
+    /// The merchant's metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Authorised amount in minor units.
+    pub amount: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// `automatic` or `manual`.
+    pub capture_method: String,
+    /// Current status: `authorized`, `captured`, `declined` or `voided`.
+    pub status: String,
+    /// Minor units captured so far.
+    pub amount_captured: i64,
+    /// Minor units refunded so far.
+    pub amount_refunded: i64,
+    /// The idempotency key it was created with (without the caller), if any.
+    pub idempotency_key: Option<String>,
+    /// Virtual time of creation.
+    pub created: DateTime<Utc>,
+}
+
+impl LedgerCharge {
+    /// Whether money moved (or was held): every status but `declined`.
+    fn moves_money(&self) -> bool {
+        self.status != "declined"
+    }
+}
+
+/// A refund the provider made.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct LedgerRefund {
+    /// `re_...`.
+    pub id: String,
+    /// The bearer token that created it.
+    pub caller: String,
+    /// The refunded charge's id.
+    pub charge: String,
+    /// The refund's own reference.
+    pub reference: String,
+    /// The refund's metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Refunded minor units.
+    pub amount: i64,
+    /// The charge's currency.
+    pub currency: String,
+    /// `succeeded`.
+    pub status: String,
+    /// The idempotency key it was created with (without the caller), if any.
+    pub idempotency_key: Option<String>,
+    /// Virtual time of creation.
+    pub created: DateTime<Utc>,
+}
+
 /// A snapshot of the ledger.
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
 pub struct Ledger {
@@ -35,9 +102,16 @@ pub struct Ledger {
     /// Per idempotency key, whoever the caller was; effects of requests
     /// without a key are absent here.
     pub by_key: BTreeMap<String, Effects>,
-    /// References with more than one charge: the double charges cobro must
-    /// never cause.
+    /// References with more than one charge, whoever the callers were: the
+    /// double charges cobro must never cause when references are per intent.
     pub duplicate_charge_references: Vec<String>,
+    /// Every charge made (declines included), in creation order, each in its
+    /// current state.
+    #[serde(default)]
+    pub charges: Vec<LedgerCharge>,
+    /// Every refund made, in creation order.
+    #[serde(default)]
+    pub refunds: Vec<LedgerRefund>,
 }
 
 impl Ledger {
@@ -53,6 +127,76 @@ impl Ledger {
     pub fn for_key(&self, key: &str) -> Effects {
         self.by_key.get(key).cloned().unwrap_or_default()
     }
+
+    /// The charge with id `id`, whoever made it.
+    pub fn charge(&self, id: &str) -> Option<&LedgerCharge> {
+        self.charges.iter().find(|charge| charge.id == id)
+    }
+
+    /// Charges whose metadata has `key` set to `value`, in creation order.
+    pub fn charges_with_metadata(&self, key: &str, value: &str) -> Vec<&LedgerCharge> {
+        self.charges
+            .iter()
+            .filter(|charge| has_metadata(&charge.metadata, key, value))
+            .collect()
+    }
+
+    /// Refunds whose metadata has `key` set to `value`, in creation order.
+    pub fn refunds_with_metadata(&self, key: &str, value: &str) -> Vec<&LedgerRefund> {
+        self.refunds
+            .iter()
+            .filter(|refund| has_metadata(&refund.metadata, key, value))
+            .collect()
+    }
+
+    /// Refunds of charge `charge`, in creation order.
+    pub fn refunds_of_charge(&self, charge: &str) -> Vec<&LedgerRefund> {
+        self.refunds
+            .iter()
+            .filter(|refund| refund.charge == charge)
+            .collect()
+    }
+
+    /// Money-moving (not declined) charges grouped by caller plus the values
+    /// of `keys` in their metadata (charges missing any of the keys are left
+    /// out); only groups with more than one charge, each in creation order,
+    /// groups ordered by their first charge. With keys
+    /// `["cobro_account", "cobro_intent"]` this is "one intent charged
+    /// twice"; two merchants' charges under one reference are not a double
+    /// charge. With no keys, every caller with more than one charge.
+    pub fn double_charges(&self, keys: &[&str]) -> Vec<Vec<&LedgerCharge>> {
+        let mut groups: Vec<Vec<&LedgerCharge>> = Vec::new();
+        let mut positions: HashMap<(&str, Vec<&str>), usize> = HashMap::new();
+        for charge in self.charges.iter().filter(|charge| charge.moves_money()) {
+            let Some(values) = metadata_values(&charge.metadata, keys) else {
+                continue;
+            };
+            match positions.entry((charge.caller.as_str(), values)) {
+                Entry::Occupied(position) => groups[*position.get()].push(charge),
+                Entry::Vacant(position) => {
+                    position.insert(groups.len());
+                    groups.push(vec![charge]);
+                }
+            }
+        }
+        groups.retain(|group| group.len() > 1);
+        groups
+    }
+}
+
+/// `metadata[key] == value`.
+fn has_metadata(metadata: &BTreeMap<String, String>, key: &str, value: &str) -> bool {
+    metadata.get(key).is_some_and(|found| found == value)
+}
+
+/// The values of `keys` in `metadata`, or `None` if any key is missing.
+fn metadata_values<'m>(
+    metadata: &'m BTreeMap<String, String>,
+    keys: &[&str],
+) -> Option<Vec<&'m str>> {
+    keys.iter()
+        .map(|key| metadata.get(*key).map(String::as_str))
+        .collect()
 }
 
 /// Which counter an effect bumps.
@@ -78,8 +222,10 @@ impl Effects {
     }
 }
 
-/// The live ledger. Hash maps on the hot path; sorted only when a snapshot is
-/// taken, which is rare.
+/// The live ledger's counts. Hash maps on the hot path; sorted only when a
+/// snapshot is taken, which is rare. The charges and refunds of a snapshot
+/// come from the provider's own store (one source of truth, no second copy
+/// per request).
 #[derive(Debug, Default)]
 pub(crate) struct LedgerBook {
     totals: Effects,
@@ -96,7 +242,12 @@ impl LedgerBook {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> Ledger {
+    /// The counts plus the given charges and refunds (creation order).
+    pub(crate) fn snapshot(
+        &self,
+        charges: Vec<LedgerCharge>,
+        refunds: Vec<LedgerRefund>,
+    ) -> Ledger {
         let by_reference: BTreeMap<_, _> = self
             .by_reference
             .iter()
@@ -116,6 +267,8 @@ impl LedgerBook {
                 .collect(),
             by_reference,
             duplicate_charge_references,
+            charges,
+            refunds,
         }
     }
 }

@@ -39,8 +39,8 @@ pub use client::{AdminClient, AdminError};
 pub use config::{Config, WebhookTarget, parse_duration};
 pub use control::{ActiveFault, Control};
 pub use faults::{FaultAction, FaultRule, Operation};
-pub use ledger::{Effects, Ledger};
-pub use model::{Charge, ChargeStatus, Refund, RefundStatus};
+pub use ledger::{Effects, Ledger, LedgerCharge, LedgerRefund};
+pub use model::{CaptureMethod, Charge, ChargeStatus, Refund, RefundStatus};
 pub use webhooks::{SIGNATURE_HEADER, WebhookDelivery, sign};
 
 /// A provider serving on a local port. Dropping it stops the server too (the

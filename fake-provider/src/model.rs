@@ -1,9 +1,20 @@
 //! Provider resources, request bodies and error bodies, as they go on the wire.
 
+use std::collections::BTreeMap;
+
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+/// At most this many metadata keys per object.
+pub const METADATA_MAX_KEYS: usize = 50;
+/// A metadata key is 1 to this many characters.
+pub const METADATA_MAX_KEY_CHARS: usize = 40;
+/// A metadata value is at most this many characters.
+pub const METADATA_MAX_VALUE_CHARS: usize = 500;
 
 /// Lifecycle of a charge.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +30,47 @@ pub enum ChargeStatus {
     Voided,
 }
 
+impl ChargeStatus {
+    /// The wire name: `authorized`, `captured`, `declined` or `voided`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChargeStatus::Authorized => "authorized",
+            ChargeStatus::Captured => "captured",
+            ChargeStatus::Declined => "declined",
+            ChargeStatus::Voided => "voided",
+        }
+    }
+}
+
+/// How a charge is captured, fixed at creation by its `capture` parameter.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureMethod {
+    /// Created with `capture: true`: captured at once.
+    Automatic,
+    /// Created with `capture: false`: authorised, captured (or voided) later.
+    Manual,
+}
+
+impl CaptureMethod {
+    /// `capture: true` is automatic, `capture: false` manual.
+    pub fn from_capture(capture: bool) -> Self {
+        if capture {
+            CaptureMethod::Automatic
+        } else {
+            CaptureMethod::Manual
+        }
+    }
+
+    /// The wire name: `automatic` or `manual`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaptureMethod::Automatic => "automatic",
+            CaptureMethod::Manual => "manual",
+        }
+    }
+}
+
 /// A charge as the provider returns it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Charge {
@@ -32,8 +84,12 @@ pub struct Charge {
     pub currency: String,
     /// The payment method charged (`pm_...`).
     pub payment_method: String,
+    /// `automatic` when created with `capture: true`, else `manual`.
+    pub capture_method: CaptureMethod,
     /// The merchant's reference; what search and the ledger key on.
     pub reference: String,
+    /// The merchant's metadata, keys sorted; `{}` when none was sent.
+    pub metadata: BTreeMap<String, String>,
     /// Where the charge is in its lifecycle.
     pub status: ChargeStatus,
     /// Minor units captured so far.
@@ -55,6 +111,15 @@ pub enum RefundStatus {
     Succeeded,
 }
 
+impl RefundStatus {
+    /// The wire name: `succeeded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundStatus::Succeeded => "succeeded",
+        }
+    }
+}
+
 /// A refund as the provider returns it.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Refund {
@@ -66,8 +131,12 @@ pub struct Refund {
     pub charge: String,
     /// Refunded minor units.
     pub amount: i64,
+    /// The refunded charge's currency.
+    pub currency: String,
     /// The merchant's reference of this refund.
     pub reference: String,
+    /// The merchant's metadata of this refund, keys sorted; `{}` when none.
+    pub metadata: BTreeMap<String, String>,
     /// Always `succeeded`.
     pub status: RefundStatus,
     /// Virtual time of creation.
@@ -85,6 +154,8 @@ pub(crate) struct ChargeParams {
     pub(crate) payment_method: String,
     pub(crate) capture: bool,
     pub(crate) reference: String,
+    #[serde(default, deserialize_with = "metadata")]
+    pub(crate) metadata: BTreeMap<String, String>,
 }
 
 /// A body that creates a resource (charge or refund): validated after
@@ -119,13 +190,20 @@ impl NewResource for ChargeParams {
                 "payment_method must look like pm_...",
             ));
         }
-        validate_reference(&self.reference)
+        validate_reference(&self.reference)?;
+        validate_metadata(&self.metadata)
     }
 
+    /// Strings are `Debug`-quoted, so no value can forge a separator.
     fn fingerprint(&self) -> String {
         format!(
-            "{}\u{1f}{}\u{1f}{}\u{1f}{}\u{1f}{}",
-            self.amount, self.currency, self.payment_method, self.capture, self.reference
+            "{}\u{1f}{:?}\u{1f}{:?}\u{1f}{}\u{1f}{:?}\u{1f}{:?}",
+            self.amount,
+            self.currency,
+            self.payment_method,
+            self.capture,
+            self.reference,
+            self.metadata
         )
     }
 
@@ -153,6 +231,8 @@ pub(crate) struct RefundParams {
     pub(crate) charge: String,
     pub(crate) amount: i64,
     pub(crate) reference: String,
+    #[serde(default, deserialize_with = "metadata")]
+    pub(crate) metadata: BTreeMap<String, String>,
 }
 
 impl NewResource for RefundParams {
@@ -163,13 +243,15 @@ impl NewResource for RefundParams {
                 "amount must be a positive integer of minor units",
             ));
         }
-        validate_reference(&self.reference)
+        validate_reference(&self.reference)?;
+        validate_metadata(&self.metadata)
     }
 
+    /// Strings are `Debug`-quoted, so no value can forge a separator.
     fn fingerprint(&self) -> String {
         format!(
-            "{}\u{1f}{}\u{1f}{}",
-            self.charge, self.amount, self.reference
+            "{:?}\u{1f}{}\u{1f}{:?}\u{1f}{:?}",
+            self.charge, self.amount, self.reference, self.metadata
         )
     }
 
@@ -186,6 +268,126 @@ fn validate_reference(reference: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// Reads `metadata`: absent or `null` is empty; anything but an object of
+/// string values is refused with a message naming `metadata` (serde's own
+/// "invalid type" message would not say which field).
+fn metadata<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    let object = match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(object)) => object,
+        Some(_) => {
+            return Err(D::Error::custom(
+                "metadata: must be an object of string values",
+            ));
+        }
+    };
+    object
+        .into_iter()
+        .map(|(key, value)| match value {
+            Value::String(value) => Ok((key, value)),
+            _ => Err(D::Error::custom(format!(
+                "metadata: the value of {key:?} must be a string"
+            ))),
+        })
+        .collect()
+}
+
+/// At most [`METADATA_MAX_KEYS`] keys, each entry valid.
+fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if metadata.len() > METADATA_MAX_KEYS {
+        let message = format!("at most {METADATA_MAX_KEYS} keys");
+        return Err(ApiError::invalid("metadata", &message));
+    }
+    metadata
+        .iter()
+        .try_for_each(|(key, value)| validate_metadata_entry(key, value))
+}
+
+/// A key of 1 to [`METADATA_MAX_KEY_CHARS`] characters and a value of at
+/// most [`METADATA_MAX_VALUE_CHARS`]; characters, not bytes.
+fn validate_metadata_entry(key: &str, value: &str) -> Result<(), ApiError> {
+    let key_chars = key.chars().count();
+    if key_chars == 0 || key_chars > METADATA_MAX_KEY_CHARS {
+        let message = format!("keys must be 1 to {METADATA_MAX_KEY_CHARS} characters");
+        return Err(ApiError::invalid("metadata", &message));
+    }
+    if value.chars().count() > METADATA_MAX_VALUE_CHARS {
+        let message = format!("the value of {key:?} is over {METADATA_MAX_VALUE_CHARS} characters");
+        return Err(ApiError::invalid("metadata", &message));
+    }
+    Ok(())
+}
+
+/// The query of `GET /v1/charges` and `GET /v1/refunds`: every filter given
+/// must hold.
+#[derive(Debug, Default)]
+pub(crate) struct SearchFilter {
+    /// `reference=R`, at most once.
+    pub(crate) reference: Option<String>,
+    /// `metadata[KEY]=VALUE`, any number (a key given twice must match both).
+    pub(crate) metadata: Vec<(String, String)>,
+}
+
+impl SearchFilter {
+    /// Parses a raw (percent-encoded) query string. Unknown parameters are
+    /// refused like unknown body fields; at least one filter is required.
+    pub(crate) fn parse(query: Option<&str>) -> Result<Self, ApiError> {
+        let mut filter = Self::default();
+        let pairs = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
+        for (name, value) in pairs {
+            filter.add(&name, value.into_owned())?;
+        }
+        if filter.reference.is_none() && filter.metadata.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "parameter_missing",
+                "reference or metadata[KEY]: at least one filter is required",
+            ));
+        }
+        Ok(filter)
+    }
+
+    /// Adds one decoded query parameter.
+    fn add(&mut self, name: &str, value: String) -> Result<(), ApiError> {
+        if name == "reference" {
+            if self.reference.is_some() {
+                return Err(ApiError::invalid("reference", "give it at most once"));
+            }
+            self.reference = Some(value);
+            return Ok(());
+        }
+        let Some(rest) = name.strip_prefix("metadata") else {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "parameter_unknown",
+                format!("{name}: unknown query parameter"),
+            ));
+        };
+        let Some(key) = rest.strip_prefix('[').and_then(|r| r.strip_suffix(']')) else {
+            return Err(ApiError::invalid(
+                "metadata",
+                "filter as metadata[KEY]=VALUE",
+            ));
+        };
+        validate_metadata_entry(key, &value)?;
+        self.metadata.push((key.to_owned(), value));
+        Ok(())
+    }
+
+    /// Whether an object with this reference and metadata passes every filter.
+    pub(crate) fn matches(&self, reference: &str, metadata: &BTreeMap<String, String>) -> bool {
+        self.reference.as_deref().is_none_or(|r| r == reference)
+            && self
+                .metadata
+                .iter()
+                .all(|(key, value)| metadata.get(key) == Some(value))
+    }
 }
 
 /// An error answer: `{"error":{"type","code","message"}}` with its status.
@@ -269,7 +471,8 @@ impl ApiError {
         self.into_stored_with(None)
     }
 
-    /// The error body, optionally carrying the charge (402 declines do).
+    /// The error body, optionally carrying the charge (402 declines and
+    /// refusals by the charge's state do).
     pub(crate) fn into_stored_with(self, charge: Option<&Charge>) -> StoredResponse {
         let envelope = ErrorEnvelope {
             error: ErrorBody {

@@ -4,7 +4,7 @@
 //! short (map inserts and one small serialisation) and never awaits, which is
 //! what lets one `std::sync::Mutex` carry the whole provider.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -18,10 +18,10 @@ use crate::clock::{VirtualClock, delta};
 use crate::config::{Config, WebhookTarget};
 use crate::faults::{FaultBook, Operation};
 use crate::idempotency::KeyStore;
-use crate::ledger::{Effect, LedgerBook};
+use crate::ledger::{Effect, Ledger, LedgerBook, LedgerCharge, LedgerRefund};
 use crate::model::{
-    ApiError, CaptureParams, Charge, ChargeParams, ChargeStatus, List, Refund, RefundParams,
-    RefundStatus, StoredResponse,
+    ApiError, CaptureMethod, CaptureParams, Charge, ChargeParams, ChargeStatus, List, Refund,
+    RefundParams, RefundStatus, SearchFilter, StoredResponse,
 };
 use crate::webhooks::{Event, EventData, WebhookDelivery};
 
@@ -64,22 +64,128 @@ impl Shared {
     }
 }
 
-/// A charge or refund plus the moment it becomes visible to search.
+/// A charge or refund plus who made it and when search may see it.
 #[derive(Debug)]
 pub(crate) struct Stored<T> {
     pub(crate) item: T,
+    /// The bearer token that created it: the only caller that can read,
+    /// search or change it.
+    caller: String,
+    /// The idempotency key it was created with (without the caller).
+    key: Option<String>,
     /// Equal to creation time unless a `search_lag` rule hit it.
     searchable_at: DateTime<Utc>,
+}
+
+/// What the store's indexes and search need from a charge or refund.
+pub(crate) trait Resource {
+    fn id(&self) -> &str;
+    fn reference(&self) -> &str;
+    fn metadata(&self) -> &BTreeMap<String, String>;
+}
+
+impl Resource for Charge {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+}
+
+impl Resource for Refund {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn reference(&self) -> &str {
+        &self.reference
+    }
+    fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+}
+
+/// One kind of object in creation order, with the indexes that find it.
+/// Inserting is O(1): a push and three hash-map updates.
+#[derive(Debug)]
+struct Store<T> {
+    /// Creation order: the ledger's order and, reversed, search's.
+    items: Vec<Stored<T>>,
+    /// Position of each id in `items`.
+    by_id: HashMap<String, usize>,
+    /// Positions per reference (all callers), in creation order.
+    by_reference: HashMap<String, Vec<usize>>,
+    /// Positions per caller, in creation order, for metadata-only search.
+    by_caller: HashMap<String, Vec<usize>>,
+}
+
+impl<T> Default for Store<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            by_id: HashMap::new(),
+            by_reference: HashMap::new(),
+            by_caller: HashMap::new(),
+        }
+    }
+}
+
+impl<T: Resource + serde::Serialize> Store<T> {
+    fn insert(&mut self, stored: Stored<T>) {
+        let position = self.items.len();
+        self.by_id.insert(stored.item.id().to_owned(), position);
+        index(&mut self.by_reference, stored.item.reference(), position);
+        index(&mut self.by_caller, &stored.caller, position);
+        self.items.push(stored);
+    }
+
+    /// The object `id` if `caller` made it: another caller's object is as
+    /// missing as one that does not exist.
+    fn get(&self, id: &str, caller: &str) -> Option<&Stored<T>> {
+        let stored = self.items.get(*self.by_id.get(id)?)?;
+        (stored.caller == caller).then_some(stored)
+    }
+
+    fn get_mut(&mut self, id: &str, caller: &str) -> Option<&mut Stored<T>> {
+        let stored = self.items.get_mut(*self.by_id.get(id)?)?;
+        (stored.caller == caller).then_some(stored)
+    }
+
+    /// `caller`'s objects passing `filter`, newest first, skipping what a
+    /// `search_lag` still hides. With a reference the by-reference index is
+    /// used; a metadata-only search scans the caller's objects.
+    fn search(&self, caller: &str, filter: &SearchFilter, now: DateTime<Utc>) -> StoredResponse {
+        let candidates = match &filter.reference {
+            Some(reference) => self.by_reference.get(reference.as_str()),
+            None => self.by_caller.get(caller),
+        };
+        let data = candidates
+            .into_iter()
+            .flatten()
+            .rev()
+            .filter_map(|&position| self.items.get(position))
+            .filter(|stored| stored.caller == caller && stored.searchable_at <= now)
+            .filter(|stored| filter.matches(stored.item.reference(), stored.item.metadata()))
+            .map(|stored| &stored.item)
+            .collect();
+        StoredResponse::json(
+            StatusCode::OK,
+            &List {
+                object: "list",
+                data,
+            },
+        )
+    }
 }
 
 /// The provider's data.
 #[derive(Debug)]
 pub(crate) struct State {
-    pub(crate) charges: HashMap<String, Stored<Charge>>,
-    pub(crate) refunds: HashMap<String, Stored<Refund>>,
-    /// Ids per reference in creation order, for search.
-    charges_by_reference: HashMap<String, Vec<String>>,
-    refunds_by_reference: HashMap<String, Vec<String>>,
+    charges: Store<Charge>,
+    refunds: Store<Refund>,
     pub(crate) keys: KeyStore,
     pub(crate) faults: FaultBook,
     /// Draws fault probabilities only, so the fault sequence depends on the
@@ -98,17 +204,25 @@ pub(crate) struct State {
 pub(crate) struct Ctx<'a> {
     /// Virtual time of the request.
     pub(crate) now: DateTime<Utc>,
+    /// The bearer token: objects belong to the caller that created them.
+    pub(crate) caller: &'a str,
     /// The idempotency key (without its caller), for the ledger.
     pub(crate) key: Option<&'a str>,
+}
+
+/// Why a change to a charge was refused.
+enum Refused {
+    /// A bad parameter: the error alone.
+    Parameter(ApiError),
+    /// The charge's state forbids the change: the error carries the charge.
+    State(ApiError),
 }
 
 impl State {
     fn new(config: &Config, events: UnboundedSender<Event>) -> Self {
         Self {
-            charges: HashMap::new(),
-            refunds: HashMap::new(),
-            charges_by_reference: HashMap::new(),
-            refunds_by_reference: HashMap::new(),
+            charges: Store::default(),
+            refunds: Store::default(),
             keys: KeyStore::new(delta(config.retention)),
             faults: FaultBook::default(),
             fault_rng: StdRng::seed_from_u64(config.seed),
@@ -118,6 +232,13 @@ impl State {
             webhook: config.webhook.clone(),
             events,
         }
+    }
+
+    /// The ledger's counts plus every charge and refund in its current state.
+    pub(crate) fn ledger_snapshot(&self) -> Ledger {
+        let charges = self.charges.items.iter().map(ledger_charge).collect();
+        let refunds = self.refunds.items.iter().map(ledger_refund).collect();
+        self.ledger.snapshot(charges, refunds)
     }
 
     pub(crate) fn create_charge(&mut self, params: ChargeParams, ctx: Ctx<'_>) -> StoredResponse {
@@ -139,7 +260,9 @@ impl State {
             amount: params.amount,
             currency: params.currency,
             payment_method: params.payment_method,
+            capture_method: CaptureMethod::from_capture(params.capture),
             reference: params.reference,
+            metadata: params.metadata,
             status,
             amount_captured: if status == ChargeStatus::Captured {
                 params.amount
@@ -165,18 +288,7 @@ impl State {
         };
         self.emit_charge(&charge, ctx.now);
         let searchable_at = self.searchable_at(Operation::Charge, &charge.reference, ctx.now);
-        index(
-            &mut self.charges_by_reference,
-            &charge.reference,
-            &charge.id,
-        );
-        self.charges.insert(
-            charge.id.clone(),
-            Stored {
-                item: charge,
-                searchable_at,
-            },
-        );
+        self.charges.insert(new_stored(charge, ctx, searchable_at));
         response
     }
 
@@ -188,14 +300,14 @@ impl State {
     ) -> StoredResponse {
         self.change_charge(id, Effect::Capture, ctx, |charge| {
             if charge.status != ChargeStatus::Authorized {
-                return Err(not_allowed("charge_not_capturable", charge));
+                return Err(Refused::State(not_allowed("charge_not_capturable", charge)));
             }
             let amount = params.amount.unwrap_or(charge.amount);
             if amount <= 0 || amount > charge.amount {
-                return Err(ApiError::invalid(
+                return Err(Refused::Parameter(ApiError::invalid(
                     "amount",
                     "capture amount must be positive and at most the authorized amount",
-                ));
+                )));
             }
             charge.status = ChargeStatus::Captured;
             charge.amount_captured = amount;
@@ -206,28 +318,32 @@ impl State {
     pub(crate) fn void(&mut self, id: &str, ctx: Ctx<'_>) -> StoredResponse {
         self.change_charge(id, Effect::Void, ctx, |charge| {
             if charge.status != ChargeStatus::Authorized {
-                return Err(not_allowed("charge_not_voidable", charge));
+                return Err(Refused::State(not_allowed("charge_not_voidable", charge)));
             }
             charge.status = ChargeStatus::Voided;
             Ok(())
         })
     }
 
-    /// Applies `change` to a charge; on success bumps its sequence, records
-    /// the effect and emits the event.
+    /// Applies `change` to the caller's charge; on success bumps its
+    /// sequence, records the effect and emits the event. `change` must leave
+    /// the charge untouched when it refuses: a refusal by state carries the
+    /// charge as it is.
     fn change_charge(
         &mut self,
         id: &str,
         effect: Effect,
         ctx: Ctx<'_>,
-        change: impl FnOnce(&mut Charge) -> Result<(), ApiError>,
+        change: impl FnOnce(&mut Charge) -> Result<(), Refused>,
     ) -> StoredResponse {
-        let Some(stored) = self.charges.get_mut(id) else {
+        let Some(stored) = self.charges.get_mut(id, ctx.caller) else {
             return ApiError::missing("charge", id).into_stored();
         };
         let charge = &mut stored.item;
-        if let Err(error) = change(charge) {
-            return error.into_stored();
+        match change(charge) {
+            Ok(()) => {}
+            Err(Refused::Parameter(error)) => return error.into_stored(),
+            Err(Refused::State(error)) => return error.into_stored_with(Some(&*charge)),
         }
         charge.sequence += 1;
         let charge = charge.clone();
@@ -237,7 +353,7 @@ impl State {
     }
 
     pub(crate) fn refund(&mut self, params: RefundParams, ctx: Ctx<'_>) -> StoredResponse {
-        let Some(stored) = self.charges.get_mut(&params.charge) else {
+        let Some(stored) = self.charges.get_mut(&params.charge, ctx.caller) else {
             return ApiError::missing("charge", &params.charge).into_stored();
         };
         let charge = &mut stored.item;
@@ -262,7 +378,9 @@ impl State {
             object: "refund".to_owned(),
             charge: params.charge,
             amount: params.amount,
+            currency: charge.currency.clone(),
             reference: params.reference,
+            metadata: params.metadata,
             status: RefundStatus::Succeeded,
             created: ctx.now,
             sequence: charge.sequence,
@@ -282,53 +400,43 @@ impl State {
         );
         let response = StoredResponse::json(StatusCode::CREATED, &refund);
         let searchable_at = self.searchable_at(Operation::Refund, &refund.reference, ctx.now);
-        index(
-            &mut self.refunds_by_reference,
-            &refund.reference,
-            &refund.id,
-        );
-        self.refunds.insert(
-            refund.id.clone(),
-            Stored {
-                item: refund,
-                searchable_at,
-            },
-        );
+        self.refunds.insert(new_stored(refund, ctx, searchable_at));
         response
     }
 
-    pub(crate) fn get_charge(&self, id: &str) -> StoredResponse {
-        match self.charges.get(id) {
+    pub(crate) fn get_charge(&self, id: &str, ctx: Ctx<'_>) -> StoredResponse {
+        match self.charges.get(id, ctx.caller) {
             Some(stored) => StoredResponse::json(StatusCode::OK, &stored.item),
             None => ApiError::missing("charge", id).into_stored(),
         }
     }
 
-    pub(crate) fn get_refund(&self, id: &str) -> StoredResponse {
-        match self.refunds.get(id) {
+    pub(crate) fn get_refund(&self, id: &str, ctx: Ctx<'_>) -> StoredResponse {
+        match self.refunds.get(id, ctx.caller) {
             Some(stored) => StoredResponse::json(StatusCode::OK, &stored.item),
             None => ApiError::missing("refund", id).into_stored(),
         }
     }
 
-    pub(crate) fn search_charges(&self, reference: &str, now: DateTime<Utc>) -> StoredResponse {
-        search(&self.charges, &self.charges_by_reference, reference, now)
+    pub(crate) fn search_charges(&self, filter: &SearchFilter, ctx: Ctx<'_>) -> StoredResponse {
+        self.charges.search(ctx.caller, filter, ctx.now)
     }
 
-    pub(crate) fn search_refunds(&self, reference: &str, now: DateTime<Utc>) -> StoredResponse {
-        search(&self.refunds, &self.refunds_by_reference, reference, now)
+    pub(crate) fn search_refunds(&self, filter: &SearchFilter, ctx: Ctx<'_>) -> StoredResponse {
+        self.refunds.search(ctx.caller, filter, ctx.now)
     }
 
-    /// The reference a fault rule matches for a request about charge `id`.
-    pub(crate) fn charge_reference(&self, id: &str) -> Option<&str> {
+    /// The reference a fault rule matches for a request of `caller` about
+    /// charge `id`; none for another caller's charge, as for a missing one.
+    pub(crate) fn charge_reference(&self, id: &str, caller: &str) -> Option<&str> {
         self.charges
-            .get(id)
+            .get(id, caller)
             .map(|stored| stored.item.reference.as_str())
     }
 
-    pub(crate) fn refund_reference(&self, id: &str) -> Option<&str> {
+    pub(crate) fn refund_reference(&self, id: &str, caller: &str) -> Option<&str> {
         self.refunds
-            .get(id)
+            .get(id, caller)
             .map(|stored| stored.item.reference.as_str())
     }
 
@@ -395,12 +503,7 @@ impl State {
 }
 
 fn not_allowed(code: &'static str, charge: &Charge) -> ApiError {
-    let status = serde_json::to_value(charge.status).unwrap_or_default();
-    let message = format!(
-        "charge {} is {}",
-        charge.id,
-        status.as_str().unwrap_or("in another state")
-    );
+    let message = format!("charge {} is {}", charge.id, charge.status.as_str());
     ApiError::new(
         StatusCode::BAD_REQUEST,
         "invalid_request_error",
@@ -414,36 +517,57 @@ fn new_id(rng: &mut StdRng, prefix: &str) -> String {
     format!("{prefix}{}", uuid.simple())
 }
 
-fn index(by_reference: &mut HashMap<String, Vec<String>>, reference: &str, id: &str) {
-    match by_reference.get_mut(reference) {
-        Some(ids) => ids.push(id.to_owned()),
+/// Wraps a new object with its caller and key from the request.
+fn new_stored<T>(item: T, ctx: Ctx<'_>, searchable_at: DateTime<Utc>) -> Stored<T> {
+    Stored {
+        item,
+        caller: ctx.caller.to_owned(),
+        key: ctx.key.map(str::to_owned),
+        searchable_at,
+    }
+}
+
+/// Appends `position` to `map[name]`, allocating the name only the first
+/// time it is seen.
+fn index(map: &mut HashMap<String, Vec<usize>>, name: &str, position: usize) {
+    match map.get_mut(name) {
+        Some(positions) => positions.push(position),
         None => {
-            by_reference.insert(reference.to_owned(), vec![id.to_owned()]);
+            map.insert(name.to_owned(), vec![position]);
         }
     }
 }
 
-/// Newest first, skipping what a `search_lag` still hides.
-fn search<T: serde::Serialize>(
-    items: &HashMap<String, Stored<T>>,
-    by_reference: &HashMap<String, Vec<String>>,
-    reference: &str,
-    now: DateTime<Utc>,
-) -> StoredResponse {
-    let data = by_reference
-        .get(reference)
-        .into_iter()
-        .flatten()
-        .rev()
-        .filter_map(|id| items.get(id))
-        .filter(|stored| stored.searchable_at <= now)
-        .map(|stored| &stored.item)
-        .collect();
-    StoredResponse::json(
-        StatusCode::OK,
-        &List {
-            object: "list",
-            data,
-        },
-    )
+fn ledger_charge(stored: &Stored<Charge>) -> LedgerCharge {
+    let charge = &stored.item;
+    LedgerCharge {
+        id: charge.id.clone(),
+        caller: stored.caller.clone(),
+        reference: charge.reference.clone(),
+        metadata: charge.metadata.clone(),
+        amount: charge.amount,
+        currency: charge.currency.clone(),
+        capture_method: charge.capture_method.as_str().to_owned(),
+        status: charge.status.as_str().to_owned(),
+        amount_captured: charge.amount_captured,
+        amount_refunded: charge.amount_refunded,
+        idempotency_key: stored.key.clone(),
+        created: charge.created,
+    }
+}
+
+fn ledger_refund(stored: &Stored<Refund>) -> LedgerRefund {
+    let refund = &stored.item;
+    LedgerRefund {
+        id: refund.id.clone(),
+        caller: stored.caller.clone(),
+        charge: refund.charge.clone(),
+        reference: refund.reference.clone(),
+        metadata: refund.metadata.clone(),
+        amount: refund.amount,
+        currency: refund.currency.clone(),
+        status: refund.status.as_str().to_owned(),
+        idempotency_key: stored.key.clone(),
+        created: refund.created,
+    }
 }

@@ -181,7 +181,7 @@ async fn a_voided_authorization_cannot_be_captured_voided_again_or_refunded() {
     let void = p
         .http
         .post(format!("{}{void_path}", p.url))
-        .bearer_auth("k")
+        .bearer_auth(common::CALLER)
         .send()
         .await
         .unwrap();
@@ -253,7 +253,7 @@ async fn concurrent_refunds_with_different_keys_never_exceed_the_captured_amount
         tokio::spawn(async move {
             let response = http
                 .post(format!("{url}/v1/refunds"))
-                .bearer_auth("k")
+                .bearer_auth(common::CALLER)
                 .header("Idempotency-Key", format!("refund-{i}"))
                 .json(&body)
                 .send()

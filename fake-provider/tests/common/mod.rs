@@ -8,6 +8,9 @@ use std::time::Duration;
 use fake_provider::{Config, Control, Effects, Running};
 use serde_json::{Value, json};
 
+/// The caller (bearer token) of the helpers that do not name one.
+pub const CALLER: &str = "sk_test_cobro";
+
 /// How long a condition may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(5);
 
@@ -133,7 +136,7 @@ impl Provider {
         key: Option<&str>,
         body: &Value,
     ) -> Result<Answer, reqwest::Error> {
-        self.post_as("sk_test_cobro", path, key, body).await
+        self.post_as(CALLER, path, key, body).await
     }
 
     /// POST through a specific client (e.g. one with a short timeout).
@@ -162,10 +165,15 @@ impl Provider {
     }
 
     pub async fn get(&self, path: &str) -> Answer {
+        self.get_as(CALLER, path).await
+    }
+
+    /// GET as caller `caller`.
+    pub async fn get_as(&self, caller: &str, path: &str) -> Answer {
         let response = self
             .http
             .get(format!("{}{path}", self.url))
-            .bearer_auth("sk_test_cobro")
+            .bearer_auth(caller)
             .send()
             .await;
         answer(response.expect("GET completes"))
@@ -205,6 +213,14 @@ impl Provider {
             .expect("refund request completes")
     }
 
+    /// Ids found by caller `caller` with a raw query string (`query`
+    /// already encoded, see [`query`]), newest first.
+    pub async fn search_as(&self, caller: &str, what: &str, query: &str) -> Vec<String> {
+        let answer = self.get_as(caller, &format!("/v1/{what}?{query}")).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        ids(&answer.body["data"])
+    }
+
     /// Ids returned by a search, newest first.
     pub async fn search(&self, what: &str, reference: &str) -> Vec<String> {
         let answer = self.get(&format!("/v1/{what}?reference={reference}")).await;
@@ -216,6 +232,23 @@ impl Provider {
             .map(|item| item["id"].as_str().unwrap_or_default().to_owned())
             .collect()
     }
+}
+
+/// `name=value&...`, form-encoded (so `metadata[k]` and `/`, `&`, spaces in
+/// values survive).
+pub fn query(pairs: &[(&str, &str)]) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+/// The `id`s of a JSON list, in order.
+pub fn ids(list: &Value) -> Vec<String> {
+    list.as_array()
+        .expect("a list")
+        .iter()
+        .map(|item| item["id"].as_str().unwrap_or_default().to_owned())
+        .collect()
 }
 
 pub async fn answer(response: reqwest::Response) -> Result<Answer, reqwest::Error> {

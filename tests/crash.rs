@@ -344,7 +344,10 @@ impl Site {
         wait_for(
             &format!("the provider charged {reference}"),
             SETTLE,
-            async || (self.ledger().for_reference(reference).charges > 0).then_some(()),
+            async || {
+                (cobro_test_support::for_intent(&self.ledger(), reference).charges > 0)
+                    .then_some(())
+            },
         )
         .await;
     }
@@ -354,9 +357,9 @@ impl Site {
     async fn provider_charges(&self, reference: &str) -> Vec<String> {
         let found: Value = self
             .http
-            // References are `{order}:{verb}-v{n}`: nothing to escape.
+            // Intent names are `{order}:{verb}-v{n}`: nothing to escape.
             .get(format!(
-                "{}/v1/charges?reference={reference}",
+                "{}/v1/charges?metadata[cobro_intent]={reference}",
                 self.provider.url()
             ))
             .bearer_auth("sk_test_cobro")
@@ -413,7 +416,11 @@ async fn assert_captured_once(site: &Site, payment: &Value, sends: u64) {
     assert_eq!(charges.len(), 1, "{reference}: {charges:?}");
     assert_eq!(payment["provider_ref"], charges[0].as_str());
     let ledger = site.ledger();
-    assert_eq!(ledger.for_reference(reference).charges, 1, "{reference}");
+    assert_eq!(
+        cobro_test_support::for_intent(&ledger, reference).charges,
+        1,
+        "{reference}"
+    );
     assert_eq!(ledger.totals.charges, 1);
     assert!(ledger.duplicate_charge_references.is_empty());
 }
@@ -929,7 +936,7 @@ async fn chaos_many_payments_every_fault_and_repeated_worker_kills_end_with_one_
             let payment = site.payment(url, &id_of(first)).await;
             let reference = payment["intent"].as_str().expect("intent").to_owned();
             let charges = site.provider_charges(&reference).await;
-            let effects = ledger.for_reference(&reference);
+            let effects = cobro_test_support::for_intent(ledger, &reference);
             let ok = match payment["status"].as_str() {
                 Some("captured") | Some("authorized") => {
                     effects.charges == 1

@@ -433,10 +433,26 @@ async fn cancel_while_the_authorisation_is_unknown_is_recorded_not_executed(back
         "nothing is decided before the outcome is known"
     );
     assert_eq!(view["cancel_requested"], true);
+    // The cancel is an intent of its own whose attempt is held: its
+    // provider key is stored, but it has no outbox row, so nothing is sent.
     assert_eq!(
         effects(&app).await,
-        (1, 1, 1),
-        "no void attempt before the authorisation is known"
+        (1, 2, 1),
+        "no void is sendable before the authorisation is known"
+    );
+    assert_eq!(app.db.count("attempts WHERE state = 'held'").await, 1);
+    // Asked again with another key: still one cancel intent.
+    let again = app
+        .post(&format!("/v1/payments/{id}/cancel"), Some("cancel-1b"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(again.status(), StatusCode::ACCEPTED);
+    assert_eq!(
+        app.db
+            .count("intents WHERE operation = 'payment.cancel'")
+            .await,
+        1
     );
 
     // Once authorized, a cancel voids.

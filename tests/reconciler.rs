@@ -105,7 +105,7 @@ async fn an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_ag
             .is_some_and(|r| r.starts_with("ch_"))
     );
     assert_eq!(
-        ledger.for_reference("o-1:authorize-v1").charges,
+        cobro_test_support::for_intent(&ledger, "o-1:authorize-v1").charges,
         1,
         "adopted, never charged again"
     );
@@ -278,11 +278,16 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(ba
     assert_eq!(blocked.status().as_u16(), 422);
 
     let charge = rig.ledger();
-    assert_eq!(charge.for_reference("o-1:authorize-v1").charges, 1);
+    assert_eq!(
+        cobro_test_support::for_intent(&charge, "o-1:authorize-v1").charges,
+        1
+    );
+    let attempt = rig.attempts(&id).await[0].id.0.into();
     let after = cobro_reconciler::resolve_by_hand(
         &rig.app.db.store,
         &ManualResolution {
             payment: id.parse::<PaymentId>().expect("id"),
+            attempt,
             outcome: ManualOutcome::Captured,
             provider_ref: Some("ch_looked_up_by_hand".into()),
             operator: "alice".into(),
@@ -310,6 +315,7 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(ba
         &rig.app.db.store,
         &ManualResolution {
             payment: id.parse().expect("id"),
+            attempt,
             outcome: ManualOutcome::Failed,
             provider_ref: None,
             operator: "bob".into(),

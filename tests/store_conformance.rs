@@ -6,7 +6,7 @@ use cobro_core::{
     PaymentStatus,
 };
 use cobro_store::idempotency::ResourceType;
-use cobro_store::{KeyScope, NewAttempt, NewPayment, Reservation, Store};
+use cobro_store::{KeyScope, NewAttempt, NewPayment, Reservation, SendMark, Store};
 use cobro_test_support::{Backend, TestDb, on_both_backends, t0};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,13 +59,15 @@ async fn seed_payment_with_attempt(store: &Store, account: AccountId, order: &st
         .insert_intent(account, p.id, None, Operation::Authorize, &p.intent, t0())
         .await
         .expect("intent");
+    let id = cobro_core::AttemptId::new();
     let attempt = NewAttempt {
+        id,
         intent,
         payment: p.id,
         refund: None,
         operation: Operation::Authorize,
         provider_key: uuid::Uuid::new_v4().to_string(),
-        reference: p.intent.as_str().to_owned(),
+        reference: cobro_core::attempt_reference(p.intent.as_str(), id),
     };
     tx.enqueue_attempt(&attempt, t0(), t0())
         .await
@@ -303,7 +305,10 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     assert_eq!(first.len(), 1);
     let stale = first[0].clone();
     assert_eq!(stale.token, 1);
-    assert!(db.store.record_send(&stale, t0()).await.expect("send"));
+    assert_eq!(
+        db.store.record_send(&stale, t0()).await.expect("send"),
+        SendMark::Marked
+    );
 
     // worker-a stalls; its lease expires; worker-b takes over with a new token.
     let later = t0() + lease + Duration::seconds(1);
@@ -329,7 +334,10 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
             .await
             .expect("renew")
     );
-    assert!(!db.store.record_send(&stale, later).await.expect("send"));
+    assert_eq!(
+        db.store.record_send(&stale, later).await.expect("send"),
+        SendMark::LeaseLost
+    );
     let mut tx = db.store.begin().await.expect("begin");
     assert!(
         !tx.finish_outbox(stale.outbox_id, stale.token, later)
@@ -351,7 +359,10 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
             .await
             .expect("renew")
     );
-    assert!(db.store.record_send(fresh, later).await.expect("send"));
+    assert_eq!(
+        db.store.record_send(fresh, later).await.expect("send"),
+        SendMark::Marked
+    );
     let mut tx = db.store.begin().await.expect("begin");
     assert!(
         tx.finish_outbox(fresh.outbox_id, fresh.token, later)

@@ -316,8 +316,14 @@ async fn a_webhook_before_the_workers_answer_and_an_answer_before_the_webhook_en
     );
     assert_eq!(webhook_decisions(&rig).await, 1, "only the applied one");
     let ledger = rig.ledger();
-    assert_eq!(ledger.for_reference("o-1:authorize-v1").charges, 1);
-    assert_eq!(ledger.for_reference("o-2:authorize-v1").charges, 1);
+    assert_eq!(
+        cobro_test_support::for_intent(&ledger, "o-1:authorize-v1").charges,
+        1
+    );
+    assert_eq!(
+        cobro_test_support::for_intent(&ledger, "o-2:authorize-v1").charges,
+        1
+    );
     assert_eq!(ledger.totals.charges, 2);
 }
 
@@ -529,19 +535,33 @@ async fn a_bad_signature_an_old_timestamp_and_a_malformed_body_change_nothing(ba
     assert_eq!(rig.payment(id).await, before, "payment unchanged");
 
     // The same event, correctly signed (and padded past the 16 KiB limit of
-    // merchant requests), is applied: the refusals above were the checks.
+    // merchant requests), passes the checks above and is stored. It names
+    // a charge the provider never made under a reference that is no
+    // attempt of cobro's (attempts are sent as `{intent}/{attempt id}`):
+    // kept as an unmatched conflict, never adopted.
     let mut padded = captured_event("evt_1", "o-1:authorize-v1", 1);
     padded["padding"] = json!("x".repeat(20 * 1024));
     let padded = serde_json::to_vec(&padded).expect("json");
     let (status, receipt) =
         post_webhook(&rig, "fake", &padded, sign(SECRET, now - 299, &padded)).await;
     assert_eq!(status, 200);
-    assert_eq!(receipt, json!({"event_id": "evt_1", "outcome": "applied"}));
+    assert_eq!(
+        receipt,
+        json!({"event_id": "evt_1", "outcome": "unmatched"})
+    );
     let (status, receipt) = post_webhook(&rig, "fake", &padded, sign(SECRET, now, &padded)).await;
     assert_eq!(status, 200);
     assert_eq!(receipt["outcome"], "duplicate_delivery");
-    assert_eq!(rig.payment(id).await["status"], "captured");
+    assert_eq!(rig.payment(id).await, before, "nothing adopted");
     assert_eq!(rig.app.db.count("webhook_events").await, 1);
+    assert_eq!(
+        rig.app
+            .db
+            .count("evidence_conflicts WHERE kind = 'unmatched'")
+            .await,
+        1,
+        "reported"
+    );
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 

@@ -45,7 +45,10 @@ async fn a_successful_automatic_charge_ends_captured_with_the_provider_ref(backe
     assert_eq!(p["attempts"][0]["state"], "succeeded");
     assert_eq!(p["attempts"][0]["sends"], 1);
     let ledger = rig.ledger();
-    assert_eq!(ledger.for_reference("o-1:authorize-v1").charges, 1);
+    assert_eq!(
+        cobro_test_support::for_intent(&ledger, "o-1:authorize-v1").charges,
+        1
+    );
     assert_eq!(ledger.totals.charges, 1);
 }
 
@@ -173,9 +176,7 @@ async fn a_lost_answer_after_the_effect_is_one_charge(backend: Backend) {
         assert!(p["provider_ref"].is_string());
         assert_eq!(p["attempts"][0]["sends"], 2);
         assert_eq!(
-            rig.ledger()
-                .for_reference(&format!("{order}:authorize-v1"))
-                .charges,
+            cobro_test_support::for_intent(&rig.ledger(), &format!("{order}:authorize-v1")).charges,
             1,
             "{order}"
         );

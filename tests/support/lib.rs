@@ -468,3 +468,45 @@ pub fn manual_payment_body(order_ref: &str) -> serde_json::Value {
     body["capture_method"] = serde_json::json!("manual");
     body
 }
+
+/// The effects the provider made for one intent (`o-1:authorize-v1`) in
+/// total: every attempt of it is sent under `{intent}/{attempt id}`, so this
+/// sums those references (and the bare name, for attempts made before
+/// references were unique).
+pub fn for_intent(ledger: &fake_provider::Ledger, intent: &str) -> fake_provider::Effects {
+    let prefix = format!("{intent}/");
+    let mut total = fake_provider::Effects::default();
+    for (reference, e) in &ledger.by_reference {
+        if reference == intent || reference.starts_with(&prefix) {
+            total.charges += e.charges;
+            total.declines += e.declines;
+            total.captures += e.captures;
+            total.voids += e.voids;
+            total.refunds += e.refunds;
+        }
+    }
+    total
+}
+
+/// The double charges the judge sees: more than one money-moving charge for
+/// one intent of one account.
+pub fn double_charges(ledger: &fake_provider::Ledger) -> Vec<Vec<String>> {
+    ledger
+        .double_charges(&["cobro_account", "cobro_intent"])
+        .into_iter()
+        .map(|group| group.into_iter().map(|c| c.id.clone()).collect())
+        .collect()
+}
+
+impl Rig {
+    /// The attempts of a payment, oldest first.
+    pub async fn attempts(&self, payment_id: &str) -> Vec<cobro_store::AttemptRow> {
+        let id: cobro_core::PaymentId = payment_id.parse().expect("payment id");
+        self.app
+            .db
+            .store
+            .attempts_for_payment(id)
+            .await
+            .expect("attempts")
+    }
+}

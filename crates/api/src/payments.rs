@@ -16,6 +16,7 @@ use cobro_core::{
 use cobro_store::idempotency::ResourceType;
 use cobro_store::payments::RefundRefusal;
 use cobro_store::{NewPayment, NewRefund, PaymentFilter, WriteTx};
+use cobro_worker::hold_cancel;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -431,19 +432,24 @@ async fn capture_payment(
             Start::Fresh(keyed, id, tx) => (keyed, id, tx),
         };
     let now = state.clock.now();
-    let moved = tx
-        .transition_payment(
+    // Decide from the row this transaction holds: a refusal stored against
+    // the key must never rest on a read a worker has already overtaken.
+    let Some(current) = tx.lock_payment(account.0, id).await? else {
+        return Err(ApiError::NotFound);
+    };
+    let moved = if current.status == PaymentStatus::Authorized.as_str() {
+        tx.transition_payment(
             account.0,
             id,
             PaymentStatus::Authorized,
             PaymentStatus::Capturing,
             now,
         )
-        .await?;
+        .await?
+    } else {
+        None
+    };
     let Some(row) = moved else {
-        let Some(current) = tx.payment(account.0, id).await? else {
-            return Err(ApiError::NotFound);
-        };
         let refusal = ApiError::NotCapturable {
             payment_id: id.to_string(),
             status: current.status.clone(),
@@ -487,7 +493,8 @@ async fn cancel_payment(
             Start::Fresh(keyed, id, tx) => (keyed, id, tx),
         };
     let now = state.clock.now();
-    let Some(current) = tx.payment(account.0, id).await? else {
+    // Decided from the row this transaction holds (see capture).
+    let Some(current) = tx.lock_payment(account.0, id).await? else {
         return Err(ApiError::NotFound);
     };
     let status = current.status()?;
@@ -497,9 +504,7 @@ async fn cancel_payment(
         status: current.status.clone(),
     };
     let row = if status == PaymentStatus::Authorized {
-        // Compare-and-set: a concurrent capture that moved first wins, and
-        // this cancel is refused below.
-        match tx
+        let Some(row) = tx
             .transition_payment(
                 account.0,
                 id,
@@ -508,8 +513,23 @@ async fn cancel_payment(
                 now,
             )
             .await?
+        else {
+            return Err(ApiError::internal(cobro_store::StoreError::Corrupt(
+                "the locked payment moved".into(),
+            )));
+        };
+        // A cancel already held (asked while the authorisation was
+        // unknown) is the one that runs: one cancel intent, not two.
+        let held = tx.held_attempts(id).await?;
+        match held
+            .iter()
+            .find(|a| a.operation == Operation::Cancel.as_str())
         {
-            Some(row) => {
+            Some(attempt) => {
+                tx.release_held(cobro_core::AttemptId::from_uuid(attempt.id.0), now)
+                    .await?;
+            }
+            None => {
                 let intent = tx
                     .next_intent_name(account.0, &row.order_ref, Operation::Cancel)
                     .await?;
@@ -522,17 +542,28 @@ async fn cancel_payment(
                     now,
                 )
                 .await?;
-                row
             }
-            None => return keyed::commit_refusal(tx, &keyed, refusal()).await,
         }
+        row
     } else if status.authorisation_pending() && manual {
-        // The authorisation outcome is not known yet: record the request;
-        // the void happens once the outcome is known and only if it is an
-        // authorisation (never two incompatible decisions).
+        // The authorisation outcome is not known yet: the cancel becomes an
+        // intent of its own, its attempt `held` until the authorisation is
+        // proven; then it runs once, or ends with the payment's truth
+        // (cobro_worker::settle). A second request finds it already held.
+        let held = tx.held_attempts(id).await?;
+        if !held
+            .iter()
+            .any(|a| a.operation == Operation::Cancel.as_str())
+        {
+            hold_cancel(&mut tx, account.0, &current, now).await?;
+        }
         match tx.request_cancel(account.0, id, status, now).await? {
             Some(row) => row,
-            None => return keyed::commit_refusal(tx, &keyed, refusal()).await,
+            None => {
+                return Err(ApiError::internal(cobro_store::StoreError::Corrupt(
+                    "the locked payment moved".into(),
+                )));
+            }
         }
     } else {
         // Automatic-capture payments move money at authorisation: they are
@@ -590,8 +621,11 @@ async fn create_refund(
             Begun::Fresh(tx) => tx,
         };
     let now = state.clock.now();
-    // The conditional UPDATE takes the payment's row lock first, so the
-    // intent count below is serialised with concurrent refunds too.
+    // Locked first: the decision and the intent count below are made from
+    // the row this transaction holds, serialised with concurrent refunds.
+    if tx.lock_payment(account.0, id).await?.is_none() {
+        return Err(ApiError::NotFound);
+    }
     match tx
         .reserve_refund(account.0, id, request.amount, now)
         .await?

@@ -33,11 +33,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, AttemptState, CaptureMethod, Operation, PaymentId, RefundId};
+use cobro_core::{AttemptId, AttemptState, Operation, PaymentId, RefundId};
+use cobro_provider::ProviderObject;
 use cobro_store::audit::NewDecision;
+use cobro_store::conflicts::ConflictKind;
 use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
-use cobro_store::{PaymentRow, StoreError, WriteTx};
-use cobro_worker::{Applied, Proof, apply_proof};
+use cobro_store::{AttemptRow, PaymentRow, StoreError, WriteTx};
+use cobro_worker::evidence::proof_from;
+use cobro_worker::{Applied, Fit, Source, apply_proof, fit, stop_the_line};
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Map, Value, json};
 use sha2::Sha256;
@@ -227,14 +230,10 @@ struct Event {
     id: String,
     kind: String,
     sequence: i64,
-    /// `data.id`: the charge (`ch_...`) or the refund (`re_...`).
-    object_id: String,
     /// `data.reference`: the intent name cobro sent.
     reference: String,
-    /// `data.charge` of a refund.
-    charge: Option<String>,
-    amount: Option<i64>,
-    currency: Option<String>,
+    /// The charge or refund the event carries, as the provider reports it.
+    object: ProviderObject,
 }
 
 impl Event {
@@ -274,8 +273,11 @@ fn parse(body: &[u8]) -> Result<(Event, &str), ApiError> {
     let object_id = string(&data, "data.", "id", true);
     let reference = string(&data, "data.", "reference", true);
     let is_refund = kind.as_deref().map(Kind::parse) == Some(Kind::RefundSucceeded);
-    let charge = string(&data, "data.", "charge", is_refund);
-    let currency = string(&data, "data.", "currency", false);
+    let _charge = string(&data, "data.", "charge", is_refund);
+    let object = serde_json::from_value::<ProviderObject>(Value::Object(data.clone()));
+    if object.is_err() {
+        errors.push(FieldError::new("data", "must be a charge or a refund"));
+    }
     let sequence = root.get("sequence").and_then(Value::as_i64);
     if sequence.is_none_or(|s| s < 0) {
         errors.push(FieldError::new(
@@ -286,9 +288,8 @@ fn parse(body: &[u8]) -> Result<(Event, &str), ApiError> {
     if !matches!(root.get("data"), Some(Value::Object(_))) {
         errors.push(FieldError::new("data", "must be an object"));
     }
-    let amount = data.get("amount").and_then(Value::as_i64);
-    match (id, kind, sequence, object_id, reference) {
-        (Some(id), Some(kind), Some(sequence), Some(object_id), Some(reference))
+    match (id, kind, sequence, object_id, reference, object) {
+        (Some(id), Some(kind), Some(sequence), Some(_), Some(reference), Ok(object))
             if errors.is_empty() =>
         {
             Ok((
@@ -296,11 +297,8 @@ fn parse(body: &[u8]) -> Result<(Event, &str), ApiError> {
                     id,
                     kind,
                     sequence,
-                    object_id,
                     reference,
-                    charge,
-                    amount,
-                    currency,
+                    object,
                 },
                 text,
             ))
@@ -355,7 +353,12 @@ enum Processed {
     Raced,
 }
 
-/// Matches the event and applies what it proves, inside `tx`.
+/// Matches the event to the one attempt it is about and applies what it
+/// proves, inside `tx`. The event's reference is unique to one attempt
+/// (`{intent}/{attempt id}`); what the event carries must also fit that
+/// attempt (`cobro_worker::fit`: identity, amount, currency, capture
+/// mode). Evidence that names nothing of cobro's, or contradicts what is
+/// recorded, is kept as a conflict and never adopted.
 async fn process(
     tx: &mut WriteTx,
     provider: &str,
@@ -364,46 +367,64 @@ async fn process(
     now: DateTime<Utc>,
 ) -> Result<Processed, StoreError> {
     let kind = event.kind();
-    let Some(payment) = match_payment(tx, event, kind).await? else {
+    let actor = format!("webhook:{provider}");
+    let source = Source {
+        name: &actor,
+        said: payload,
+    };
+    if kind == Kind::Other {
+        return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
+    }
+    let named = tx.attempts_by_reference(&event.reference).await?;
+    let [named] = named.as_slice() else {
+        // Nothing of cobro's (or, for attempts made before references were
+        // unique, several accounts' attempts): reported, never guessed from.
+        let detail = format!(
+            "event {} ({}) names {} attempts of cobro's",
+            event.id,
+            event.kind,
+            named.len()
+        );
+        stop_the_line(
+            tx,
+            None,
+            None,
+            ConflictKind::Unmatched,
+            &detail,
+            &source,
+            now,
+        )
+        .await?;
         return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
     };
-    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let payment_id = PaymentId::from_uuid(named.payment_id.0);
     let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
+    let payment = tx
+        .payment_by_id(payment_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
     if kind.is_charge() && event.sequence <= payment.provider_sequence {
         return done(WebhookOutcome::IgnoredStale);
     }
-    let (operation, reference) = match kind {
-        Kind::Authorized | Kind::Declined => (Operation::Authorize, Some(&event.reference)),
-        // Captured while the authorisation is still awaited, or for an
-        // automatic-capture payment (which never has a capture attempt):
-        // the authorisation's own outcome. Otherwise a capture.
-        Kind::Captured
-            if payment.status()?.authorisation_pending()
-                || payment.capture_method == CaptureMethod::Automatic.as_str() =>
-        {
-            (Operation::Authorize, Some(&event.reference))
-        }
-        Kind::Captured => (Operation::Capture, None),
-        Kind::Voided => (Operation::Cancel, None),
-        Kind::RefundSucceeded => (Operation::Refund, Some(&event.reference)),
-        Kind::Other => return done(WebhookOutcome::Unmatched),
+    let attempt = target_attempt(tx, named, &payment, kind).await?;
+    let operation = Operation::parse(&attempt.operation)
+        .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+    let refund = match attempt.refund_id {
+        Some(r) => tx.refund_by_id(RefundId::from_uuid(r.0)).await?,
+        None => None,
     };
-    let attempt = tx
-        .attempt_for_event(payment_id, operation, reference.map(String::as_str))
-        .await?;
-    let outcome = match attempt {
-        // The provider did something cobro never asked for: a person or the
-        // reconciler has to look at it.
-        None => WebhookOutcome::Unmatched,
-        Some(attempt)
-            if !AttemptState::parse(&attempt.state).is_some_and(AttemptState::is_unresolved) =>
-        {
-            WebhookOutcome::DuplicateEffect
-        }
-        Some(attempt) => {
-            let proof = proof(event, kind);
-            match apply_proof(tx, &attempt, &proof, now).await? {
+    let outcome = match fit(
+        operation,
+        &attempt,
+        &payment,
+        refund.as_ref(),
+        &event.object,
+    ) {
+        Fit::Ours => match proof_from(operation, &event.object) {
+            None => WebhookOutcome::Unmatched,
+            Some(proof) => match apply_proof(tx, &attempt, &proof, &source, now).await? {
                 Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
+                Applied::Conflict { .. } => WebhookOutcome::Conflict,
                 Applied::Settled { before, after } => {
                     let decision = NewDecision {
                         run_id: None,
@@ -413,13 +434,8 @@ async fn process(
                         state_before: before,
                         state_after: after,
                         provider_said: payload.to_owned(),
-                        decision: match proof {
-                            Proof::Succeeded { .. } => "adopt_succeeded",
-                            Proof::Declined { .. } => "adopt_declined",
-                            Proof::Failed { .. } => "adopt_failed",
-                        }
-                        .to_owned(),
-                        actor: format!("webhook:{provider}"),
+                        decision: proof.decision().to_owned(),
+                        actor: actor.clone(),
                         reason: Some(format!(
                             "event {} ({}, sequence {})",
                             event.id, event.kind, event.sequence
@@ -428,7 +444,34 @@ async fn process(
                     tx.record_decision(&decision, now).await?;
                     WebhookOutcome::Applied
                 }
-            }
+            },
+        },
+        Fit::Mismatch(why) => {
+            stop_the_line(
+                tx,
+                Some(&attempt),
+                Some(payment_id),
+                ConflictKind::Mismatch,
+                &why,
+                &source,
+                now,
+            )
+            .await?;
+            WebhookOutcome::Conflict
+        }
+        Fit::NotOurs(why) => {
+            let detail = format!("event {} does not fit its attempt: {why}", event.id);
+            stop_the_line(
+                tx,
+                None,
+                None,
+                ConflictKind::Unmatched,
+                &detail,
+                &source,
+                now,
+            )
+            .await?;
+            WebhookOutcome::Unmatched
         }
     };
     // What is recorded about the charge now goes at least this far (an
@@ -442,65 +485,36 @@ async fn process(
     done(outcome)
 }
 
-/// The one payment the event is about. Intent names are unique per account
-/// only, so the charge id (once cobro knows it), the amount and the
-/// currency must agree too; an event that still fits several payments is
-/// left `unmatched` for the reconciler rather than guessed.
-async fn match_payment(
+/// The attempt a charge or refund event is about. The reference names the
+/// attempt that created the object (the authorisation of a charge, the
+/// refund of a refund); a capture or a void of that charge is the
+/// payment's unresolved capture or cancel attempt, once the authorisation
+/// is settled.
+async fn target_attempt(
     tx: &mut WriteTx,
-    event: &Event,
+    named: &AttemptRow,
+    payment: &PaymentRow,
     kind: Kind,
-) -> Result<Option<PaymentRow>, StoreError> {
-    let (operation, charge) = match kind {
-        Kind::RefundSucceeded => (Operation::Refund, event.charge.as_deref()),
-        Kind::Other => return Ok(None),
-        _ => (Operation::Authorize, Some(event.object_id.as_str())),
+) -> Result<AttemptRow, StoreError> {
+    let authorisation_open = AttemptState::parse(&named.state).is_some_and(|s| s.is_unresolved());
+    if named.operation != Operation::Authorize.as_str() || authorisation_open {
+        return Ok(named.clone());
+    }
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let follow_ups: &[Operation] = match kind {
+        Kind::Captured => &[Operation::Capture, Operation::Cancel],
+        Kind::Voided => &[Operation::Cancel, Operation::Capture],
+        _ => &[],
     };
-    let candidates = tx
-        .payments_by_attempt_reference(&event.reference, operation)
-        .await?;
-    let mut fitting = candidates.into_iter().filter(|p| {
-        let charge_fits = match (&p.provider_ref, charge) {
-            (Some(known), Some(charge)) => known == charge,
-            _ => true,
-        };
-        // A refund's amount is the refund's, not the payment's.
-        let amount_fits =
-            kind == Kind::RefundSucceeded || event.amount.is_none_or(|a| a == p.amount);
-        let currency_fits = event
-            .currency
-            .as_deref()
-            .is_none_or(|c| c.eq_ignore_ascii_case(&p.currency));
-        charge_fits && amount_fits && currency_fits
-    });
-    match (fitting.next(), fitting.next()) {
-        (Some(one), None) => Ok(Some(one)),
-        (Some(_), Some(_)) => {
-            tracing::warn!(reference = %event.reference, "event matches several payments; left for the reconciler");
-            Ok(None)
+    for &operation in follow_ups {
+        if let Some(attempt) = tx.attempt_for_event(payment_id, operation, None).await?
+            && AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved())
+            && attempt.state != AttemptState::Held.as_str()
+        {
+            return Ok(attempt);
         }
-        (None, _) => Ok(None),
     }
-}
-
-/// What the event proves about the attempt it matched.
-fn proof(event: &Event, kind: Kind) -> Proof {
-    match kind {
-        Kind::Declined => Proof::Declined {
-            // The provider's charge carries no decline code; the worker's
-            // answer (if it comes second) does not overwrite this one.
-            code: "declined".to_owned(),
-            message: "the provider reported the charge declined".to_owned(),
-        },
-        Kind::Captured => Proof::Succeeded {
-            provider_ref: event.object_id.clone(),
-            captured: true,
-        },
-        _ => Proof::Succeeded {
-            provider_ref: event.object_id.clone(),
-            captured: false,
-        },
-    }
+    Ok(named.clone())
 }
 
 #[cfg(test)]
@@ -605,7 +619,8 @@ mod tests {
         let (event, _) = parse(body).expect("parses");
         assert_eq!(event.kind(), Kind::Captured);
         assert_eq!(event.sequence, 2);
-        assert_eq!(event.object_id, "ch_1");
-        assert_eq!(event.amount, Some(1999));
+        assert_eq!(event.object.id, "ch_1");
+        assert_eq!(event.object.amount, Some(1999));
+        assert_eq!(event.object.currency.as_deref(), Some("EUR"));
     }
 }

@@ -122,6 +122,14 @@ impl IntentName {
     }
 }
 
+/// The merchant reference one attempt is sent under:
+/// `{intent name}/{attempt id}`. Unique across accounts and attempts (the
+/// intent name alone is unique only within one account, and every account
+/// shares cobro's provider credentials), still readable by a person.
+pub fn attempt_reference(intent: &str, attempt: crate::AttemptId) -> String {
+    format!("{intent}/{attempt}")
+}
+
 impl fmt::Display for IntentName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -142,6 +150,18 @@ mod tests {
         assert_eq!(
             IntentName::new(&order, Operation::Refund, 3).as_str(),
             "pedido-842:refund-v3"
+        );
+    }
+
+    #[test]
+    fn attempt_references_are_the_intent_and_the_attempt() {
+        let id = crate::AttemptId::new();
+        let reference = attempt_reference("pedido-842:authorize-v1", id);
+        assert_eq!(reference, format!("pedido-842:authorize-v1/{id}"));
+        // The order_ref alphabet has no '/', so the split is unambiguous.
+        assert_eq!(
+            reference.rsplit_once('/').map(|(i, _)| i),
+            Some("pedido-842:authorize-v1")
         );
     }
 

@@ -11,7 +11,7 @@ pub mod state;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use fingerprint::{CONTRACT_VERSION, Fingerprint};
 pub use ids::{AccountId, AttemptId, IntentId, OutboxId, PaymentId, RefundId, RunId, TokenId};
-pub use intent::{IntentName, Operation, OrderRef, OrderRefError};
+pub use intent::{IntentName, Operation, OrderRef, OrderRefError, attempt_reference};
 pub use key::{IdempotencyKey, KeyError, KeyHash};
 pub use money::{Amount, AmountError, Currency, CurrencyError};
 pub use state::{

@@ -77,6 +77,10 @@ string_enum!(
         Unknown => "unknown",
         /// Handed to the reconciler; the worker no longer sends it.
         Reconciling => "reconciling",
+        /// Waiting for another outcome before it may be sent: a cancel asked
+        /// for while the authorisation is unknown. It has no outbox row
+        /// until it is released (`pending`) or ended (`failed`).
+        Held => "held",
         Succeeded => "succeeded",
         Declined => "declined",
         Failed => "failed",
@@ -144,11 +148,17 @@ impl PaymentStatus {
             (S::RequiresReconciliation, E::Escalated) => S::NeedsReview,
             (S::RequiresReconciliation, E::RetryScheduled) => S::Processing,
             (S::Authorized, E::CaptureRequested) => S::Capturing,
-            (S::Capturing, E::Captured) => S::Captured,
+            (S::Capturing | S::Canceling, E::Captured) => S::Captured,
+            (S::Capturing | S::Canceling, E::Voided) => S::Canceled,
             (S::Capturing, E::CaptureRefused) => S::Authorized,
             (S::Authorized, E::CancelRequested) => S::Canceling,
-            (S::Canceling, E::Voided) => S::Canceled,
             (S::Canceling, E::VoidRefused) => S::Authorized,
+            // A capture or void the reconciler could not settle in time.
+            (S::Capturing | S::Canceling, E::Escalated) => S::NeedsReview,
+            // What the provider proves about a capture or void that was
+            // under review (the charge's own status is the truth).
+            (S::NeedsReview, E::Voided) => S::Canceled,
+            (S::NeedsReview, E::CaptureRefused | E::VoidRefused) => S::Authorized,
             (S::Captured | S::PartiallyRefunded, E::Refunded { fully }) => {
                 if fully {
                     S::Refunded
@@ -184,11 +194,33 @@ impl PaymentStatus {
 
 impl AttemptState {
     /// An attempt that still may have (or get) an effect at the provider. At
-    /// most one per payment and operation exists (a partial unique index).
+    /// most one per intent exists (a partial unique index).
     pub fn is_unresolved(self) -> bool {
         matches!(
             self,
-            AttemptState::Pending | AttemptState::Unknown | AttemptState::Reconciling
+            AttemptState::Pending
+                | AttemptState::Unknown
+                | AttemptState::Reconciling
+                | AttemptState::Held
+        )
+    }
+
+    /// The states from which an attempt may move to `to`, for the
+    /// compare-and-set that moves it (`WHERE state IN (...)`).
+    pub fn sources_of(to: AttemptState) -> Vec<AttemptState> {
+        AttemptState::ALL
+            .iter()
+            .copied()
+            .filter(|from| from.can_become(to))
+            .collect()
+    }
+
+    /// Whether an attempt in this state recorded that the provider moved no
+    /// money for it: evidence of an effect then contradicts the record.
+    pub fn recorded_no_money(self) -> bool {
+        matches!(
+            self,
+            AttemptState::NoEffect | AttemptState::Declined | AttemptState::Failed
         )
     }
 
@@ -201,6 +233,7 @@ impl AttemptState {
                 A::Unknown | A::Reconciling | A::Succeeded | A::Declined | A::Failed
             ),
             A::Reconciling => matches!(to, A::Succeeded | A::Declined | A::Failed | A::NoEffect),
+            A::Held => matches!(to, A::Pending | A::Failed),
             A::Succeeded | A::Declined | A::Failed | A::NoEffect => false,
         }
     }
@@ -249,9 +282,16 @@ mod tests {
         (S::Authorized, E::CaptureRequested, S::Capturing),
         (S::Authorized, E::CancelRequested, S::Canceling),
         (S::Capturing, E::Captured, S::Captured),
+        (S::Capturing, E::Voided, S::Canceled),
         (S::Capturing, E::CaptureRefused, S::Authorized),
+        (S::Capturing, E::Escalated, S::NeedsReview),
         (S::Canceling, E::Voided, S::Canceled),
+        (S::Canceling, E::Captured, S::Captured),
         (S::Canceling, E::VoidRefused, S::Authorized),
+        (S::Canceling, E::Escalated, S::NeedsReview),
+        (S::NeedsReview, E::Voided, S::Canceled),
+        (S::NeedsReview, E::CaptureRefused, S::Authorized),
+        (S::NeedsReview, E::VoidRefused, S::Authorized),
         (
             S::Captured,
             E::Refunded { fully: false },
@@ -332,6 +372,8 @@ mod tests {
             (A::Reconciling, A::Declined),
             (A::Reconciling, A::Failed),
             (A::Reconciling, A::NoEffect),
+            (A::Held, A::Pending),
+            (A::Held, A::Failed),
         ];
         for &from in AttemptState::ALL {
             for &to in AttemptState::ALL {
@@ -345,6 +387,8 @@ mod tests {
         // Pending -> NoEffect is deliberately absent: only the reconciler can
         // prove no effect, and only for an attempt handed to it.
         assert!(!A::Pending.can_become(A::NoEffect));
+        assert_eq!(A::sources_of(A::NoEffect), [A::Reconciling]);
+        assert_eq!(A::sources_of(A::Pending), [A::Held]);
     }
 
     #[test]

@@ -212,6 +212,7 @@ pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
                 Outcome::Failed {
                     code,
                     message: message_of(&e),
+                    object: e.and_then(|e| e.charge),
                 }
             }
         }
@@ -315,6 +316,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_refusal_keeps_the_charge_as_it_is_now() {
+        let body = r#"{"error":{"code":"charge_not_voidable","message":"m"},"charge":{"id":"ch_3","status":"captured","amount":5,"currency":"EUR","capture_method":"manual","metadata":{"cobro_attempt":"a"}}}"#;
+        match classify_answer(StatusCode::BAD_REQUEST, body.as_bytes()) {
+            Outcome::Failed { code, object, .. } => {
+                assert_eq!(code, "charge_not_voidable");
+                let charge = object.expect("the charge travels with the refusal");
+                assert_eq!(charge.status, "captured");
+                assert_eq!(
+                    charge.metadata.get("cobro_attempt").map(String::as_str),
+                    Some("a")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn provider(url: String, timeout: Duration) -> HttpProvider {
         let mut config = HttpProviderConfig::new(url, "sk_test");
         config.request_timeout = timeout;
@@ -328,6 +346,7 @@ mod tests {
             payment_method: "pm_card_visa".into(),
             capture: true,
             reference: "o:authorize-v1".into(),
+            metadata: Default::default(),
         }
     }
 

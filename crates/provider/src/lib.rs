@@ -5,6 +5,7 @@ mod http;
 pub use http::{HttpProvider, HttpProviderConfig};
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::future::Future;
 
 /// A charge or refund as the provider reports it.
@@ -24,6 +25,26 @@ pub struct ProviderObject {
     /// The provider's per-charge event sequence, when it reports one.
     #[serde(default)]
     pub sequence: Option<i64>,
+    #[serde(default)]
+    pub currency: Option<String>,
+    /// `automatic` or `manual`, for charges.
+    #[serde(default)]
+    pub capture_method: Option<String>,
+    /// The refunded charge, for refunds.
+    #[serde(default)]
+    pub charge: Option<String>,
+    /// What cobro sent as metadata: its attempt identity
+    /// ([`metadata`] keys), echoed by the provider.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The metadata keys under which cobro sends an attempt's identity.
+pub mod metadata {
+    pub const ACCOUNT: &str = "cobro_account";
+    pub const PAYMENT: &str = "cobro_payment";
+    pub const INTENT: &str = "cobro_intent";
+    pub const ATTEMPT: &str = "cobro_attempt";
 }
 
 /// What one send proved. The classification is the heart of safe retries
@@ -40,8 +61,14 @@ pub enum Outcome {
         object: Option<ProviderObject>,
     },
     /// A definitive refusal of the request itself (invalid, not capturable):
-    /// terminal for the intent.
-    Failed { code: String, message: String },
+    /// terminal for the intent. `object`: the charge as it is now, when the
+    /// provider sends it with the refusal (a void refused because the
+    /// charge was captured says so).
+    Failed {
+        code: String,
+        message: String,
+        object: Option<ProviderObject>,
+    },
     /// Nothing reached the provider (connection refused, DNS, TLS, or the
     /// provider said it did not execute, e.g. 429): retry the same attempt.
     NotSent(String),
@@ -72,8 +99,11 @@ pub struct AuthorizeRequest {
     pub currency: String,
     pub payment_method: String,
     pub capture: bool,
-    /// The intent name: how the reconciler finds the charge again.
+    /// Unique to the attempt (`{intent}/{attempt id}`): how the reconciler
+    /// finds the charge again, and never shared by two accounts.
     pub reference: String,
+    /// The attempt's identity ([`metadata`] keys).
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -81,6 +111,7 @@ pub struct RefundRequest {
     pub charge: String,
     pub amount: i64,
     pub reference: String,
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A query to the provider failed: it proves nothing about any charge.

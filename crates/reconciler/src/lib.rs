@@ -7,9 +7,11 @@ use cobro_core::{
 };
 use cobro_provider::{Provider, ProviderObject, QueryError};
 use cobro_store::audit::NewDecision;
+use cobro_store::conflicts::ConflictKind;
 use cobro_store::settle::PaymentOutcome;
-use cobro_store::{AttemptRow, NewAttempt, Store, StoreError, WriteTx};
-use cobro_worker::{Applied, Proof, apply_proof};
+use cobro_store::{AttemptRow, NewAttempt, PaymentRow, RefundRow, Store, StoreError, WriteTx};
+use cobro_worker::evidence::proof_from;
+use cobro_worker::{Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, stop_the_line};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,18 +22,23 @@ pub struct ReconcilerConfig {
     /// Who decides, for the audit trail (`reconciler:<host>` or `operator:<name>`).
     pub actor: String,
     /// The provider's documented search consistency delay: "not found" is
-    /// proof of no effect only once this long has passed since the last send.
+    /// proof of no effect only once this long has passed since the last
+    /// send's answer could have arrived (last send + `request_timeout`).
     pub search_lag: Duration,
-    /// Unknown attempts not sent for this long, and captures, voids and
-    /// refunds waiting this long, are examined too (a worker may be gone).
+    /// How long one provider call may take (the worker's timeout): a send
+    /// may reach the provider until then.
+    pub request_timeout: Duration,
+    /// Unknown attempts not sent for this long, attempts sent and never
+    /// recorded, and captures, voids and refunds waiting this long, are
+    /// examined too (a worker may be gone).
     pub stuck_after: Duration,
     /// Unresolved this long after the first send: `needs_review`.
     pub escalate_after: Duration,
     /// After proof of no effect: a new attempt with a new provider key
     /// (true), or fail the payment with an explicit reason (false).
     pub retry_on_no_effect: bool,
-    /// Attempts examined per run at most.
-    pub limit: u32,
+    /// Candidates read per page; a run pages through all of them.
+    pub page: u32,
 }
 
 impl Default for ReconcilerConfig {
@@ -39,10 +46,11 @@ impl Default for ReconcilerConfig {
         Self {
             actor: format!("reconciler:{}", std::process::id()),
             search_lag: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(10),
             stuck_after: Duration::from_secs(300),
             escalate_after: Duration::from_secs(24 * 3600),
             retry_on_no_effect: true,
-            limit: 1000,
+            page: 500,
         }
     }
 }
@@ -53,6 +61,9 @@ pub struct Scope {
     pub payment: Option<PaymentId>,
     /// Only attempts last sent longer ago than this.
     pub older_than: Option<Duration>,
+    /// Stop after this many candidates (`None`: every candidate, page by
+    /// page).
+    pub max: Option<usize>,
 }
 
 /// The verdict on one attempt.
@@ -65,13 +76,21 @@ pub enum Verdict {
     Retried,
     /// Proven to have had no effect; failed with an explicit reason (policy).
     FailedNoEffect,
+    /// Proven to have had no effect while the payment is in `needs_review`:
+    /// recorded, nothing enabled; the operator decides.
+    NoEffectInReview,
     /// Nothing proven (query failed, charge in progress, "not found" within
     /// the search lag): checked again on the next run.
     StillUnknown { reason: String },
     /// Unresolved past the horizon: `needs_review`.
     Escalated,
+    /// Evidence that contradicts the record or does not match the attempt:
+    /// kept, `needs_review`, nothing adopted.
+    Conflict { kind: String, detail: String },
     /// Another reconciler, a webhook or the worker decided first.
     AlreadySettled,
+    /// Examining it failed (a store error); the next run tries again.
+    Error { error: String },
 }
 
 /// One examined attempt, for the summary and `--json`.
@@ -97,16 +116,21 @@ pub struct Summary {
     pub resolved: BTreeMap<String, usize>,
     pub retried: usize,
     pub failed_no_effect: usize,
+    pub no_effect_in_review: usize,
     pub still_unknown: usize,
     pub escalated: usize,
+    pub conflicts: usize,
     pub already_settled: usize,
+    pub errors: usize,
+    /// The run stopped at `Scope::max` with candidates left.
+    pub truncated: bool,
     pub items: Vec<Examined>,
 }
 
 impl Summary {
     /// Anything left that a human or a later run must look at.
     pub fn unresolved(&self) -> usize {
-        self.still_unknown + self.escalated
+        self.still_unknown + self.escalated + self.conflicts + self.no_effect_in_review
     }
 
     fn count(&mut self, verdict: &Verdict) {
@@ -116,9 +140,12 @@ impl Summary {
             }
             Verdict::Retried => self.retried += 1,
             Verdict::FailedNoEffect => self.failed_no_effect += 1,
+            Verdict::NoEffectInReview => self.no_effect_in_review += 1,
             Verdict::StillUnknown { .. } => self.still_unknown += 1,
             Verdict::Escalated => self.escalated += 1,
+            Verdict::Conflict { .. } => self.conflicts += 1,
             Verdict::AlreadySettled => self.already_settled += 1,
+            Verdict::Error { .. } => self.errors += 1,
         }
     }
 }
@@ -145,6 +172,8 @@ enum Finding {
     Proof(Proof),
     /// Proven: the provider has no effect of this attempt.
     NoEffect,
+    /// Evidence under the attempt's identity that cannot be adopted.
+    Conflict(ConflictKind, String),
     /// Nothing proven.
     Unknown(String),
 }
@@ -167,6 +196,15 @@ fn said(objects: &Result<Vec<ProviderObject>, QueryError>) -> serde_json::Value 
     }
 }
 
+/// The intent name an attempt's reference was made of.
+fn intent_of(attempt: &AttemptRow) -> &str {
+    attempt
+        .reference
+        .rsplit_once('/')
+        .map(|(intent, _)| intent)
+        .unwrap_or(&attempt.reference)
+}
+
 impl<P: Provider> Reconciler<P> {
     pub fn new(
         store: Store,
@@ -182,9 +220,11 @@ impl<P: Provider> Reconciler<P> {
         }
     }
 
-    /// One reconciliation run: examine every candidate, ask the provider,
-    /// apply what it proves (unless `dry_run`), audit every decision.
-    /// `progress(done, total)` is called after each attempt.
+    /// One reconciliation run: examine every candidate (page by page), ask
+    /// the provider, apply what it proves (unless `dry_run`), audit every
+    /// decision. A failure on one candidate is counted (`errors`) and the
+    /// run goes on; the run row is always finished.
+    /// `progress(done, total_so_far)` is called after each attempt.
     pub async fn run(
         &self,
         scope: &Scope,
@@ -192,22 +232,14 @@ impl<P: Provider> Reconciler<P> {
         trigger: &str,
         progress: &(dyn Fn(usize, usize) + Sync),
     ) -> Result<Summary, ReconcileError> {
-        let now = self.clock.now();
+        let started = self.clock.now();
         let stuck = scope.older_than.unwrap_or(self.config.stuck_after);
-        let mut candidates = self
-            .store
-            .reconcile_candidates(now - to_chrono(stuck), scope.payment, self.config.limit)
-            .await?;
-        if let Some(older) = scope.older_than {
-            let cutoff = now - to_chrono(older);
-            candidates.retain(|a| a.last_send_at.is_none_or(|t| t.0 < cutoff));
-        }
         let run_id = if dry_run {
             None
         } else {
             Some(
                 self.store
-                    .start_run(trigger, &self.config.actor, dry_run, now)
+                    .start_run(trigger, &self.config.actor, dry_run, started)
                     .await?,
             )
         };
@@ -216,28 +248,143 @@ impl<P: Provider> Reconciler<P> {
             dry_run,
             ..Default::default()
         };
-        let total = candidates.len();
-        for (i, attempt) in candidates.iter().enumerate() {
-            let item = self.examine(attempt, run_id, dry_run).await?;
-            summary.count(&item.verdict);
-            summary.examined += 1;
-            summary.items.push(item);
-            progress(i + 1, total);
-        }
+        let outcome = self
+            .examine_all(
+                scope,
+                stuck,
+                started,
+                run_id,
+                dry_run,
+                &mut summary,
+                progress,
+            )
+            .await;
         if let Some(run) = run_id {
             let mut brief = summary.clone();
             brief.items.clear();
             let text = serde_json::to_string(&brief).unwrap_or_default();
             self.store.finish_run(run, &text, self.clock.now()).await?;
         }
+        outcome?;
         tracing::info!(
             examined = summary.examined,
             still_unknown = summary.still_unknown,
             escalated = summary.escalated,
+            conflicts = summary.conflicts,
+            errors = summary.errors,
             dry_run,
             "reconciliation run finished"
         );
         Ok(summary)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn examine_all(
+        &self,
+        scope: &Scope,
+        stuck: Duration,
+        started: DateTime<Utc>,
+        run_id: Option<RunId>,
+        dry_run: bool,
+        summary: &mut Summary,
+        progress: &(dyn Fn(usize, usize) + Sync),
+    ) -> Result<(), ReconcileError> {
+        let cutoff = started - to_chrono(stuck);
+        let mut after: Option<AttemptId> = None;
+        loop {
+            let page = self
+                .store
+                .reconcile_candidates(cutoff, scope.payment, after, self.config.page)
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = Some(AttemptId::from_uuid(last.id.0));
+            let full = page.len() == self.config.page as usize;
+            for attempt in &page {
+                if scope.older_than.is_some() && attempt.last_send_at.is_some_and(|t| t.0 >= cutoff)
+                {
+                    continue;
+                }
+                if scope.max.is_some_and(|max| summary.examined >= max) {
+                    summary.truncated = true;
+                    return Ok(());
+                }
+                let item = match self.examine(attempt, run_id, dry_run).await {
+                    Ok(item) => item,
+                    Err(ReconcileError::Store(e)) => {
+                        tracing::error!(attempt_id = %attempt.id.0, error = %e, "examining an attempt failed; the next run tries again");
+                        Examined {
+                            payment_id: attempt.payment_id.0.to_string(),
+                            attempt_id: attempt.id.0.to_string(),
+                            reference: attempt.reference.clone(),
+                            operation: attempt.operation.clone(),
+                            provider_said: serde_json::Value::Null,
+                            verdict: Verdict::Error {
+                                error: e.to_string(),
+                            },
+                            applied: false,
+                        }
+                    }
+                };
+                summary.count(&item.verdict);
+                summary.examined += 1;
+                summary.items.push(item);
+                progress(summary.examined, summary.examined);
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything the provider says about an attempt, asked with no
+    /// transaction open: the search (or GET) plus what a stale worker kept
+    /// of the provider's answer to this attempt's own key.
+    async fn ask(
+        &self,
+        attempt: &AttemptRow,
+        operation: Operation,
+        payment: &PaymentRow,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        let mut found = match operation {
+            Operation::Authorize => match &attempt.provider_ref {
+                Some(id) => self
+                    .provider
+                    .get_charge(id)
+                    .await
+                    .map(|c| c.into_iter().collect())?,
+                None => self.provider.search_charges(&attempt.reference).await?,
+            },
+            Operation::Capture | Operation::Cancel => match &payment.provider_ref {
+                Some(id) => self
+                    .provider
+                    .get_charge(id)
+                    .await
+                    .map(|c| c.into_iter().collect())?,
+                None => Vec::new(),
+            },
+            Operation::Refund => self.provider.search_refunds(&attempt.reference).await?,
+        };
+        let observed = self
+            .store
+            .observations_for(AttemptId::from_uuid(attempt.id.0))
+            .await
+            .map_err(|e| QueryError(format!("reading observations: {e}")))?;
+        for (_, _, detail) in observed {
+            let Ok(object) = serde_json::from_str::<ProviderObject>(&detail) else {
+                continue;
+            };
+            if found.iter().any(|o| o.id == object.id) {
+                continue;
+            }
+            // A charge's status now beats what the stale worker heard.
+            let fresh = match operation {
+                Operation::Refund => None,
+                _ => self.provider.get_charge(&object.id).await.ok().flatten(),
+            };
+            found.push(fresh.unwrap_or(object));
+        }
+        Ok(found)
     }
 
     async fn examine(
@@ -254,29 +401,14 @@ impl<P: Provider> Reconciler<P> {
             .payment_unscoped(payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
-        // The question, asked with no transaction open.
-        let answer = match operation {
-            Operation::Authorize => match &attempt.provider_ref {
-                Some(id) => self
-                    .provider
-                    .get_charge(id)
-                    .await
-                    .map(|c| c.into_iter().collect()),
-                None => self.provider.search_charges(&attempt.reference).await,
-            },
-            Operation::Capture | Operation::Cancel => match &payment.provider_ref {
-                Some(id) => self
-                    .provider
-                    .get_charge(id)
-                    .await
-                    .map(|c| c.into_iter().collect()),
-                None => Ok(Vec::new()),
-            },
-            Operation::Refund => self.provider.search_refunds(&attempt.reference).await,
+        let refund = match attempt.refund_id {
+            Some(r) => self.store.refund_unscoped(RefundId::from_uuid(r.0)).await?,
+            None => None,
         };
+        let answer = self.ask(attempt, operation, &payment).await;
         let provider_said = said(&answer);
         let now = self.clock.now();
-        let finding = self.judge(attempt, operation, answer, now);
+        let finding = self.judge(attempt, operation, &payment, refund.as_ref(), answer, now);
         let ctx = Ctx {
             attempt,
             run,
@@ -286,11 +418,13 @@ impl<P: Provider> Reconciler<P> {
         };
         let verdict = match finding {
             Finding::Unknown(reason) if self.past_horizon(attempt, now) => {
-                self.escalate(&ctx, &payment.status, &reason).await?
+                self.escalate(&ctx, operation, &payment, refund.as_ref(), &reason)
+                    .await?
             }
             Finding::Unknown(reason) => Verdict::StillUnknown { reason },
             Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
             Finding::NoEffect => self.no_effect(&ctx, operation).await?,
+            Finding::Conflict(kind, detail) => self.conflict(&ctx, kind, &detail).await?,
         };
         tracing::info!(attempt_id = %attempt.id.0, reference = %attempt.reference, ?verdict, dry_run, "reconcile.decide");
         Ok(Examined {
@@ -302,17 +436,21 @@ impl<P: Provider> Reconciler<P> {
             applied: !dry_run
                 && !matches!(
                     verdict,
-                    Verdict::StillUnknown { .. } | Verdict::AlreadySettled
+                    Verdict::StillUnknown { .. } | Verdict::AlreadySettled | Verdict::Error { .. }
                 ),
             verdict,
         })
     }
 
-    /// What the provider's answer proves. Pure: no IO.
+    /// What the provider's answer proves. Pure: no IO. Only objects that
+    /// provably belong to the attempt count ([`fit`]); one under its
+    /// identity with other terms, or several, is a conflict.
     fn judge(
         &self,
         attempt: &AttemptRow,
         operation: Operation,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
         answer: Result<Vec<ProviderObject>, QueryError>,
         now: DateTime<Utc>,
     ) -> Finding {
@@ -324,58 +462,49 @@ impl<P: Provider> Reconciler<P> {
                 ));
             }
         };
-        let by_status =
-            |wanted: &[&str]| found.iter().find(|o| wanted.contains(&o.status.as_str()));
-        let proof = match operation {
-            Operation::Authorize => {
-                let succeeded: Vec<_> = found
-                    .iter()
-                    .filter(|o| matches!(o.status.as_str(), "authorized" | "captured" | "voided"))
-                    .collect();
-                if succeeded.len() > 1 {
-                    tracing::error!(reference = %attempt.reference, charges = succeeded.len(), "more than one charge for one reference");
+        let mut ours = Vec::new();
+        for object in &found {
+            match fit(operation, attempt, payment, refund, object) {
+                Fit::Ours => ours.push(object),
+                Fit::Mismatch(why) => {
+                    return Finding::Conflict(
+                        ConflictKind::Mismatch,
+                        format!("{}: {why}", object.id),
+                    );
                 }
-                if let Some(charge) = succeeded.first() {
-                    Some(Proof::Succeeded {
-                        provider_ref: charge.id.clone(),
-                        captured: charge.status == "captured",
-                    })
-                } else {
-                    by_status(&["declined"]).map(|c| Proof::Declined {
-                        code: "card_declined".into(),
-                        message: format!("declined at the provider ({})", c.id),
-                    })
+                Fit::NotOurs(why) => {
+                    tracing::debug!(object = %object.id, why, "not this attempt's object");
                 }
             }
-            Operation::Capture => by_status(&["captured", "voided", "declined"])
-                .map(|c| charge_settled(c, "captured")),
-            Operation::Cancel => {
-                by_status(&["voided", "captured", "declined"]).map(|c| charge_settled(c, "voided"))
-            }
-            Operation::Refund => match by_status(&["succeeded", "failed"]) {
-                Some(r) if r.status == "succeeded" => Some(Proof::Succeeded {
-                    provider_ref: r.id.clone(),
-                    captured: false,
-                }),
-                Some(r) => Some(Proof::Failed {
-                    code: "refund_failed".into(),
-                    message: format!("refund {} failed at the provider", r.id),
-                }),
-                None => None,
-            },
-        };
-        if let Some(proof) = proof {
-            return Finding::Proof(proof);
         }
-        if found
+        let proofs: Vec<Proof> = ours
             .iter()
-            .any(|o| o.status == "pending" || o.status == "processing")
+            .filter_map(|o| proof_from(operation, o))
+            .collect();
+        let moved_money = |p: &&Proof| matches!(p, Proof::Succeeded { .. });
+        if matches!(operation, Operation::Authorize | Operation::Refund)
+            && proofs.iter().filter(moved_money).count() > 1
         {
+            let ids: Vec<&str> = ours.iter().map(|o| o.id.as_str()).collect();
+            return Finding::Conflict(
+                ConflictKind::SeveralObjects,
+                format!("several effects under one attempt: {}", ids.join(", ")),
+            );
+        }
+        if let Some(proof) = proofs
+            .iter()
+            .find(|p| moved_money(p))
+            .or_else(|| proofs.first())
+        {
+            return Finding::Proof(proof.clone());
+        }
+        if !ours.is_empty() {
             return Finding::Unknown("the provider reports it in progress".into());
         }
         // Nothing found. That is proof of no effect only for an attempt the
         // worker no longer sends, and only once the provider's search has
-        // had time to see its last send.
+        // had time to see its last send (which may have reached the
+        // provider until the request timed out).
         if attempt.state != AttemptState::Reconciling.as_str() {
             return Finding::Unknown("not found; the worker still owns this attempt".into());
         }
@@ -383,9 +512,11 @@ impl<P: Provider> Reconciler<P> {
             .last_send_at
             .map(|t| t.0)
             .unwrap_or(attempt.created_at.0);
-        if now < last + to_chrono(self.config.search_lag) {
+        let visible_from =
+            last + to_chrono(self.config.request_timeout) + to_chrono(self.config.search_lag);
+        if now < visible_from {
             return Finding::Unknown(format!(
-                "not found, but the provider's search lag ({} s) has not passed since the last send",
+                "not found, but the provider's search lag ({} s) has not passed since the last send could have reached it",
                 self.config.search_lag.as_secs()
             ));
         }
@@ -426,32 +557,87 @@ impl<P: Provider> Reconciler<P> {
     }
 
     async fn adopt(&self, ctx: &Ctx<'_>, proof: &Proof) -> Result<Verdict, ReconcileError> {
-        let Ctx {
-            attempt,
-            run: _,
-            dry_run,
-            said: _,
-            now,
-        } = *ctx;
-        let outcome = match proof {
-            Proof::Succeeded { .. } => "succeeded",
-            Proof::Declined { .. } => "declined",
-            Proof::Failed { .. } => "failed",
+        let said = ctx.said.to_string();
+        let source = Source {
+            name: &self.config.actor,
+            said: &said,
         };
         let mut tx = self.store.begin().await?;
-        let applied = apply_proof(&mut tx, attempt, proof, now).await?;
-        let Applied::Settled { before, after } = applied else {
-            tx.rollback().await?;
-            return Ok(Verdict::AlreadySettled);
+        let verdict = match apply_proof(&mut tx, ctx.attempt, proof, &source, ctx.now).await? {
+            Applied::Settled { before, after } => {
+                let d = self.decision(ctx, &before, &after, proof.decision(), None);
+                tx.record_decision(&d, ctx.now).await?;
+                Verdict::Resolved {
+                    outcome: proof.outcome().into(),
+                }
+            }
+            Applied::Conflict { kind, detail } => Verdict::Conflict {
+                kind: kind.as_str().into(),
+                detail,
+            },
+            Applied::AlreadySettled => {
+                tx.rollback().await?;
+                return Ok(Verdict::AlreadySettled);
+            }
         };
-        let d = self.decision(ctx, &before, &after, &format!("adopt_{outcome}"), None);
-        tx.record_decision(&d, now).await?;
-        finish(tx, dry_run).await?;
-        Ok(Verdict::Resolved {
-            outcome: outcome.into(),
+        finish(tx, ctx.dry_run).await?;
+        Ok(verdict)
+    }
+
+    async fn conflict(
+        &self,
+        ctx: &Ctx<'_>,
+        kind: ConflictKind,
+        detail: &str,
+    ) -> Result<Verdict, ReconcileError> {
+        let said = ctx.said.to_string();
+        let source = Source {
+            name: &self.config.actor,
+            said: &said,
+        };
+        let payment = PaymentId::from_uuid(ctx.attempt.payment_id.0);
+        let mut tx = self.store.begin().await?;
+        let current = tx
+            .payment_by_id(payment)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
+        // The same finding again on a payment already stopped: nothing new.
+        if current.status == PaymentStatus::NeedsReview.as_str() {
+            tx.rollback().await?;
+            return Ok(Verdict::Conflict {
+                kind: kind.as_str().into(),
+                detail: detail.to_owned(),
+            });
+        }
+        stop_the_line(
+            &mut tx,
+            Some(ctx.attempt),
+            Some(payment),
+            kind,
+            detail,
+            &source,
+            ctx.now,
+        )
+        .await?;
+        let d = self.decision(
+            ctx,
+            &current.status,
+            PaymentStatus::NeedsReview.as_str(),
+            "conflict",
+            Some(detail.to_owned()),
+        );
+        tx.record_decision(&d, ctx.now).await?;
+        finish(tx, ctx.dry_run).await?;
+        Ok(Verdict::Conflict {
+            kind: kind.as_str().into(),
+            detail: detail.to_owned(),
         })
     }
 
+    /// Proof of no effect, applied pinned to the state and last send the
+    /// reconciler read; whatever it enables (a new attempt with a new key)
+    /// is written only if the compare-and-set of the state it depends on
+    /// succeeds, in the same transaction.
     async fn no_effect(
         &self,
         ctx: &Ctx<'_>,
@@ -459,20 +645,17 @@ impl<P: Provider> Reconciler<P> {
     ) -> Result<Verdict, ReconcileError> {
         let Ctx {
             attempt,
-            run: _,
             dry_run,
-            said: _,
             now,
+            ..
         } = *ctx;
         let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
         let refund_id = attempt.refund_id.map(|r| RefundId::from_uuid(r.0));
         let mut tx = self.store.begin().await?;
         if !tx
-            .resolve_attempt(
+            .resolve_no_effect(
                 AttemptId::from_uuid(attempt.id.0),
-                AttemptState::NoEffect,
-                None,
-                Some("proven no effect at the provider"),
+                attempt.last_send_at.map(|t| t.0),
                 now,
             )
             .await?
@@ -485,23 +668,22 @@ impl<P: Provider> Reconciler<P> {
             .await?
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
         let before = payment.status()?;
-        let (verdict, after) = if self.config.retry_on_no_effect {
-            // A new attempt of the same intent, under a NEW provider key:
-            // the old one is proven to have done nothing.
-            tx.enqueue_attempt(
-                &NewAttempt {
-                    intent: IntentId::from_uuid(attempt.intent_id.0),
-                    payment: payment_id,
-                    refund: refund_id,
-                    operation,
-                    provider_key: uuid::Uuid::new_v4().to_string(),
-                    reference: attempt.reference.clone(),
-                },
-                now,
-                now,
-            )
-            .await?;
-            let after = match operation {
+        let refund_status = match refund_id {
+            Some(r) => tx
+                .refund_by_id(r)
+                .await?
+                .and_then(|r| RefundStatus::parse(&r.status)),
+            None => None,
+        };
+        let in_review = before == PaymentStatus::NeedsReview
+            || refund_status == Some(RefundStatus::NeedsReview);
+        let (verdict, after, name) = if in_review {
+            // Recorded, nothing enabled: needs_review blocks every new send.
+            (Verdict::NoEffectInReview, before, "no_effect_in_review")
+        } else if self.config.retry_on_no_effect {
+            // The state the new attempt depends on moves first; zero rows
+            // means nothing is created.
+            let moved = match operation {
                 Operation::Authorize => {
                     self.move_payment(
                         &mut tx,
@@ -513,9 +695,9 @@ impl<P: Provider> Reconciler<P> {
                     )
                     .await?
                 }
-                Operation::Refund => {
-                    if let Some(r) = refund_id {
-                        tx.settle_refund(
+                Operation::Refund => match refund_id {
+                    Some(r) => tx
+                        .settle_refund(
                             r,
                             RefundStatus::RequiresReconciliation,
                             RefundStatus::Processing,
@@ -523,59 +705,59 @@ impl<P: Provider> Reconciler<P> {
                             None,
                             now,
                         )
-                        .await?;
-                    }
-                    before
+                        .await?
+                        .map(|_| before),
+                    None => None,
+                },
+                Operation::Capture | Operation::Cancel => {
+                    let waiting = if operation == Operation::Capture {
+                        PaymentStatus::Capturing
+                    } else {
+                        PaymentStatus::Canceling
+                    };
+                    (before == waiting).then_some(before)
                 }
-                _ => before,
             };
-            (Verdict::Retried, after)
+            let Some(after) = moved else {
+                tx.rollback().await?;
+                return Ok(Verdict::AlreadySettled);
+            };
+            // A new attempt of the same intent, under a NEW provider key:
+            // the old one is proven to have done nothing.
+            let id = AttemptId::new();
+            tx.enqueue_attempt(
+                &NewAttempt {
+                    id,
+                    intent: IntentId::from_uuid(attempt.intent_id.0),
+                    payment: payment_id,
+                    refund: refund_id,
+                    operation,
+                    provider_key: uuid::Uuid::new_v4().to_string(),
+                    reference: cobro_core::attempt_reference(intent_of(attempt), id),
+                },
+                now,
+                now,
+            )
+            .await?;
+            (Verdict::Retried, after, "no_effect_retry")
         } else {
             let failure = (
                 "no_effect_at_provider".to_owned(),
                 "the provider has no record of this attempt; not retried by policy".to_owned(),
             );
-            let after = match operation {
-                Operation::Authorize => {
-                    self.move_payment(
-                        &mut tx,
-                        payment_id,
-                        before,
-                        PaymentEvent::Failed,
-                        Some(failure),
-                        now,
-                    )
+            let event = match operation {
+                Operation::Authorize => Some(PaymentEvent::Failed),
+                Operation::Capture => Some(PaymentEvent::CaptureRefused),
+                Operation::Cancel => Some(PaymentEvent::VoidRefused),
+                Operation::Refund => None,
+            };
+            let after = match event {
+                Some(event) => self
+                    .move_payment(&mut tx, payment_id, before, event, Some(failure), now)
                     .await?
-                }
-                Operation::Capture => {
-                    self.move_payment(
-                        &mut tx,
-                        payment_id,
-                        before,
-                        PaymentEvent::CaptureRefused,
-                        Some(failure),
-                        now,
-                    )
-                    .await?
-                }
-                Operation::Cancel => {
-                    self.move_payment(
-                        &mut tx,
-                        payment_id,
-                        before,
-                        PaymentEvent::VoidRefused,
-                        Some(failure),
-                        now,
-                    )
-                    .await?
-                }
-                Operation::Refund => {
-                    if let Some(r) = refund_id {
-                        let from = tx
-                            .refund_by_id(r)
-                            .await?
-                            .and_then(|r| RefundStatus::parse(&r.status))
-                            .unwrap_or(RefundStatus::RequiresReconciliation);
+                    .unwrap_or(before),
+                None => {
+                    if let (Some(r), Some(from)) = (refund_id, refund_status) {
                         tx.settle_refund(
                             r,
                             from,
@@ -589,12 +771,7 @@ impl<P: Provider> Reconciler<P> {
                     before
                 }
             };
-            (Verdict::FailedNoEffect, after)
-        };
-        let name = if verdict == Verdict::Retried {
-            "no_effect_retry"
-        } else {
-            "no_effect_fail"
+            (Verdict::FailedNoEffect, after, "no_effect_fail")
         };
         let d = self.decision(
             ctx,
@@ -608,8 +785,8 @@ impl<P: Provider> Reconciler<P> {
         Ok(verdict)
     }
 
-    /// Moves the payment by `event` with a compare-and-set; returns where it
-    /// ended (unchanged when the event does not apply to its state).
+    /// Moves the payment by `event` with a compare-and-set; `None` when the
+    /// event does not apply to its state or the state moved.
     async fn move_payment(
         &self,
         tx: &mut WriteTx,
@@ -618,94 +795,96 @@ impl<P: Provider> Reconciler<P> {
         event: PaymentEvent,
         failure: Option<(String, String)>,
         now: DateTime<Utc>,
-    ) -> Result<PaymentStatus, ReconcileError> {
+    ) -> Result<Option<PaymentStatus>, ReconcileError> {
         let Ok(to) = from.apply(event) else {
-            return Ok(from);
+            return Ok(None);
         };
         let outcome = PaymentOutcome {
             failure,
             ..Default::default()
         };
-        Ok(
-            match tx.settle_payment(id, from, to, &outcome, now).await? {
-                Some(_) => to,
-                None => from,
-            },
-        )
+        Ok(tx
+            .settle_payment(id, from, to, &outcome, now)
+            .await?
+            .map(|_| to))
     }
 
+    /// Past the horizon: the payment (authorisation, capture, void) or the
+    /// refund goes to `needs_review`, once; later runs find it there and
+    /// write nothing more.
     async fn escalate(
         &self,
         ctx: &Ctx<'_>,
-        status: &str,
+        operation: Operation,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
         reason: &str,
     ) -> Result<Verdict, ReconcileError> {
         let Ctx {
             attempt,
-            run: _,
             dry_run,
-            said: _,
             now,
+            ..
         } = *ctx;
-        let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
-        let before = PaymentStatus::parse(status)
-            .ok_or_else(|| StoreError::Corrupt(format!("payment status {status}")))?;
-        if before == PaymentStatus::NeedsReview {
-            return Ok(Verdict::Escalated);
-        }
         let mut tx = self.store.begin().await?;
-        let after = self
-            .move_payment(
-                &mut tx,
-                payment_id,
-                before,
-                PaymentEvent::Escalated,
-                None,
-                now,
+        let (before, after) = if operation == Operation::Refund {
+            let Some(refund) = refund else {
+                return Ok(Verdict::Escalated);
+            };
+            let from = RefundStatus::parse(&refund.status)
+                .ok_or_else(|| StoreError::Corrupt("refund status".into()))?;
+            if from == RefundStatus::NeedsReview {
+                return Ok(Verdict::Escalated);
+            }
+            let moved = tx
+                .settle_refund(
+                    RefundId::from_uuid(refund.id.0),
+                    from,
+                    RefundStatus::NeedsReview,
+                    None,
+                    None,
+                    now,
+                )
+                .await?;
+            if moved.is_none() {
+                tx.rollback().await?;
+                return Ok(Verdict::AlreadySettled);
+            }
+            (
+                from.as_str().to_owned(),
+                RefundStatus::NeedsReview.as_str().to_owned(),
+            )
+        } else {
+            let before = payment.status()?;
+            if before == PaymentStatus::NeedsReview {
+                return Ok(Verdict::Escalated);
+            }
+            let Some(after) = self
+                .move_payment(
+                    &mut tx,
+                    PaymentId::from_uuid(payment.id.0),
+                    before,
+                    PaymentEvent::Escalated,
+                    None,
+                    now,
+                )
+                .await?
+            else {
+                tx.rollback().await?;
+                return Ok(Verdict::AlreadySettled);
+            };
+            tx.set_review_reason(
+                PaymentId::from_uuid(payment.id.0),
+                &format!("unresolved past the horizon: {reason}"),
             )
             .await?;
-        if let Some(r) = attempt.refund_id.map(|r| RefundId::from_uuid(r.0)) {
-            tx.settle_refund(
-                r,
-                RefundStatus::RequiresReconciliation,
-                RefundStatus::NeedsReview,
-                None,
-                None,
-                now,
-            )
-            .await?;
-        }
-        let d = self.decision(
-            ctx,
-            before.as_str(),
-            after.as_str(),
-            "escalate",
-            Some(reason.to_owned()),
-        );
+            (before.as_str().to_owned(), after.as_str().to_owned())
+        };
+        let d = self.decision(ctx, &before, &after, "escalate", Some(reason.to_owned()));
         tx.record_decision(&d, now).await?;
         finish(tx, dry_run).await?;
-        tracing::warn!(payment_id = %payment_id, reference = %attempt.reference, "unresolved past the horizon: needs_review");
+        tracing::warn!(payment_id = %attempt.payment_id.0, reference = %attempt.reference, "unresolved past the horizon: needs_review");
         Ok(Verdict::Escalated)
-    }
-}
-
-/// What a charge in a final status proves about a capture or a void: the
-/// status that operation produces (`done`) proves it; any other final status
-/// means it can never happen.
-fn charge_settled(charge: &ProviderObject, done: &str) -> Proof {
-    if charge.status == done {
-        Proof::Succeeded {
-            provider_ref: charge.id.clone(),
-            captured: done == "captured",
-        }
-    } else {
-        Proof::Failed {
-            code: format!("charge_{}", charge.status),
-            message: format!(
-                "the charge is {} and can no longer be {done}",
-                charge.status
-            ),
-        }
     }
 }
 
@@ -722,6 +901,8 @@ async fn finish(tx: WriteTx, dry_run: bool) -> Result<(), StoreError> {
 #[derive(Clone, Debug)]
 pub struct ManualResolution {
     pub payment: PaymentId,
+    /// The attempt the operator resolves (`cobro payments show` lists them).
+    pub attempt: AttemptId,
     pub outcome: ManualOutcome,
     pub provider_ref: Option<String>,
     pub operator: String,
@@ -734,6 +915,19 @@ pub enum ManualOutcome {
     Captured,
     Declined,
     Failed,
+    Canceled,
+}
+
+impl ManualOutcome {
+    fn status(self) -> PaymentStatus {
+        match self {
+            ManualOutcome::Authorized => PaymentStatus::Authorized,
+            ManualOutcome::Captured => PaymentStatus::Captured,
+            ManualOutcome::Declined => PaymentStatus::Declined,
+            ManualOutcome::Failed => PaymentStatus::Failed,
+            ManualOutcome::Canceled => PaymentStatus::Canceled,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -742,17 +936,87 @@ pub enum ResolveError {
     NotFound,
     #[error("the payment is {0}; only a payment in needs_review can be resolved by hand")]
     NotInReview(String),
+    #[error("attempt {0} is not an attempt of this payment")]
+    NotThisPaymentsAttempt(String),
+    #[error(
+        "attempt {0} may still be in flight (the worker owns it); wait for it to be handed over"
+    )]
+    InFlight(String),
     #[error("an authorized or captured outcome needs the provider's charge id (--provider-ref)")]
     ProviderRefRequired,
+    #[error("outcome {outcome:?} does not apply to a {operation} attempt")]
+    NotApplicable {
+        outcome: ManualOutcome,
+        operation: String,
+    },
     #[error("the payment changed while resolving; look again")]
     Conflict,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// Applies an operator's resolution: only from `needs_review`, by
-/// compare-and-set, through the same path as a provider proof, audited
-/// with who and why.
+/// What an operator's outcome proves about an unresolved attempt.
+fn manual_proof(
+    r: &ManualResolution,
+    operation: Operation,
+    payment: &PaymentRow,
+) -> Result<Proof, ResolveError> {
+    let not_applicable = || ResolveError::NotApplicable {
+        outcome: r.outcome,
+        operation: operation.as_str().to_owned(),
+    };
+    let refused = |charge| Proof::Failed {
+        code: "resolved_by_operator".into(),
+        message: r.reason.clone(),
+        charge,
+    };
+    let charge = || {
+        r.provider_ref
+            .clone()
+            .or_else(|| payment.provider_ref.clone())
+            .ok_or(ResolveError::ProviderRefRequired)
+    };
+    Ok(match (operation, r.outcome) {
+        (Operation::Authorize, ManualOutcome::Authorized | ManualOutcome::Captured) => {
+            Proof::Succeeded {
+                provider_ref: r
+                    .provider_ref
+                    .clone()
+                    .ok_or(ResolveError::ProviderRefRequired)?,
+                captured: r.outcome == ManualOutcome::Captured,
+            }
+        }
+        (Operation::Authorize, ManualOutcome::Declined) => Proof::Declined {
+            code: "resolved_declined".into(),
+            message: r.reason.clone(),
+        },
+        (Operation::Authorize, ManualOutcome::Failed) => Proof::Failed {
+            code: "resolved_failed".into(),
+            message: r.reason.clone(),
+            charge: None,
+        },
+        (Operation::Capture, ManualOutcome::Captured)
+        | (Operation::Cancel, ManualOutcome::Canceled) => Proof::Succeeded {
+            provider_ref: charge()?,
+            captured: operation == Operation::Capture,
+        },
+        (Operation::Capture | Operation::Cancel, ManualOutcome::Authorized) => {
+            refused(Some(ChargeNow::Authorized))
+        }
+        (Operation::Cancel, ManualOutcome::Captured) => refused(Some(ChargeNow::Captured {
+            amount: payment.amount,
+        })),
+        (Operation::Capture, ManualOutcome::Canceled) => refused(Some(ChargeNow::Voided)),
+        _ => return Err(not_applicable()),
+    })
+}
+
+/// Applies an operator's resolution: only from `needs_review`, naming the
+/// attempt it resolves, refused while any attempt of the payment may be in
+/// flight, by compare-and-set, audited with who and why. An unresolved
+/// attempt is settled through the same path as a provider proof; a payment
+/// stopped by a conflict (its attempts already settled) is set to the
+/// outcome the operator found at the provider, and its conflicts closed.
 pub async fn resolve_by_hand(
     store: &Store,
     r: &ManualResolution,
@@ -766,47 +1030,73 @@ pub async fn resolve_by_hand(
     if payment.status != PaymentStatus::NeedsReview.as_str() {
         return Err(ResolveError::NotInReview(payment.status));
     }
-    let proof = match r.outcome {
-        ManualOutcome::Authorized | ManualOutcome::Captured => Proof::Succeeded {
-            provider_ref: r
-                .provider_ref
-                .clone()
-                .ok_or(ResolveError::ProviderRefRequired)?,
-            captured: r.outcome == ManualOutcome::Captured,
-        },
-        ManualOutcome::Declined => Proof::Declined {
-            code: "resolved_declined".into(),
-            message: r.reason.clone(),
-        },
-        ManualOutcome::Failed => Proof::Failed {
-            code: "resolved_failed".into(),
-            message: r.reason.clone(),
-        },
-    };
-    let attempts = store.attempts_for_payment(r.payment).await?;
+    let attempts = tx.attempts_of(r.payment).await?;
+    if let Some(busy) = attempts.iter().find(|a| {
+        matches!(
+            AttemptState::parse(&a.state),
+            Some(AttemptState::Pending | AttemptState::Unknown)
+        ) && a.send_count > 0
+    }) {
+        return Err(ResolveError::InFlight(busy.id.0.to_string()));
+    }
     let attempt = attempts
         .iter()
-        .rev()
-        .find(|a| {
-            a.operation == Operation::Authorize.as_str()
-                && AttemptState::parse(&a.state).is_some_and(|s| s.is_unresolved())
-        })
-        .ok_or(ResolveError::Conflict)?;
-    let Applied::Settled { before, after } = apply_proof(&mut tx, attempt, &proof, now).await?
-    else {
-        return Err(ResolveError::Conflict);
+        .find(|a| a.id.0 == r.attempt.as_uuid())
+        .ok_or_else(|| ResolveError::NotThisPaymentsAttempt(r.attempt.to_string()))?;
+    let operation = Operation::parse(&attempt.operation)
+        .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+    let operator = format!("operator:{}", r.operator);
+    let asserted = serde_json::json!({
+        "operator_asserted": format!("{:?}", r.outcome),
+        "provider_ref": r.provider_ref,
+    })
+    .to_string();
+    let unresolved = AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved());
+    let (before, after) = if unresolved {
+        let proof = manual_proof(r, operation, &payment)?;
+        let source = Source {
+            name: &operator,
+            said: &asserted,
+        };
+        match apply_proof(&mut tx, attempt, &proof, &source, now).await? {
+            Applied::Settled { before, after } => (before, after),
+            _ => return Err(ResolveError::Conflict),
+        }
+    } else {
+        let to = r.outcome.status();
+        if matches!(to, PaymentStatus::Authorized | PaymentStatus::Captured)
+            && r.provider_ref.is_none()
+            && payment.provider_ref.is_none()
+        {
+            return Err(ResolveError::ProviderRefRequired);
+        }
+        let outcome = PaymentOutcome {
+            provider_ref: r.provider_ref.clone(),
+            amount_captured: (to == PaymentStatus::Captured).then_some(payment.amount),
+            failure: to
+                .is_terminal_failure()
+                .then(|| ("resolved_by_operator".to_owned(), r.reason.clone())),
+        };
+        tx.settle_payment(r.payment, PaymentStatus::NeedsReview, to, &outcome, now)
+            .await?
+            .ok_or(ResolveError::Conflict)?;
+        (
+            PaymentStatus::NeedsReview.as_str().to_owned(),
+            to.as_str().to_owned(),
+        )
     };
+    tx.resolve_conflicts(r.payment, now).await?;
     tx.record_decision(
         &NewDecision {
             run_id: None,
             payment: r.payment,
-            refund: None,
-            attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+            refund: attempt.refund_id.map(|id| RefundId::from_uuid(id.0)),
+            attempt: Some(r.attempt),
             state_before: before,
             state_after: after.clone(),
-            provider_said: serde_json::json!({ "operator_asserted": format!("{:?}", r.outcome), "provider_ref": r.provider_ref }).to_string(),
+            provider_said: asserted,
             decision: "manual_resolve".into(),
-            actor: format!("operator:{}", r.operator),
+            actor: operator,
             reason: Some(r.reason.clone()),
         },
         now,
@@ -814,45 +1104,4 @@ pub async fn resolve_by_hand(
     .await?;
     tx.commit().await?;
     Ok(after)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn charge(status: &str) -> ProviderObject {
-        ProviderObject {
-            id: "ch_1".into(),
-            status: status.into(),
-            reference: None,
-            amount: None,
-            amount_captured: None,
-            sequence: None,
-        }
-    }
-
-    #[test]
-    fn a_charges_final_status_proves_its_capture_or_void_and_refutes_the_other() {
-        let captured = Proof::Succeeded {
-            provider_ref: "ch_1".into(),
-            captured: true,
-        };
-        let voided = Proof::Succeeded {
-            provider_ref: "ch_1".into(),
-            captured: false,
-        };
-        assert_eq!(charge_settled(&charge("captured"), "captured"), captured);
-        assert_eq!(charge_settled(&charge("voided"), "voided"), voided);
-        for (status, done) in [
-            ("voided", "captured"),
-            ("declined", "captured"),
-            ("captured", "voided"),
-            ("declined", "voided"),
-        ] {
-            match charge_settled(&charge(status), done) {
-                Proof::Failed { code, .. } => assert_eq!(code, format!("charge_{status}")),
-                other => panic!("{status} must refute {done}: {other:?}"),
-            }
-        }
-    }
 }

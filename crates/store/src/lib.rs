@@ -2,6 +2,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod conflicts;
 mod db_types;
 pub mod idempotency;
 pub mod outbox;
@@ -13,7 +14,7 @@ pub mod webhooks;
 
 pub use db_types::{DbId, DbTime};
 pub use idempotency::{KeyScope, Reservation, StoredRecord};
-pub use outbox::{Claim, NewAttempt};
+pub use outbox::{Claim, NewAttempt, SendMark};
 pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow, RefundRow};
 
 use sqlx::migrate::Migrator;
@@ -41,6 +42,11 @@ pub enum StoreError {
     /// (PostgreSQL) or the columns (SQLite).
     #[error("unique constraint violated: {what}")]
     UniqueViolation { what: String },
+    /// The schema refused to make an attempt sendable because its payment
+    /// or refund is `requires_reconciliation` or `needs_review`
+    /// (`cobro_send_blocked`). Nothing was written.
+    #[error("no new send while the payment is under reconciliation or review")]
+    SendBlocked,
     /// The schema in the database is newer than this binary knows.
     #[error(
         "the database schema is at version {found}, newer than this binary's {known}; run a newer cobro"
@@ -71,6 +77,9 @@ impl From<sqlx::Error> for StoreError {
                 // (also 261/517, the extended BUSY_RECOVERY/BUSY_SNAPSHOT).
                 if matches!(code.as_ref(), "55P03" | "5" | "6" | "261" | "517") {
                     return StoreError::Busy;
+                }
+                if code == "CB001" || db.message().contains("cobro_send_blocked") {
+                    return StoreError::SendBlocked;
                 }
                 if db.kind() == ErrorKind::UniqueViolation {
                     let what = db
@@ -199,6 +208,15 @@ impl WriteTx {
         match self.inner {
             TxInner::Postgres(_) => BackendKind::Postgres,
             TxInner::Sqlite(_) => BackendKind::Sqlite,
+        }
+    }
+
+    /// ` FOR UPDATE` on PostgreSQL; nothing on SQLite, whose write
+    /// transactions (`BEGIN IMMEDIATE`) already exclude every other writer.
+    pub(crate) fn lock_clause(&self) -> &'static str {
+        match self.inner {
+            TxInner::Postgres(_) => " FOR UPDATE",
+            TxInner::Sqlite(_) => "",
         }
     }
 }

@@ -13,6 +13,8 @@ use cobro_core::{AttemptId, IntentId, Operation, OutboxId, PaymentId, RefundId};
 /// An attempt to create with its outbox row, in the caller's transaction.
 #[derive(Clone, Debug)]
 pub struct NewAttempt {
+    /// Chosen by the caller: the attempt's reference embeds it.
+    pub id: AttemptId,
     pub intent: IntentId,
     pub payment: PaymentId,
     pub refund: Option<RefundId>,
@@ -20,8 +22,23 @@ pub struct NewAttempt {
     /// The provider idempotency key, generated before the first send and
     /// reused by every retry of this attempt.
     pub provider_key: String,
-    /// The intent name, sent as the provider's merchant reference.
+    /// The provider's merchant reference,
+    /// [`cobro_core::attempt_reference`] of the intent name and `id`.
     pub reference: String,
+}
+
+/// What the fenced "sent" mark found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendMark {
+    /// Recorded: the call may go out.
+    Marked,
+    /// Another worker holds the row now: do not send.
+    LeaseLost,
+    /// The attempt was settled meanwhile (reconciler, webhook): do not send.
+    Settled,
+    /// Its payment or refund is `requires_reconciliation` or `needs_review`:
+    /// no new send until that is resolved.
+    Blocked,
 }
 
 /// A leased outbox row and the attempt it drives.
@@ -51,7 +68,7 @@ impl WriteTx {
         now: DateTime<Utc>,
         due_at: DateTime<Utc>,
     ) -> Result<AttemptRow> {
-        let id = AttemptId::new();
+        let id = a.id;
         let attempt = format!(
             "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
              provider_key, reference, state, created_at, updated_at) \
@@ -102,6 +119,83 @@ impl WriteTx {
     }
 }
 
+impl WriteTx {
+    /// Inserts an attempt that may not be sent yet (`held`), without an
+    /// outbox row: a cancel asked for while the authorisation is unknown.
+    pub async fn hold_attempt(&mut self, a: &NewAttempt, now: DateTime<Utc>) -> Result<AttemptRow> {
+        let sql = format!(
+            "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
+             provider_key, reference, state, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'held', $8, $8) RETURNING {ATTEMPT_COLUMNS}"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(a.id))
+            .bind(DbId::from(a.intent))
+            .bind(DbId::from(a.payment))
+            .bind(a.refund.map(DbId::from))
+            .bind(a.operation.as_str())
+            .bind(&a.provider_key)
+            .bind(&a.reference)
+            .bind(DbTime(now))
+            .fetch_one(&mut *conn)
+            .await?))
+    }
+
+    /// The held attempts of a payment (at most one per intent).
+    pub async fn held_attempts(&mut self, payment: PaymentId) -> Result<Vec<AttemptRow>> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 AND state = 'held' \
+             ORDER BY created_at, id"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .fetch_all(&mut *conn)
+            .await?))
+    }
+
+    /// Makes a held attempt sendable: `pending` with its outbox row, due
+    /// now. `false`: it was no longer held.
+    pub async fn release_held(&mut self, attempt: AttemptId, now: DateTime<Utc>) -> Result<bool> {
+        let sql = "UPDATE attempts SET state = 'pending', updated_at = $2 \
+            WHERE id = $1 AND state = 'held'";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(attempt))
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        if n != 1 {
+            return Ok(false);
+        }
+        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
+            VALUES ($1, $2, 'pending', $3, $3, $3)";
+        on_tx!(self, conn => sqlx::query(outbox)
+            .bind(DbId::from(OutboxId::new()))
+            .bind(DbId::from(attempt))
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(true)
+    }
+
+    /// Closes the outbox row of an attempt someone other than its worker
+    /// settled (the reconciler, a webhook, an operator): a worker that
+    /// claims it later finds nothing to do. No fencing token: the attempt
+    /// is settled whoever holds the row.
+    pub async fn close_outbox_of(&mut self, attempt: AttemptId, now: DateTime<Utc>) -> Result<()> {
+        let sql = "UPDATE outbox SET state = 'done', lease_owner = NULL, lease_expires_at = NULL, \
+            updated_at = $2 WHERE attempt_id = $1 AND state = 'pending'";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(attempt))
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+}
+
 impl Store {
     /// Claims up to `limit` due rows for `owner` until `lease_until`.
     pub async fn claim_due(
@@ -111,60 +205,71 @@ impl Store {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Vec<Claim>> {
-        let claimed = match &self.backend {
+        // Each arm returns the (row, fencing token) pairs it leased, so the
+        // claim is read back by exactly those tokens, never by owner and
+        // expiry (two claims in one instant would share those).
+        let leased: Vec<(DbId, i64)> = match &self.backend {
             // SKIP LOCKED: concurrent workers take disjoint rows without waiting.
-            Backend::Postgres(pool) => sqlx::query(
-                "UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
+            Backend::Postgres(pool) => {
+                sqlx::query_as(
+                    "UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
                  lease_expires_at = $3, due_at = $3, updated_at = $2 \
                  FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
                        ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-                 WHERE o.id = due.id",
-            )
-            .bind(owner)
-            .bind(DbTime(now))
-            .bind(DbTime(lease_until))
-            .bind(i64::from(limit))
-            .execute(pool)
-            .await?
-            .rows_affected(),
+                 WHERE o.id = due.id RETURNING o.id, o.lease_token",
+                )
+                .bind(owner)
+                .bind(DbTime(now))
+                .bind(DbTime(lease_until))
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?
+            }
             // SQLite has one writer: the single UPDATE is the claim.
-            Backend::Sqlite(pool) => sqlx::query(
-                "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
+            Backend::Sqlite(pool) => {
+                sqlx::query_as(
+                    "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
                  lease_expires_at = $3, due_at = $3, updated_at = $2 \
                  WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
-                              ORDER BY due_at LIMIT $4)",
-            )
-            .bind(owner)
-            .bind(DbTime(now))
-            .bind(DbTime(lease_until))
-            .bind(i64::from(limit))
-            .execute(pool)
-            .await?
-            .rows_affected(),
+                              ORDER BY due_at LIMIT $4) RETURNING id, lease_token",
+                )
+                .bind(owner)
+                .bind(DbTime(now))
+                .bind(DbTime(lease_until))
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?
+            }
         };
-        if claimed == 0 {
+        if leased.is_empty() {
             return Ok(Vec::new());
         }
-        // The rows this claim leased are exactly those with this owner and
-        // this lease expiry; reading them back joins the attempt, which the
-        // UPDATE's RETURNING could not do on SQLite.
         let columns = ATTEMPT_COLUMNS
             .split(", ")
             .map(|c| format!("a.{c}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let placeholders = (1..=leased.len())
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let sql = format!(
             "SELECT o.id AS outbox_id, o.lease_token, o.lease_expires_at, {columns} \
              FROM outbox o JOIN attempts a ON a.id = o.attempt_id \
-             WHERE o.lease_owner = $1 AND o.lease_expires_at = $2 AND o.state = 'pending'"
+             WHERE o.id IN ({placeholders}) AND o.state = 'pending'"
         );
-        let rows: Vec<ClaimRow> = on_pool!(self, pool => sqlx::query_as(&sql)
-            .bind(owner)
-            .bind(DbTime(lease_until))
-            .fetch_all(pool)
-            .await?);
+        let rows: Vec<ClaimRow> = on_pool!(self, pool => {
+            let mut q = sqlx::query_as(&sql);
+            for (id, _) in &leased {
+                q = q.bind(*id);
+            }
+            q.fetch_all(pool).await?
+        });
         Ok(rows
             .into_iter()
+            // Only the token this claim set: a row claimed again since
+            // (its lease already lost) is not ours.
+            .filter(|r| leased.contains(&(r.outbox_id, r.lease_token)))
             .map(|r| Claim {
                 outbox_id: OutboxId::from_uuid(r.outbox_id.0),
                 token: r.lease_token,
@@ -197,12 +302,21 @@ impl Store {
     }
 
     /// Records one send of a claimed attempt, fenced by the token: the send
-    /// count and the first/last send times drive the retention window.
-    pub async fn record_send(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool> {
+    /// count and the first/last send times drive the retention window. It
+    /// is the last gate before the provider call, so it also refuses an
+    /// attempt that is no longer sendable (settled by the reconciler or a
+    /// webhook meanwhile) and one whose payment or refund is
+    /// `requires_reconciliation` or `needs_review`.
+    pub async fn record_send(&self, claim: &Claim, now: DateTime<Utc>) -> Result<SendMark> {
         let sql = "UPDATE attempts SET send_count = send_count + 1, \
             first_send_at = COALESCE(first_send_at, $3), last_send_at = $3, updated_at = $3 \
-            WHERE id = $1 AND EXISTS (SELECT 1 FROM outbox o WHERE o.attempt_id = $1 \
-              AND o.id = $2 AND o.lease_token = $4 AND o.state = 'pending')";
+            WHERE id = $1 AND state IN ('pending', 'unknown') \
+            AND EXISTS (SELECT 1 FROM outbox o WHERE o.attempt_id = $1 \
+              AND o.id = $2 AND o.lease_token = $4 AND o.state = 'pending') \
+            AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = attempts.payment_id \
+              AND p.status IN ('requires_reconciliation', 'needs_review')) \
+            AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.id = attempts.refund_id \
+              AND r.status IN ('requires_reconciliation', 'needs_review'))";
         let n = on_pool!(self, pool => sqlx::query(sql)
             .bind(claim.attempt.id)
             .bind(DbId::from(claim.outbox_id))
@@ -211,7 +325,25 @@ impl Store {
             .execute(pool)
             .await?
             .rows_affected());
-        Ok(n == 1)
+        if n == 1 {
+            return Ok(SendMark::Marked);
+        }
+        // Why not (the rare path): lease first, then the attempt, then the block.
+        let why = "SELECT \
+            (SELECT COUNT(*) FROM outbox o WHERE o.id = $2 AND o.lease_token = $3 \
+               AND o.state = 'pending'), \
+            (SELECT COUNT(*) FROM attempts a WHERE a.id = $1 AND a.state IN ('pending', 'unknown'))";
+        let (leased, sendable): (i64, i64) = on_pool!(self, pool => sqlx::query_as(why)
+            .bind(claim.attempt.id)
+            .bind(DbId::from(claim.outbox_id))
+            .bind(claim.token)
+            .fetch_one(pool)
+            .await?);
+        Ok(match (leased, sendable) {
+            (0, _) => SendMark::LeaseLost,
+            (_, 0) => SendMark::Settled,
+            _ => SendMark::Blocked,
+        })
     }
 
     /// Keeps what a stale lease owner learned, for the reconciler.
@@ -238,9 +370,12 @@ impl Store {
         Ok(())
     }
 
-    pub async fn observations_for(&self, attempt: AttemptId) -> Result<Vec<(i64, String)>> {
-        let sql = "SELECT lease_token, outcome FROM attempt_observations WHERE attempt_id = $1 \
-            ORDER BY observed_at";
+    /// `(lease_token, outcome class, detail)` of every observation, oldest
+    /// first. A `succeeded`/`declined` observation's detail is the
+    /// provider's object as JSON.
+    pub async fn observations_for(&self, attempt: AttemptId) -> Result<Vec<(i64, String, String)>> {
+        let sql = "SELECT lease_token, outcome, detail FROM attempt_observations \
+            WHERE attempt_id = $1 ORDER BY observed_at";
         Ok(on_pool!(self, pool => sqlx::query_as(sql)
             .bind(DbId::from(attempt))
             .fetch_all(pool)

@@ -34,6 +34,8 @@ pub struct PaymentRow {
     pub status_changed_at: DbTime,
     pub created_at: DbTime,
     pub updated_at: DbTime,
+    /// Why the payment is in `needs_review` (cleared when it leaves).
+    pub review_reason: Option<String>,
 }
 
 impl PaymentRow {
@@ -46,7 +48,7 @@ impl PaymentRow {
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
     capture_method, payment_method, description, metadata, status, amount_captured, \
     amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
-    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at";
+    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundRow {
@@ -233,6 +235,8 @@ impl WriteTx {
         now: DateTime<Utc>,
     ) -> Result<crate::AttemptRow> {
         let provider_key = uuid::Uuid::new_v4().to_string();
+        let attempt_id = cobro_core::AttemptId::new();
+        let reference = cobro_core::attempt_reference(name.as_str(), attempt_id);
         if let crate::TxInner::Postgres(tx) = &mut self.inner {
             // One round trip instead of three on the hot path: PostgreSQL
             // runs the three INSERTs of one statement in order, and they
@@ -247,7 +251,7 @@ impl WriteTx {
                      name, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id), \
                  a AS (INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
                      provider_key, reference, state, created_at, updated_at) \
-                     SELECT $8, i.id, $3, $4, $5, $9, $6, 'pending', $7, $7 FROM i \
+                     SELECT $8, i.id, $3, $4, $5, $9, $11, 'pending', $7, $7 FROM i \
                      RETURNING *), \
                  o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
                      SELECT $10, a.id, 'pending', $7, $7, $7 FROM a) \
@@ -261,9 +265,10 @@ impl WriteTx {
                 .bind(operation.as_str())
                 .bind(name.as_str())
                 .bind(DbTime(now))
-                .bind(DbId::from(cobro_core::AttemptId::new()))
+                .bind(DbId::from(attempt_id))
                 .bind(&provider_key)
                 .bind(DbId::from(cobro_core::OutboxId::new()))
+                .bind(&reference)
                 .fetch_one(&mut **tx)
                 .await?);
         }
@@ -273,12 +278,13 @@ impl WriteTx {
             .insert_intent(account, payment, refund, operation, name, now)
             .await?;
         let attempt = crate::NewAttempt {
+            id: attempt_id,
             intent,
             payment,
             refund,
             operation,
             provider_key,
-            reference: name.as_str().to_owned(),
+            reference,
         };
         self.enqueue_attempt(&attempt, now, now).await
     }
@@ -412,6 +418,27 @@ impl WriteTx {
             .bind(&r.reason)
             .bind(DbTime(now))
             .fetch_one(&mut *conn)
+            .await?))
+    }
+
+    /// A payment of this account, locked until the transaction ends
+    /// (PostgreSQL `FOR UPDATE`; on SQLite the transaction already holds
+    /// the one write lock). Handlers decide from this row, so a refusal
+    /// stored against a key is never based on a read a concurrent worker
+    /// has already overtaken.
+    pub async fn lock_payment(
+        &mut self,
+        account: AccountId,
+        id: PaymentId,
+    ) -> Result<Option<PaymentRow>> {
+        let sql = format!(
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND account_id = $2{}",
+            self.lock_clause()
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(DbId::from(account))
+            .fetch_optional(&mut *conn)
             .await?))
     }
 

@@ -6,21 +6,25 @@
 use crate::payments::{ATTEMPT_COLUMNS, PAYMENT_COLUMNS};
 use crate::{AttemptRow, DbId, DbTime, PaymentRow, Result, Store, on_pool};
 use chrono::{DateTime, Utc};
-use cobro_core::PaymentId;
+use cobro_core::{AttemptId, PaymentId};
 
 impl Store {
     /// Attempts whose outcome the reconciler should establish:
     /// - every attempt handed over (`reconciling`);
-    /// - `unknown` attempts not sent since `stuck_before` (the worker may be
-    ///   gone; a provider answer settles them sooner);
+    /// - `unknown` attempts not sent since `stuck_before`, and `pending`
+    ///   ones sent before it and never recorded (a worker killed after the
+    ///   call, its lease expired, maybe no worker left);
     /// - unresolved attempts of captures, voids and refunds whose payment or
     ///   refund has been waiting since before `stuck_before`.
     ///
+    /// One page of at most `limit`, in id order after `after` (ids are
+    /// time-ordered), so a caller can page through every candidate.
     /// `only_payment` narrows to one payment (`cobro reconcile --payment`).
     pub async fn reconcile_candidates(
         &self,
         stuck_before: DateTime<Utc>,
         only_payment: Option<PaymentId>,
+        after: Option<AttemptId>,
         limit: u32,
     ) -> Result<Vec<AttemptRow>> {
         let columns = ATTEMPT_COLUMNS
@@ -31,20 +35,21 @@ impl Store {
         let sql = format!(
             "SELECT {columns} FROM attempts a WHERE a.id IN ( \
                 SELECT id FROM attempts WHERE state = 'reconciling' \
-                UNION SELECT id FROM attempts WHERE state = 'unknown' AND last_send_at < $1 \
+                UNION SELECT id FROM attempts WHERE state IN ('unknown', 'pending') AND last_send_at < $1 \
                 UNION SELECT at.id FROM payments p JOIN attempts at ON at.payment_id = p.id \
                     WHERE p.status IN ('capturing', 'canceling') AND p.status_changed_at < $1 \
                     AND at.state IN ('pending', 'unknown', 'reconciling') \
                 UNION SELECT at.id FROM refunds r JOIN attempts at ON at.refund_id = r.id \
                     WHERE r.status IN ('processing', 'requires_reconciliation', 'needs_review') \
                     AND r.status_changed_at < $1 AND at.state IN ('pending', 'unknown', 'reconciling') \
-             ) AND ($2 IS NULL OR a.payment_id = $2) \
-             ORDER BY a.last_send_at, a.id LIMIT $3"
+             ) AND ($2 IS NULL OR a.payment_id = $2) AND ($4 IS NULL OR a.id > $4) \
+             ORDER BY a.id LIMIT $3"
         );
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbTime(stuck_before))
             .bind(only_payment.map(DbId::from))
             .bind(i64::from(limit))
+            .bind(after.map(DbId::from))
             .fetch_all(pool)
             .await?))
     }

@@ -23,9 +23,13 @@ pub struct PaymentOutcome {
 
 impl WriteTx {
     /// A payment by id, inside this transaction (workers and the reconciler
-    /// act across accounts).
+    /// act across accounts), locked until the transaction ends: a decision
+    /// made from it cannot be overtaken by a concurrent change.
     pub async fn payment_by_id(&mut self, id: PaymentId) -> Result<Option<PaymentRow>> {
-        let sql = format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1");
+        let sql = format!(
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1{}",
+            self.lock_clause()
+        );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .fetch_optional(&mut *conn)
@@ -48,8 +52,9 @@ impl WriteTx {
             .await?))
     }
 
-    /// Moves an unresolved attempt to `to`. `false`: it was no longer
-    /// unresolved (already settled by someone else).
+    /// Moves an attempt to `to` from any state the attempt state machine
+    /// allows (`AttemptState::can_become`). `false`: it was in none of them
+    /// (someone else settled it first).
     pub async fn resolve_attempt(
         &mut self,
         id: AttemptId,
@@ -58,14 +63,49 @@ impl WriteTx {
         note: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool> {
-        let sql = "UPDATE attempts SET state = $2, provider_ref = COALESCE($3, provider_ref), \
-            last_error = COALESCE($4, last_error), updated_at = $5 \
-            WHERE id = $1 AND state IN ('pending', 'unknown', 'reconciling')";
-        let n = on_tx!(self, conn => sqlx::query(sql)
+        let sources = AttemptState::sources_of(to);
+        if sources.is_empty() {
+            return Ok(false);
+        }
+        // The states are our own constants, never user text.
+        let from = sources
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "UPDATE attempts SET state = $2, provider_ref = COALESCE($3, provider_ref), \
+             last_error = COALESCE($4, last_error), updated_at = $5 \
+             WHERE id = $1 AND state IN ({from})"
+        );
+        let n = on_tx!(self, conn => sqlx::query(&sql)
             .bind(DbId::from(id))
             .bind(to.as_str())
             .bind(provider_ref)
             .bind(note)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
+    }
+
+    /// Records "no effect" for an attempt, pinned to exactly what the
+    /// reconciler read: still `reconciling` and last sent at `last_send_at`
+    /// (a send in between, or another decision, changes nothing: `false`).
+    pub async fn resolve_no_effect(
+        &mut self,
+        id: AttemptId,
+        last_send_at: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE attempts SET state = 'no_effect', \
+            last_error = 'proven no effect at the provider', updated_at = $3 \
+            WHERE id = $1 AND state = 'reconciling' \
+            AND ((last_send_at IS NULL AND $2 IS NULL) OR last_send_at = $2)";
+        let n = on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(id))
+            .bind(last_send_at.map(DbTime))
             .bind(DbTime(now))
             .execute(&mut *conn)
             .await?
@@ -89,7 +129,8 @@ impl WriteTx {
         let sql = format!(
             "UPDATE payments SET status = $3, provider_ref = COALESCE($4, provider_ref), \
              amount_captured = COALESCE($5, amount_captured), failure_code = $6, \
-             failure_message = $7, status_changed_at = $8, updated_at = $8 \
+             failure_message = $7, status_changed_at = $8, updated_at = $8, \
+             review_reason = CASE WHEN $3 = 'needs_review' THEN review_reason END \
              WHERE id = $1 AND status = $2 RETURNING {PAYMENT_COLUMNS}"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
@@ -106,8 +147,10 @@ impl WriteTx {
     }
 
     /// Compare-and-set of a refund's status; on success the payment's
-    /// refunded amount grows (and its status follows), on failure the
-    /// reserved amount is released for other refunds.
+    /// refunded amount grows (and its status follows, unless the payment is
+    /// under review), on failure the reserved amount is released for other
+    /// refunds. `from == to` is refused (`None`): it would count the same
+    /// refund twice.
     pub async fn settle_refund(
         &mut self,
         id: RefundId,
@@ -117,6 +160,9 @@ impl WriteTx {
         failure: Option<(&str, &str)>,
         now: DateTime<Utc>,
     ) -> Result<Option<RefundRow>> {
+        if from == to {
+            return Ok(None);
+        }
         let sql = format!(
             "UPDATE refunds SET status = $3, provider_ref = COALESCE($4, provider_ref), \
              failure_code = $5, failure_message = $6, status_changed_at = $7, updated_at = $7 \
@@ -136,10 +182,11 @@ impl WriteTx {
         let payment_sql = match to {
             RefundStatus::Succeeded => Some(
                 "UPDATE payments SET amount_refunded = amount_refunded + $2, \
-                 status = CASE WHEN amount_refunded + $2 >= amount_captured THEN 'refunded' \
+                 status = CASE WHEN status NOT IN ('captured', 'partially_refunded') THEN status \
+                               WHEN amount_refunded + $2 >= amount_captured THEN 'refunded' \
                                ELSE 'partially_refunded' END, \
                  status_changed_at = $3, updated_at = $3 \
-                 WHERE id = $1 AND status IN ('captured', 'partially_refunded')",
+                 WHERE id = $1",
             ),
             RefundStatus::Failed => Some(
                 "UPDATE payments SET amount_refund_reserved = amount_refund_reserved - $2, \
@@ -157,6 +204,30 @@ impl WriteTx {
                 .rows_affected());
         }
         Ok(Some(refund))
+    }
+
+    /// The reason shown with a payment in `needs_review`.
+    pub async fn set_review_reason(&mut self, id: PaymentId, reason: &str) -> Result<()> {
+        let sql =
+            "UPDATE payments SET review_reason = $2 WHERE id = $1 AND status = 'needs_review'";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(id))
+            .bind(reason)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// Every attempt of a payment, oldest first, inside this transaction.
+    pub async fn attempts_of(&mut self, payment: PaymentId) -> Result<Vec<AttemptRow>> {
+        let sql = format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 ORDER BY created_at, id"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .fetch_all(&mut *conn)
+            .await?))
     }
 
     /// Puts a claimed row back in the queue at `due_at`, fenced by the token.

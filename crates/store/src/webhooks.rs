@@ -7,10 +7,8 @@
 //! receipt, its effect and its outcome commit together or not at all. The
 //! purge of old event ids lives with the other purges (`purge.rs`).
 
-use crate::payments::{ATTEMPT_COLUMNS, PAYMENT_COLUMNS};
-use crate::{
-    AttemptRow, DbId, DbTime, PaymentRow, Result, Store, StoreError, WriteTx, on_pool, on_tx,
-};
+use crate::payments::ATTEMPT_COLUMNS;
+use crate::{AttemptRow, DbId, DbTime, Result, Store, StoreError, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
 use cobro_core::{Operation, PaymentId};
 
@@ -40,8 +38,12 @@ pub enum WebhookOutcome {
     /// What it proves was already recorded (by the worker, the reconciler or
     /// an earlier event): nothing changed.
     DuplicateEffect,
-    /// No payment of cobro's matches it (yet): kept for the reconciler.
+    /// No attempt of cobro's matches it: kept, and reported as an
+    /// `unmatched` conflict.
     Unmatched,
+    /// It contradicts what is recorded, or carries an attempt's identity
+    /// with other terms: kept as a conflict, the payment in `needs_review`.
+    Conflict,
 }
 
 impl WebhookOutcome {
@@ -51,6 +53,7 @@ impl WebhookOutcome {
             WebhookOutcome::IgnoredStale => "ignored_stale",
             WebhookOutcome::DuplicateEffect => "duplicate_effect",
             WebhookOutcome::Unmatched => "unmatched",
+            WebhookOutcome::Conflict => "conflict",
         }
     }
 }
@@ -130,23 +133,15 @@ impl WriteTx {
         Ok(())
     }
 
-    /// The payments that have an attempt of `operation` sent under
-    /// `reference` (the merchant reference the provider echoes: the intent
-    /// name). Intent names are unique per account only, so more than one
-    /// payment can match; the caller disambiguates.
-    pub async fn payments_by_attempt_reference(
-        &mut self,
-        reference: &str,
-        operation: Operation,
-    ) -> Result<Vec<PaymentRow>> {
+    /// The attempts sent under `reference`. References are unique to one
+    /// attempt (`{intent}/{attempt id}`); only attempts made before that
+    /// (the bare intent name) can share one across accounts.
+    pub async fn attempts_by_reference(&mut self, reference: &str) -> Result<Vec<AttemptRow>> {
         let sql = format!(
-            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE id IN \
-             (SELECT payment_id FROM attempts WHERE reference = $1 AND operation = $2) \
-             ORDER BY id"
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE reference = $1 ORDER BY created_at, id"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(reference)
-            .bind(operation.as_str())
             .fetch_all(&mut *conn)
             .await?))
     }
@@ -164,7 +159,7 @@ impl WriteTx {
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts \
              WHERE payment_id = $1 AND operation = $2 AND ($3 IS NULL OR reference = $3) \
-             ORDER BY CASE WHEN state IN ('pending', 'unknown', 'reconciling') THEN 0 ELSE 1 END, \
+             ORDER BY CASE WHEN state IN ('pending', 'unknown', 'reconciling', 'held') THEN 0 ELSE 1 END, \
              created_at DESC, id DESC LIMIT 1"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)

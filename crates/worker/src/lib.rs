@@ -1,8 +1,12 @@
 #![doc = include_str!("../README.md")]
 
+pub mod evidence;
 pub mod retry;
 pub mod settle;
 mod worker;
 
-pub use settle::{Applied, Proof, apply_proof, hand_to_reconciler};
+pub use evidence::{Fit, fit};
+pub use settle::{
+    Applied, ChargeNow, Proof, Source, apply_proof, hand_to_reconciler, hold_cancel, stop_the_line,
+};
 pub use worker::{Step, Worker, WorkerConfig, WorkerError};

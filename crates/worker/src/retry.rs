@@ -1,5 +1,6 @@
 //! When and whether to retry a send whose outcome was not definitive.
 
+use chrono::{DateTime, Utc};
 use rand::Rng;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,43 +14,81 @@ pub fn backoff(base: Duration, cap: Duration, sends: u32) -> Duration {
     Duration::from_millis(rand::rng().random_range(0..ceiling))
 }
 
-/// A per-provider budget of retries as a share of first sends (a token
-/// bucket): every first send adds `ratio` tokens, every retry takes one.
-/// During an outage retries stop multiplying the load; they wait for the
-/// budget instead of being dropped.
+/// A per-provider budget of retries (a token bucket shared by all of one
+/// worker's tasks): it refills with time at `per_second` tokens, every
+/// first send adds `ratio` more, every retry takes one, and it holds at most
+/// `max`. During an outage retries stop multiplying the load (they wait for
+/// a token instead of being dropped); once the provider recovers, the time
+/// refill drains the backlog even if no new traffic arrives.
+///
+/// Written here rather than taken from `governor`: governor's GCRA has no
+/// notion of tokens earned by other events (first sends), and this bucket
+/// must run on cobro's injected clock so tests can move time.
 #[derive(Debug)]
 pub struct RetryBudget {
     ratio: f64,
+    per_second: f64,
     max: f64,
-    tokens: Mutex<f64>,
+    state: Mutex<Bucket>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    /// When the time refill was last counted; `None` until first used.
+    at: Option<DateTime<Utc>>,
 }
 
 impl RetryBudget {
-    /// `floor` tokens are there from the start (and the bucket holds at most
-    /// `floor` plus what first sends add, capped at `max`), so a quiet
-    /// system can still retry.
-    pub fn new(ratio: f64, floor: f64, max: f64) -> Self {
+    /// Starts full (`max` tokens), so a quiet system can retry at once.
+    pub fn new(ratio: f64, per_second: f64, max: f64) -> Self {
         Self {
             ratio,
-            max: max.max(floor),
-            tokens: Mutex::new(floor),
+            per_second: per_second.max(0.0),
+            max: max.max(1.0),
+            state: Mutex::new(Bucket {
+                tokens: max.max(1.0),
+                at: None,
+            }),
         }
     }
 
-    pub fn on_first_send(&self) {
-        let mut t = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-        *t = (*t + self.ratio).min(self.max);
+    fn bucket(&self) -> std::sync::MutexGuard<'_, Bucket> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes one retry token; `false` means the retry must wait.
-    pub fn try_retry(&self) -> bool {
-        let mut t = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-        if *t >= 1.0 {
-            *t -= 1.0;
+    fn refill(&self, bucket: &mut Bucket, now: DateTime<Utc>) {
+        if let Some(at) = bucket.at {
+            let elapsed = (now - at).num_milliseconds().max(0) as f64 / 1000.0;
+            bucket.tokens = (bucket.tokens + elapsed * self.per_second).min(self.max);
+        }
+        bucket.at = Some(bucket.at.map_or(now, |at| at.max(now)));
+    }
+
+    pub fn on_first_send(&self) {
+        let mut b = self.bucket();
+        b.tokens = (b.tokens + self.ratio).min(self.max);
+    }
+
+    /// Takes one retry token at `now`; `false` means the retry must wait.
+    pub fn try_retry(&self, now: DateTime<Utc>) -> bool {
+        let mut b = self.bucket();
+        self.refill(&mut b, now);
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
             true
         } else {
             false
         }
+    }
+
+    /// How long until the next token, at the time refill alone.
+    pub fn next_token_in(&self) -> Duration {
+        let b = self.bucket();
+        if b.tokens >= 1.0 || self.per_second <= 0.0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64((1.0 - b.tokens) / self.per_second)
     }
 }
 
@@ -69,23 +108,48 @@ mod tests {
         }
     }
 
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).expect("instant")
+    }
+
     #[test]
-    fn the_budget_allows_retries_only_as_a_share_of_first_sends() {
-        let budget = RetryBudget::new(0.5, 2.0, 10.0);
-        assert!(budget.try_retry());
-        assert!(budget.try_retry());
-        assert!(!budget.try_retry(), "the floor is spent");
+    fn the_budget_is_spent_by_retries_and_earned_by_first_sends() {
+        let budget = RetryBudget::new(0.5, 0.0, 2.0);
+        assert!(budget.try_retry(at(0)));
+        assert!(budget.try_retry(at(0)));
+        assert!(!budget.try_retry(at(0)), "spent");
         budget.on_first_send();
-        assert!(!budget.try_retry(), "half a token is not a retry");
+        assert!(!budget.try_retry(at(0)), "half a token is not a retry");
         budget.on_first_send();
-        assert!(budget.try_retry());
+        assert!(budget.try_retry(at(0)));
         for _ in 0..100 {
             budget.on_first_send();
         }
         let mut granted = 0;
-        while budget.try_retry() {
+        while budget.try_retry(at(0)) {
             granted += 1;
         }
-        assert_eq!(granted, 10, "capped at max");
+        assert_eq!(granted, 2, "capped at max");
+    }
+
+    #[test]
+    fn the_budget_refills_with_time_without_new_traffic() {
+        // An outage spent it; nothing new arrives.
+        let budget = RetryBudget::new(0.2, 2.0, 20.0);
+        while budget.try_retry(at(0)) {}
+        assert!(!budget.try_retry(at(0)));
+        assert_eq!(budget.next_token_in(), Duration::from_millis(500));
+        // One second later: two retries, not three.
+        assert!(budget.try_retry(at(1)));
+        assert!(budget.try_retry(at(1)));
+        assert!(!budget.try_retry(at(1)));
+        // A long quiet refills to the cap, never past it.
+        let mut granted = 0;
+        while budget.try_retry(at(3600)) {
+            granted += 1;
+        }
+        assert_eq!(granted, 20);
+        // A clock that steps back refills nothing.
+        assert!(!budget.try_retry(at(10)));
     }
 }

@@ -12,10 +12,22 @@ use cobro_core::{
     AccountId, AttemptId, AttemptState, Operation, PaymentEvent, PaymentId, PaymentStatus,
     RefundId, RefundStatus,
 };
+use cobro_store::conflicts::{ConflictKind, NewConflict};
 use cobro_store::settle::PaymentOutcome;
 use cobro_store::{AttemptRow, StoreError, WriteTx};
 
-/// What the provider proved about one attempt.
+/// A charge's status as the provider reports it now, sent with a refused
+/// capture or void (or found by the reconciler): the truth the payment
+/// ends in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChargeNow {
+    Authorized,
+    Captured { amount: i64 },
+    Voided,
+}
+
+/// What the provider proved about one attempt (already checked by
+/// [`crate::evidence::fit`] to be about that attempt).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Proof {
     /// The operation took effect. `captured`: the charge is captured (an
@@ -26,8 +38,43 @@ pub enum Proof {
     },
     /// A definitive decline.
     Declined { code: String, message: String },
-    /// A definitive refusal of the request.
-    Failed { code: String, message: String },
+    /// A definitive refusal of the request. For a capture or a void,
+    /// `charge` is the charge's status when the provider reported it: a
+    /// void refused because the charge was captured ends `captured`.
+    Failed {
+        code: String,
+        message: String,
+        charge: Option<ChargeNow>,
+    },
+}
+
+impl Proof {
+    /// `adopt_succeeded` and the like, for the audit trail.
+    pub fn decision(&self) -> &'static str {
+        match self {
+            Proof::Succeeded { .. } => "adopt_succeeded",
+            Proof::Declined { .. } => "adopt_declined",
+            Proof::Failed { .. } => "adopt_failed",
+        }
+    }
+
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Proof::Succeeded { .. } => "succeeded",
+            Proof::Declined { .. } => "declined",
+            Proof::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// Who brought a proof and what exactly it said: written with any conflict
+/// it causes.
+#[derive(Clone, Copy, Debug)]
+pub struct Source<'a> {
+    /// `worker`, `reconciler`, `webhook:<provider>`, `operator:<name>`.
+    pub name: &'a str,
+    /// The provider's words (JSON), as received.
+    pub said: &'a str,
 }
 
 /// What applying a proof did.
@@ -36,8 +83,11 @@ pub enum Applied {
     /// The attempt was settled; the payment moved `before` -> `after`
     /// (equal when only a refund moved).
     Settled { before: String, after: String },
-    /// Someone recorded this attempt's outcome first: nothing changed.
+    /// Someone recorded this same outcome first: nothing changed.
     AlreadySettled,
+    /// The proof contradicts what is recorded for the attempt: kept as a
+    /// conflict, the payment is in `needs_review`, nothing adopted.
+    Conflict { kind: ConflictKind, detail: String },
 }
 
 fn attempt_state(proof: &Proof) -> AttemptState {
@@ -48,7 +98,7 @@ fn attempt_state(proof: &Proof) -> AttemptState {
     }
 }
 
-fn ids(attempt: &AttemptRow) -> (AttemptId, PaymentId, Option<RefundId>) {
+pub(crate) fn ids(attempt: &AttemptRow) -> (AttemptId, PaymentId, Option<RefundId>) {
     (
         AttemptId::from_uuid(attempt.id.0),
         PaymentId::from_uuid(attempt.payment_id.0),
@@ -60,11 +110,82 @@ fn corrupt(what: impl Into<String>) -> StoreError {
     StoreError::Corrupt(what.into())
 }
 
-/// Applies `proof` to `attempt` and to its payment or refund.
+/// Keeps evidence cobro will not adopt and stops the line: the conflict
+/// row, and the payment (with a refund in flight) to `needs_review` with
+/// the reason, which blocks every new send for it.
+pub async fn stop_the_line(
+    tx: &mut WriteTx,
+    attempt: Option<&AttemptRow>,
+    payment: Option<PaymentId>,
+    kind: ConflictKind,
+    detail: &str,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let refund = attempt
+        .and_then(|a| a.refund_id)
+        .map(|r| RefundId::from_uuid(r.0));
+    tx.record_conflict(
+        &NewConflict {
+            payment,
+            refund,
+            attempt: attempt.map(|a| AttemptId::from_uuid(a.id.0)),
+            source: source.name,
+            kind,
+            detail,
+            evidence: source.said,
+        },
+        now,
+    )
+    .await?;
+    if let Some(payment) = payment {
+        let reason = format!("{}: {detail}", kind.as_str());
+        tx.flag_for_review(payment, refund, &reason, now).await?;
+    }
+    tracing::error!(payment_id = ?payment.map(|p| p.to_string()), kind = kind.as_str(), detail, source = source.name, "conflicting provider evidence: payment needs review");
+    Ok(())
+}
+
+/// Whether `proof` contradicts what is recorded for an attempt that is
+/// already settled (`None`: it proves the same again).
+fn contradiction(recorded: &AttemptRow, proof: &Proof) -> Option<(ConflictKind, String)> {
+    let state = AttemptState::parse(&recorded.state)?;
+    match proof {
+        Proof::Succeeded { provider_ref, .. } if state.recorded_no_money() => Some((
+            ConflictKind::EffectAfterNoEffect,
+            format!(
+                "the provider shows {provider_ref} for an attempt recorded {}",
+                state.as_str()
+            ),
+        )),
+        Proof::Succeeded { provider_ref, .. } => match recorded.provider_ref.as_deref() {
+            Some(known)
+                if known != provider_ref
+                    && recorded.operation != Operation::Capture.as_str()
+                    && recorded.operation != Operation::Cancel.as_str() =>
+            {
+                Some((
+                    ConflictKind::OtherObject,
+                    format!("the provider shows {provider_ref}, cobro recorded {known}"),
+                ))
+            }
+            _ => None,
+        },
+        Proof::Declined { .. } if state == AttemptState::Succeeded => Some((
+            ConflictKind::OtherObject,
+            "the provider reports a decline for an attempt recorded succeeded".to_owned(),
+        )),
+        _ => None,
+    }
+}
+
+/// Applies `proof` to `attempt` and to its payment or refund: the ONE path
+/// for the worker, the reconciler, webhooks and operators.
 pub async fn apply_proof(
     tx: &mut WriteTx,
     attempt: &AttemptRow,
     proof: &Proof,
+    source: &Source<'_>,
     now: DateTime<Utc>,
 ) -> Result<Applied, StoreError> {
     let (attempt_id, payment_id, refund_id) = ids(attempt);
@@ -80,7 +201,26 @@ pub async fn apply_proof(
         .resolve_attempt(attempt_id, attempt_state(proof), provider_ref, note, now)
         .await?
     {
-        return Ok(Applied::AlreadySettled);
+        let recorded = tx
+            .attempt(attempt_id)
+            .await?
+            .ok_or_else(|| corrupt("attempt vanished"))?;
+        return Ok(match contradiction(&recorded, proof) {
+            Some((kind, detail)) => {
+                stop_the_line(
+                    tx,
+                    Some(&recorded),
+                    Some(payment_id),
+                    kind,
+                    &detail,
+                    source,
+                    now,
+                )
+                .await?;
+                Applied::Conflict { kind, detail }
+            }
+            None => Applied::AlreadySettled,
+        });
     }
     let operation = Operation::parse(&attempt.operation)
         .ok_or_else(|| corrupt(format!("operation {}", attempt.operation)))?;
@@ -99,7 +239,7 @@ pub async fn apply_proof(
         let from = RefundStatus::parse(&refund.status).ok_or_else(|| corrupt("refund status"))?;
         let (to, failure) = match proof {
             Proof::Succeeded { .. } => (RefundStatus::Succeeded, None),
-            Proof::Declined { code, message } | Proof::Failed { code, message } => (
+            Proof::Declined { code, message } | Proof::Failed { code, message, .. } => (
                 RefundStatus::Failed,
                 Some((code.as_str(), message.as_str())),
             ),
@@ -117,16 +257,24 @@ pub async fn apply_proof(
         });
     }
 
+    let truth = match proof {
+        Proof::Failed { charge, .. } => *charge,
+        _ => None,
+    };
     let event = match (operation, proof) {
         (Operation::Authorize, Proof::Succeeded { captured: true, .. }) => PaymentEvent::Captured,
         (Operation::Authorize, Proof::Succeeded { .. }) => PaymentEvent::Authorized,
         (Operation::Authorize, Proof::Declined { .. }) => PaymentEvent::Declined,
         (Operation::Authorize, Proof::Failed { .. }) => PaymentEvent::Failed,
         (Operation::Capture, Proof::Succeeded { .. }) => PaymentEvent::Captured,
-        (Operation::Capture, _) => PaymentEvent::CaptureRefused,
         (Operation::Cancel, Proof::Succeeded { .. }) => PaymentEvent::Voided,
-        (Operation::Cancel, _) => PaymentEvent::VoidRefused,
-        (Operation::Refund, _) => unreachable_refund()?,
+        // A refused capture or void ends where the charge really is.
+        (_, _) => match truth {
+            Some(ChargeNow::Captured { .. }) => PaymentEvent::Captured,
+            Some(ChargeNow::Voided) => PaymentEvent::Voided,
+            _ if operation == Operation::Capture => PaymentEvent::CaptureRefused,
+            _ => PaymentEvent::VoidRefused,
+        },
     };
     let after = match before.apply(event) {
         Ok(after) => after,
@@ -140,14 +288,18 @@ pub async fn apply_proof(
             });
         }
     };
+    let amount_captured = match truth {
+        Some(ChargeNow::Captured { amount }) => Some(amount),
+        _ => (after == PaymentStatus::Captured).then_some(payment.amount),
+    };
     let outcome = PaymentOutcome {
         provider_ref: match operation {
             Operation::Authorize => provider_ref.map(str::to_owned),
             _ => None,
         },
-        amount_captured: (after == PaymentStatus::Captured).then_some(payment.amount),
+        amount_captured,
         failure: match proof {
-            Proof::Declined { code, message } | Proof::Failed { code, message } => {
+            Proof::Declined { code, message } | Proof::Failed { code, message, .. } => {
                 Some((code.clone(), message.clone()))
             }
             Proof::Succeeded { .. } => None,
@@ -159,34 +311,12 @@ pub async fn apply_proof(
     else {
         return Err(corrupt("payment moved inside the transaction"));
     };
-    // A cancel asked for while the authorisation was unknown is carried out
-    // now that it is known to be an authorisation: never before, never twice.
-    if after == PaymentStatus::Authorized && settled.cancel_requested_at.is_some() {
-        let canceling = after
-            .apply(PaymentEvent::CancelRequested)
-            .map_err(|e| corrupt(e.to_string()))?;
-        if tx
-            .settle_payment(
-                payment_id,
-                after,
-                canceling,
-                &PaymentOutcome::default(),
-                now,
-            )
-            .await?
-            .is_some()
-        {
-            let account = AccountId::from_uuid(settled.account_id.0);
-            let name = tx
-                .next_intent_name(account, &settled.order_ref, Operation::Cancel)
-                .await?;
-            tx.open_intent(account, payment_id, None, Operation::Cancel, &name, now)
-                .await?;
-            return Ok(Applied::Settled {
-                before: before.as_str().to_owned(),
-                after: canceling.as_str().to_owned(),
-            });
-        }
+    if operation == Operation::Authorize && !after.authorisation_pending() {
+        let after = settle_held_cancels(tx, &settled, after, now).await?;
+        return Ok(Applied::Settled {
+            before: before.as_str().to_owned(),
+            after: after.as_str().to_owned(),
+        });
     }
     Ok(Applied::Settled {
         before: before.as_str().to_owned(),
@@ -194,8 +324,77 @@ pub async fn apply_proof(
     })
 }
 
-fn unreachable_refund() -> Result<PaymentEvent, StoreError> {
-    Err(corrupt("refunds are settled above"))
+/// A cancel asked for while the authorisation was unknown runs now that
+/// the outcome is known: once, if it is an authorisation (the payment goes
+/// `canceling` and the held attempt becomes sendable, in this
+/// transaction); otherwise it ends `failed` with the payment's truth.
+async fn settle_held_cancels(
+    tx: &mut WriteTx,
+    payment: &cobro_store::PaymentRow,
+    status: PaymentStatus,
+    now: DateTime<Utc>,
+) -> Result<PaymentStatus, StoreError> {
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let mut status = status;
+    for held in tx.held_attempts(payment_id).await? {
+        let held_id = AttemptId::from_uuid(held.id.0);
+        if status == PaymentStatus::Authorized {
+            let canceling = status
+                .apply(PaymentEvent::CancelRequested)
+                .map_err(|e| corrupt(e.to_string()))?;
+            if tx
+                .settle_payment(
+                    payment_id,
+                    status,
+                    canceling,
+                    &PaymentOutcome::default(),
+                    now,
+                )
+                .await?
+                .is_some()
+                && tx.release_held(held_id, now).await?
+            {
+                status = canceling;
+                continue;
+            }
+        }
+        let note = format!("the payment is {status}; nothing to cancel");
+        tx.resolve_attempt(held_id, AttemptState::Failed, None, Some(&note), now)
+            .await?;
+    }
+    Ok(status)
+}
+
+/// A cancel asked for while the authorisation is unknown: an intent of its
+/// own whose attempt is `held` (its provider key already generated and
+/// stored) until the authorisation is proven.
+pub async fn hold_cancel(
+    tx: &mut WriteTx,
+    account: AccountId,
+    payment: &cobro_store::PaymentRow,
+    now: DateTime<Utc>,
+) -> Result<AttemptRow, StoreError> {
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let name = tx
+        .next_intent_name(account, &payment.order_ref, Operation::Cancel)
+        .await?;
+    let intent = tx
+        .insert_intent(account, payment_id, None, Operation::Cancel, &name, now)
+        .await?;
+    let attempt_id = AttemptId::new();
+    tx.hold_attempt(
+        &cobro_store::NewAttempt {
+            id: attempt_id,
+            intent,
+            payment: payment_id,
+            refund: None,
+            operation: Operation::Cancel,
+            provider_key: uuid::Uuid::new_v4().to_string(),
+            reference: cobro_core::attempt_reference(name.as_str(), attempt_id),
+        },
+        now,
+    )
+    .await
 }
 
 /// Hands an attempt whose outcome stays unknown to the reconciler: the

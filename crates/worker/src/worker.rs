@@ -5,12 +5,14 @@
 //! mark before the call, and one completing transaction after it; no
 //! transaction is open while the provider is being called.
 
+use crate::evidence::{Fit, charge_now, fit, identity, proof_from};
 use crate::retry::{RetryBudget, backoff};
-use crate::settle::{Proof, apply_proof, hand_to_reconciler};
+use crate::settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, CaptureMethod, Clock, Operation, PaymentId, RefundId};
-use cobro_provider::{AuthorizeRequest, Outcome, Provider, RefundRequest};
-use cobro_store::{Claim, Store, StoreError};
+use cobro_provider::{AuthorizeRequest, Outcome, Provider, ProviderObject, RefundRequest};
+use cobro_store::conflicts::ConflictKind;
+use cobro_store::{Claim, PaymentRow, RefundRow, SendMark, Store, StoreError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -38,10 +40,15 @@ pub struct WorkerConfig {
     pub safety_margin: Duration,
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
-    /// Retries allowed per first send (the retry budget's refill rate).
+    /// Retries earned per first send.
     pub retry_ratio: f64,
-    /// Retries always available to a quiet system.
-    pub retry_floor: f64,
+    /// Retries earned per second of time (the budget's refill with time).
+    pub retry_per_second: f64,
+    /// The most retries the budget holds (it starts full).
+    pub retry_max: f64,
+    /// How long a row whose payment is under reconciliation or review
+    /// waits before the worker looks at it again.
+    pub blocked_recheck: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -62,7 +69,9 @@ impl Default for WorkerConfig {
             backoff_base: Duration::from_millis(200),
             backoff_cap: Duration::from_secs(60),
             retry_ratio: 0.2,
-            retry_floor: 20.0,
+            retry_per_second: 5.0,
+            retry_max: 50.0,
+            blocked_recheck: Duration::from_secs(60),
         }
     }
 }
@@ -90,6 +99,11 @@ pub enum Step {
     Skipped,
     /// Released unsent because the worker is shutting down.
     Released,
+    /// Not sent: the payment or refund is under reconciliation or review.
+    Blocked,
+    /// The answer carried this attempt's identity but not what it asked
+    /// for: kept as a conflict, the payment is in `needs_review`.
+    Conflict,
 }
 
 pub struct Worker<P: Provider> {
@@ -115,6 +129,21 @@ enum Call {
     Refund(RefundRequest),
 }
 
+/// What the answer will be checked against.
+struct Asked {
+    operation: Operation,
+    payment: PaymentRow,
+    refund: Option<RefundRow>,
+}
+
+/// What an answer proves about the attempt, after checking it is its own.
+enum Verdict {
+    Proof(Proof, String),
+    Conflict(String, String),
+    NotSent(String),
+    Unknown(String),
+}
+
 impl<P: Provider> Worker<P> {
     pub fn new(
         store: Store,
@@ -126,8 +155,8 @@ impl<P: Provider> Worker<P> {
         Self {
             budget: RetryBudget::new(
                 config.retry_ratio,
-                config.retry_floor,
-                config.retry_floor * 10.0,
+                config.retry_per_second,
+                config.retry_max,
             ),
             slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
             store,
@@ -285,18 +314,15 @@ impl<P: Provider> Worker<P> {
         {
             return self.hand_over(&claim, "provider key window closing").await;
         }
-        let call = match self.prepare(&claim).await? {
-            Ok(call) => call,
-            Err(reason) => {
-                return self
-                    .record(
-                        &claim,
-                        Outcome::Failed {
-                            code: "cannot_send".into(),
-                            message: reason,
-                        },
-                    )
-                    .await;
+        let (call, asked) = match self.prepare(&claim).await? {
+            Ok(prepared) => prepared,
+            Err((reason, asked)) => {
+                let failed = Outcome::Failed {
+                    code: "cannot_send".into(),
+                    message: reason,
+                    object: None,
+                };
+                return self.record(&claim, &asked, failed).await;
             }
         };
         if self.stopping.load(Ordering::SeqCst) {
@@ -306,22 +332,38 @@ impl<P: Provider> Worker<P> {
                 .map(|_| Step::Released);
         }
         if attempt.send_count > 0 {
-            if !self.budget.try_retry() {
-                let due = now
-                    + to_chrono(backoff(
-                        self.config.backoff_base,
-                        self.config.backoff_cap,
-                        attempt.send_count as u32,
-                    ));
-                self.reschedule(&claim, due, "retry budget spent").await?;
+            if !self.budget.try_retry(now) {
+                let wait = backoff(
+                    self.config.backoff_base,
+                    self.config.backoff_cap,
+                    attempt.send_count as u32,
+                )
+                .max(self.budget.next_token_in());
+                self.reschedule(&claim, now + to_chrono(wait), "retry budget spent")
+                    .await?;
                 return Ok(Step::BudgetWait);
             }
         } else {
             self.budget.on_first_send();
         }
-        // Fenced: a lost lease stops the send before it happens.
-        if !self.store.record_send(&claim, now).await? {
-            return Ok(Step::LeaseLost);
+        // Fenced, and the schema's last word: a lost lease, an attempt
+        // settled meanwhile, or a payment under reconciliation or review
+        // stops the send before it happens.
+        match self.store.record_send(&claim, now).await? {
+            SendMark::Marked => {}
+            SendMark::LeaseLost => return Ok(Step::LeaseLost),
+            SendMark::Settled => {
+                let mut tx = self.store.begin().await?;
+                tx.finish_outbox(claim.outbox_id, claim.token, now).await?;
+                tx.commit().await?;
+                return Ok(Step::Skipped);
+            }
+            SendMark::Blocked => {
+                let due = now + to_chrono(self.config.blocked_recheck);
+                self.reschedule(&claim, due, "payment under reconciliation or review")
+                    .await?;
+                return Ok(Step::Blocked);
+            }
         }
         let heartbeat = Heartbeat::start(self, &claim);
         let outcome = self.send(call, &attempt.provider_key).await;
@@ -330,12 +372,17 @@ impl<P: Provider> Worker<P> {
             attempt_id = %attempt.id.0, reference = %attempt.reference, operation = %attempt.operation,
             sends = attempt.send_count + 1, class = outcome.class(), "provider.call"
         );
-        self.record(&claim, outcome).await
+        self.record(&claim, &asked, outcome).await
     }
 
-    /// What to send, from the stored rows. `Err(reason)`: the attempt can
-    /// never be sent (a capture without a known charge).
-    async fn prepare(&self, claim: &Claim) -> Result<Result<Call, String>, WorkerError> {
+    /// What to send, from the stored rows, and what the answer must match.
+    /// `Err(reason)`: the attempt can never be sent (a capture without a
+    /// known charge).
+    #[allow(clippy::type_complexity)]
+    async fn prepare(
+        &self,
+        claim: &Claim,
+    ) -> Result<Result<(Call, Asked), (String, Asked)>, WorkerError> {
         let attempt = &claim.attempt;
         let payment = self
             .store
@@ -344,38 +391,110 @@ impl<P: Provider> Worker<P> {
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
         let operation = Operation::parse(&attempt.operation)
             .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
-        let charge = payment
-            .provider_ref
-            .clone()
-            .ok_or_else(|| "no provider charge is known".to_owned());
-        Ok(match operation {
-            Operation::Authorize => Ok(Call::Authorize(AuthorizeRequest {
+        let refund = match attempt.refund_id {
+            Some(id) => Some(
+                self.store
+                    .refund_unscoped(RefundId::from_uuid(id.0))
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt("missing refund".into()))?,
+            ),
+            None if operation == Operation::Refund => {
+                return Err(StoreError::Corrupt("refund attempt without refund".into()).into());
+            }
+            None => None,
+        };
+        let metadata = identity(attempt, &payment);
+        let charge = payment.provider_ref.clone();
+        let call = match operation {
+            Operation::Authorize => Some(Call::Authorize(AuthorizeRequest {
                 amount: payment.amount,
                 currency: payment.currency.clone(),
                 payment_method: payment.payment_method.clone(),
                 capture: payment.capture_method == CaptureMethod::Automatic.as_str(),
                 reference: attempt.reference.clone(),
+                metadata,
             })),
             Operation::Capture => charge.map(Call::Capture),
             Operation::Cancel => charge.map(Call::Void),
-            Operation::Refund => {
-                let refund_id = attempt
-                    .refund_id
-                    .ok_or_else(|| StoreError::Corrupt("refund attempt without refund".into()))?;
-                let refund = self
-                    .store
-                    .refund_unscoped(RefundId::from_uuid(refund_id.0))
-                    .await?
-                    .ok_or_else(|| StoreError::Corrupt("missing refund".into()))?;
-                charge.map(|charge| {
-                    Call::Refund(RefundRequest {
-                        charge,
-                        amount: refund.amount,
-                        reference: attempt.reference.clone(),
-                    })
+            Operation::Refund => charge.map(|charge| {
+                Call::Refund(RefundRequest {
+                    charge,
+                    amount: refund.as_ref().map(|r| r.amount).unwrap_or_default(),
+                    reference: attempt.reference.clone(),
+                    metadata,
                 })
-            }
+            }),
+        };
+        let asked = Asked {
+            operation,
+            payment,
+            refund,
+        };
+        Ok(match call {
+            Some(call) => Ok((call, asked)),
+            None => Err(("no provider charge is known".to_owned(), asked)),
         })
+    }
+
+    /// What an answer proves, checked against what was asked: an object
+    /// that is not provably this attempt's is never adopted.
+    fn judge(&self, claim: &Claim, asked: &Asked, outcome: Outcome) -> Verdict {
+        let said = |object: &ProviderObject| serde_json::to_string(object).unwrap_or_default();
+        match outcome {
+            Outcome::Succeeded(object) => {
+                let fits = fit(
+                    asked.operation,
+                    &claim.attempt,
+                    &asked.payment,
+                    asked.refund.as_ref(),
+                    &object,
+                );
+                match fits {
+                    Fit::Ours => match proof_from(asked.operation, &object) {
+                        Some(proof) => Verdict::Proof(proof, said(&object)),
+                        None => Verdict::Unknown(format!(
+                            "the provider answered {} (in progress)",
+                            object.status
+                        )),
+                    },
+                    Fit::Mismatch(why) => Verdict::Conflict(why, said(&object)),
+                    Fit::NotOurs(why) => {
+                        Verdict::Unknown(format!("an answer that proves nothing: {why}"))
+                    }
+                }
+            }
+            Outcome::Declined {
+                code,
+                message,
+                object,
+            } => Verdict::Proof(
+                Proof::Declined { code, message },
+                object.as_ref().map(said).unwrap_or_default(),
+            ),
+            Outcome::Failed {
+                code,
+                message,
+                object,
+            } => {
+                // The charge sent with a refusal is the truth only when it
+                // is this payment's charge.
+                let charge = object
+                    .as_ref()
+                    .filter(|o| asked.payment.provider_ref.as_deref() == Some(o.id.as_str()))
+                    .and_then(charge_now);
+                let text = object.as_ref().map(said).unwrap_or_default();
+                Verdict::Proof(
+                    Proof::Failed {
+                        code,
+                        message,
+                        charge,
+                    },
+                    text,
+                )
+            }
+            Outcome::NotSent(reason) => Verdict::NotSent(reason),
+            Outcome::Unknown(reason) => Verdict::Unknown(reason),
+        }
     }
 
     async fn send(&self, call: Call, key: &str) -> Outcome {
@@ -388,17 +507,18 @@ impl<P: Provider> Worker<P> {
     }
 
     /// Records an outcome in one transaction fenced by the claim's token.
-    async fn record(&self, claim: &Claim, outcome: Outcome) -> Result<Step, WorkerError> {
+    async fn record(
+        &self,
+        claim: &Claim,
+        asked: &Asked,
+        outcome: Outcome,
+    ) -> Result<Step, WorkerError> {
         let now = self.clock.now();
         let class = outcome.class();
-        let proof = match outcome {
-            Outcome::Succeeded(object) => Proof::Succeeded {
-                captured: object.status == "captured",
-                provider_ref: object.id,
-            },
-            Outcome::Declined { code, message, .. } => Proof::Declined { code, message },
-            Outcome::Failed { code, message } => Proof::Failed { code, message },
-            Outcome::NotSent(reason) => {
+        let (proof, said) = match self.judge(claim, asked, outcome) {
+            Verdict::Proof(proof, said) => (proof, said),
+            Verdict::Conflict(why, said) => return self.conflict(claim, asked, &why, &said).await,
+            Verdict::NotSent(reason) => {
                 let due = now + self.retry_delay(claim);
                 return self.reschedule(claim, due, &reason).await.map(|ok| {
                     if ok {
@@ -408,19 +528,58 @@ impl<P: Provider> Worker<P> {
                     }
                 });
             }
-            Outcome::Unknown(reason) => return self.record_unknown(claim, &reason, now).await,
+            Verdict::Unknown(reason) => return self.record_unknown(claim, &reason, now).await,
         };
         let mut tx = self.store.begin().await?;
         if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
             tx.rollback().await?;
-            self.observe(claim, class, &format!("{proof:?}"), now)
-                .await?;
+            self.observe(claim, proof.outcome(), &said, now).await?;
             return Ok(Step::LeaseLost);
         }
-        let applied = apply_proof(&mut tx, &claim.attempt, &proof, now).await?;
+        let source = Source {
+            name: "worker",
+            said: &said,
+        };
+        let applied = apply_proof(&mut tx, &claim.attempt, &proof, &source, now).await?;
         tx.commit().await?;
         tracing::info!(attempt_id = %claim.attempt.id.0, ?applied, "outcome recorded");
         Ok(Step::Recorded { class })
+    }
+
+    /// An answer under this attempt's identity that is not what it asked
+    /// for: the attempt goes to the reconciler and the payment to
+    /// `needs_review`, in one transaction fenced by the claim.
+    async fn conflict(
+        &self,
+        claim: &Claim,
+        asked: &Asked,
+        why: &str,
+        said: &str,
+    ) -> Result<Step, WorkerError> {
+        let now = self.clock.now();
+        let mut tx = self.store.begin().await?;
+        if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
+            tx.rollback().await?;
+            self.observe(claim, "conflict", said, now).await?;
+            return Ok(Step::LeaseLost);
+        }
+        hand_to_reconciler(&mut tx, &claim.attempt, why, now).await?;
+        let source = Source {
+            name: "worker",
+            said,
+        };
+        stop_the_line(
+            &mut tx,
+            Some(&claim.attempt),
+            Some(PaymentId::from_uuid(asked.payment.id.0)),
+            ConflictKind::Mismatch,
+            why,
+            &source,
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Step::Conflict)
     }
 
     fn retry_delay(&self, claim: &Claim) -> chrono::Duration {

@@ -89,6 +89,9 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub worker: WorkerSettings,
 
+    #[command(flatten)]
+    pub schedule: crate::settings::ReconcileSchedule,
+
     /// After SIGTERM or SIGINT, how long in-flight calls may run.
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
           value_parser = crate::settings::parse_duration)]
@@ -112,7 +115,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(settings) => {
             serve::run(global, &cli.provider, &cli.reconcile, &settings).await
         }
-        Command::Worker(args) => worker::run_alone(global, &cli.provider, &args).await,
+        Command::Worker(args) => {
+            worker::run_alone(global, &cli.provider, &cli.reconcile, &args).await
+        }
         Command::Migrate => admin::migrate(global).await,
         Command::Accounts(AccountsCommand::Create { name }) => {
             admin::create_account(global, &name).await

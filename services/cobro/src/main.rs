@@ -35,9 +35,10 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("cobro: error: {error:#}");
-            // Exit 2: the command worked, but uncertain payments remain.
+            // Exit 3: the command worked, but uncertain payments remain
+            // (2 is clap's usage error, 1 any other error).
             match error.downcast_ref::<reconcile::Unresolved>() {
-                Some(_) => ExitCode::from(2),
+                Some(_) => ExitCode::from(reconcile::EXIT_UNRESOLVED),
                 None => ExitCode::FAILURE,
             }
         }

@@ -23,9 +23,13 @@ pub struct ReconcileArgs {
     /// Only this payment.
     #[arg(long, value_name = "ID", conflicts_with = "all")]
     pub payment: Option<String>,
-    /// Every candidate (the default; says so explicitly in scripts).
+    /// Every candidate, page by page (the default; says so explicitly in
+    /// scripts).
     #[arg(long)]
     pub all: bool,
+    /// Stop after this many candidates (exit 3 if some were left).
+    #[arg(long, value_name = "N", conflicts_with = "all")]
+    pub max: Option<usize>,
     /// Only attempts last sent longer ago than this (e.g. `10m`).
     #[arg(long, value_parser = parse_duration)]
     pub older_than: Option<Duration>,
@@ -56,9 +60,14 @@ pub enum PaymentsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Resolve a payment in `needs_review` by hand (audited).
+    /// Resolve a payment in `needs_review` by hand (audited). Names the
+    /// attempt it resolves (`payments show` lists them); refused while any
+    /// attempt of the payment may be in flight.
     Resolve {
         id: String,
+        /// The attempt resolved.
+        #[arg(long, value_name = "ATTEMPT_ID")]
+        attempt: String,
         #[arg(long, value_enum)]
         outcome: OutcomeArg,
         /// The provider's charge id (required for authorized/captured).
@@ -82,7 +91,12 @@ pub enum OutcomeArg {
     Captured,
     Declined,
     Failed,
+    Canceled,
 }
+
+/// `cobro reconcile`'s exit status when something is still unresolved
+/// (0: nothing left; 1: an error; 2: a usage error).
+pub const EXIT_UNRESOLVED: u8 = 3;
 
 /// Unsettled statuses an operator cares about.
 const UNSETTLED: &[&str] = &[
@@ -93,11 +107,16 @@ const UNSETTLED: &[&str] = &[
     "canceling",
 ];
 
-pub fn reconciler_config(settings: &ReconcileSettings, actor: String) -> ReconcilerConfig {
+pub fn reconciler_config(
+    settings: &ReconcileSettings,
+    provider: &ProviderSettings,
+    actor: String,
+) -> ReconcilerConfig {
     ReconcilerConfig {
         actor,
         search_lag: settings.provider_search_lag,
         stuck_after: settings.reconcile_stuck_after,
+        request_timeout: provider.provider_timeout,
         escalate_after: settings.reconcile_escalate_after,
         retry_on_no_effect: !settings.reconcile_no_retry,
         ..Default::default()
@@ -109,8 +128,10 @@ fn parse_payment(id: &str) -> anyhow::Result<PaymentId> {
         .with_context(|| format!("`{id}` is not a payment id"))
 }
 
-/// `cobro reconcile`. Exit status: Ok when nothing is left unresolved; an
-/// error (exit 2 via [`Unresolved`]) otherwise.
+/// `cobro reconcile`. Exit status: 0 when nothing is left unresolved, 3
+/// ([`Unresolved`]) when something is (still unknown, in review, a
+/// conflict, or candidates left past `--max`), 1 on an error, including a
+/// candidate whose examination failed.
 pub async fn run(
     global: &GlobalSettings,
     provider: &ProviderSettings,
@@ -127,11 +148,12 @@ pub async fn run(
         store.clone(),
         Arc::new(handle.client),
         Arc::new(SystemClock),
-        reconciler_config(settings, actor),
+        reconciler_config(settings, provider, actor),
     );
     let scope = Scope {
         payment: args.payment.as_deref().map(parse_payment).transpose()?,
         older_than: args.older_than,
+        max: args.max,
     };
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(0);
@@ -160,15 +182,22 @@ pub async fn run(
     } else {
         print_summary(&summary)?;
     }
-    if summary.unresolved() > 0 {
+    if summary.errors > 0 {
+        bail!(
+            "{} candidate(s) could not be examined (see the log); run again",
+            summary.errors
+        );
+    }
+    if summary.unresolved() > 0 || summary.truncated {
         return Err(Unresolved(summary.unresolved()).into());
     }
     Ok(())
 }
 
-/// Returned when a run leaves attempts unresolved: `main` maps it to exit 2.
+/// Returned when a run leaves attempts unresolved: `main` maps it to exit
+/// [`EXIT_UNRESOLVED`].
 #[derive(Debug, thiserror::Error)]
-#[error("{0} attempt(s) still unresolved (unknown or in review)")]
+#[error("{0} attempt(s) still unresolved (unknown, in review or in conflict), or candidates left")]
 pub struct Unresolved(pub usize);
 
 fn print_summary(s: &Summary) -> anyhow::Result<()> {
@@ -180,6 +209,8 @@ fn print_summary(s: &Summary) -> anyhow::Result<()> {
         if let Some(extra) = verdict
             .get("outcome")
             .or_else(|| verdict.get("reason"))
+            .or_else(|| verdict.get("detail"))
+            .or_else(|| verdict.get("error"))
             .and_then(|v| v.as_str())
         {
             text.push_str(": ");
@@ -204,7 +235,9 @@ fn print_summary(s: &Summary) -> anyhow::Result<()> {
         "failed (no effect)",
         "still unknown",
         "escalated",
+        "conflicts",
         "already settled",
+        "errors",
     ]);
     let resolved = s
         .resolved
@@ -223,7 +256,9 @@ fn print_summary(s: &Summary) -> anyhow::Result<()> {
         s.failed_no_effect.to_string(),
         s.still_unknown.to_string(),
         s.escalated.to_string(),
+        s.conflicts.to_string(),
         s.already_settled.to_string(),
+        s.errors.to_string(),
     ]);
     say(totals)?;
     if s.dry_run {
@@ -244,12 +279,24 @@ pub async fn payments(global: &GlobalSettings, command: PaymentsCommand) -> anyh
         PaymentsCommand::Show { id, json } => show(&store, &id, json).await,
         PaymentsCommand::Resolve {
             id,
+            attempt,
             outcome,
             provider_ref,
             reason,
             operator,
             yes,
-        } => resolve(&store, &id, outcome, provider_ref, reason, operator, yes).await,
+        } => {
+            let request = ResolveRequest {
+                id,
+                attempt,
+                outcome,
+                provider_ref,
+                reason,
+                operator,
+                yes,
+            };
+            resolve(&store, request).await
+        }
     };
     store.close().await;
     result
@@ -275,6 +322,7 @@ async fn list(
     let before =
         now - chrono::Duration::from_std(older_than.unwrap_or_default()).unwrap_or_default();
     let rows = store.payments_in_states(&states, before, 1000).await?;
+    let conflicts = store.open_conflicts(1000).await?;
     if json {
         let list: Vec<_> = rows
             .iter()
@@ -284,10 +332,13 @@ async fn list(
                     "amount": p.amount, "currency": p.currency, "provider_ref": p.provider_ref,
                     "in_status_since": p.status_changed_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
                     "age_seconds": (now - p.status_changed_at.0).num_seconds(),
+                    "review_reason": p.review_reason,
                 })
             })
             .collect();
-        return say(serde_json::to_string_pretty(&list)?);
+        let open: Vec<_> = conflicts.iter().map(conflict_json).collect();
+        let both = serde_json::json!({ "payments": list, "open_conflicts": open });
+        return say(serde_json::to_string_pretty(&both)?);
     }
     let mut table = Table::new();
     table.set_header(["id", "intent", "status", "amount", "in status for"]);
@@ -302,7 +353,40 @@ async fn list(
         ]);
     }
     say(table)?;
-    say(format_args!("{} payment(s)", rows.len()))
+    say(format_args!("{} payment(s)", rows.len()))?;
+    if !conflicts.is_empty() {
+        let mut table = Table::new();
+        table.set_header(["found", "payment", "kind", "source", "detail"]);
+        for c in &conflicts {
+            table.add_row([
+                c.found_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
+                c.payment_id
+                    .map(|p| p.0.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                c.kind.clone(),
+                c.source.clone(),
+                c.detail.clone(),
+            ]);
+        }
+        say(table)?;
+        say(format_args!(
+            "{} open conflict(s): provider evidence cobro kept but did not adopt",
+            conflicts.len()
+        ))?;
+    }
+    Ok(())
+}
+
+fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": c.id.0.to_string(),
+        "payment_id": c.payment_id.map(|p| p.0.to_string()),
+        "attempt_id": c.attempt_id.map(|a| a.0.to_string()),
+        "kind": c.kind, "source": c.source, "detail": c.detail,
+        "evidence": serde_json::from_str::<serde_json::Value>(&c.evidence).unwrap_or(serde_json::Value::Null),
+        "found_at": c.found_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
+        "resolved_at": c.resolved_at.map(|t| t.0.to_rfc3339_opts(SecondsFormat::Secs, true)),
+    })
 }
 
 async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
@@ -314,11 +398,11 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
     let decisions = store.decisions_for(id).await?;
     let mut observations = Vec::new();
     for a in &attempts {
-        for (token, outcome) in store
+        for (token, outcome, detail) in store
             .observations_for(cobro_core::AttemptId::from_uuid(a.id.0))
             .await?
         {
-            observations.push(serde_json::json!({"attempt_id": a.id.0.to_string(), "lease_token": token, "outcome": outcome}));
+            observations.push(serde_json::json!({"attempt_id": a.id.0.to_string(), "lease_token": token, "outcome": outcome, "detail": detail}));
         }
     }
     let time = |t: &cobro_store::DbTime| t.0.to_rfc3339_opts(SecondsFormat::Millis, true);
@@ -328,6 +412,8 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
         "amount_captured": p.amount_captured, "amount_refunded": p.amount_refunded,
         "provider_ref": p.provider_ref, "failure_code": p.failure_code,
         "cancel_requested": p.cancel_requested_at.is_some(),
+        "review_reason": p.review_reason,
+        "conflicts": store.conflicts_for(id).await?.iter().map(conflict_json).collect::<Vec<_>>(),
         "in_status_since": time(&p.status_changed_at),
         // The provider key is an operator's tool during an incident (to
         // look the attempt up at the provider); the merchant API never shows it.
@@ -391,21 +477,31 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
     say(audit)
 }
 
-async fn resolve(
-    store: &Store,
-    id: &str,
+/// The arguments of `cobro payments resolve`.
+struct ResolveRequest {
+    id: String,
+    attempt: String,
     outcome: OutcomeArg,
     provider_ref: Option<String>,
     reason: String,
     operator: String,
     yes: bool,
-) -> anyhow::Result<()> {
-    let id = parse_payment(id)?;
-    if reason.trim().is_empty() {
+}
+
+async fn resolve(store: &Store, r: ResolveRequest) -> anyhow::Result<()> {
+    let id = parse_payment(&r.id)?;
+    let attempt: cobro_core::AttemptId = r
+        .attempt
+        .parse()
+        .with_context(|| format!("`{}` is not an attempt id", r.attempt))?;
+    if r.reason.trim().is_empty() {
         bail!("--reason must say why");
     }
-    if !yes {
-        eprint!("resolve payment {id} as {outcome:?} (provider_ref {provider_ref:?})? [y/N] ");
+    let (outcome, provider_ref) = (r.outcome, r.provider_ref);
+    if !r.yes {
+        eprint!(
+            "resolve attempt {attempt} of payment {id} as {outcome:?} (provider_ref {provider_ref:?})? [y/N] "
+        );
         let mut answer = String::new();
         std::io::stdin()
             .read_line(&mut answer)
@@ -416,15 +512,17 @@ async fn resolve(
     }
     let resolution = ManualResolution {
         payment: id,
+        attempt,
         outcome: match outcome {
             OutcomeArg::Authorized => ManualOutcome::Authorized,
             OutcomeArg::Captured => ManualOutcome::Captured,
             OutcomeArg::Declined => ManualOutcome::Declined,
             OutcomeArg::Failed => ManualOutcome::Failed,
+            OutcomeArg::Canceled => ManualOutcome::Canceled,
         },
         provider_ref,
-        operator,
-        reason,
+        operator: r.operator,
+        reason: r.reason,
     };
     let after = cobro_reconciler::resolve_by_hand(store, &resolution, SystemClock.now())
         .await

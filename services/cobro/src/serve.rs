@@ -109,18 +109,33 @@ pub async fn run(
         );
         (Some(handle), Some(task))
     };
-    // The reconciler runs on a schedule in this process, asking the same
-    // provider the worker calls.
-    if let Some(handle) = &provider_handle {
-        schedule_reconciler(
-            &scheduler,
-            &store,
-            &clock,
-            handle.client.clone(),
-            reconcile,
-            &settings.reconcile_schedule,
-        )
-        .await?;
+    // The reconciler runs on a schedule in every process that has a
+    // provider (with or without its worker), asking the provider the
+    // worker calls, unless told not to.
+    let reconciler_provider = match &provider_handle {
+        Some(handle) => Some(handle.client.clone()),
+        None if provider.provider_url.is_some() => {
+            Some(crate::worker::provider(provider, false).await?.client)
+        }
+        None => None,
+    };
+    match reconciler_provider {
+        Some(client) if !settings.schedule.no_reconciler => {
+            schedule_reconciler(
+                &scheduler,
+                &store,
+                &clock,
+                client,
+                reconcile,
+                provider,
+                &settings.schedule.reconcile_schedule,
+            )
+            .await?;
+        }
+        Some(_) => tracing::warn!("no scheduled reconciler in this process (--no-reconciler)"),
+        None => tracing::warn!(
+            "no provider configured: no scheduled reconciler in this process; set COBRO_PROVIDER_URL"
+        ),
     }
     if let Some(fake) = provider_handle.as_ref().and_then(|h| h.embedded.as_ref()) {
         if let Some(secret) = webhook_secret {
@@ -282,20 +297,21 @@ impl ScheduledPurge {
 /// as `cobro reconcile`, every `schedule`. Runs never overlap in this
 /// process; across processes its compare-and-sets keep them from applying
 /// two decisions to one attempt.
-async fn schedule_reconciler(
+pub(crate) async fn schedule_reconciler(
     scheduler: &JobScheduler,
     store: &Store,
     clock: &Arc<dyn Clock>,
-    provider: cobro_provider::HttpProvider,
+    client: cobro_provider::HttpProvider,
     settings: &ReconcileSettings,
+    provider: &ProviderSettings,
     schedule: &str,
 ) -> anyhow::Result<()> {
-    let actor = format!("reconciler:serve-{}", std::process::id());
+    let actor = format!("reconciler:{}", std::process::id());
     let reconciler = Arc::new(cobro_reconciler::Reconciler::new(
         store.clone(),
-        Arc::new(provider),
+        Arc::new(client),
         Arc::clone(clock),
-        crate::reconcile::reconciler_config(settings, actor),
+        crate::reconcile::reconciler_config(settings, provider, actor),
     ));
     let running = Arc::new(Mutex::new(()));
     let job = Job::new_async(schedule, move |_id, _scheduler| {

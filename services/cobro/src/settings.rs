@@ -140,9 +140,26 @@ pub struct ServeSettings {
     #[command(flatten)]
     pub worker: WorkerSettings,
 
+    #[command(flatten)]
+    pub schedule: ReconcileSchedule,
+}
+
+/// The scheduled reconciler that every process with a provider runs
+/// (`serve`, with or without its worker, and `cobro worker`). Several
+/// processes at once are safe: every decision is a compare-and-set on the
+/// attempt (pinned to the state and last send it read) in one transaction
+/// with what it enables, so of two reconcilers deciding about one attempt
+/// the second finds it decided and changes nothing.
+#[derive(Args, Clone, Debug)]
+pub struct ReconcileSchedule {
     /// When the in-process reconciler runs: cron with seconds, in UTC.
     #[arg(long, env = "COBRO_RECONCILE_SCHEDULE", default_value = "30 * * * * *", value_parser = parse_cron)]
     pub reconcile_schedule: String,
+
+    /// Run no scheduled reconciler in this process (another process, or an
+    /// operator with `cobro reconcile`, must).
+    #[arg(long, env = "COBRO_NO_RECONCILER")]
+    pub no_reconciler: bool,
 }
 
 /// The payment provider and how the worker talks to it.

@@ -5,7 +5,7 @@
 use crate::cli::WorkerArgs;
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
-use crate::settings::{GlobalSettings, ProviderSettings, WorkerSettings};
+use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings, WorkerSettings};
 use anyhow::Context;
 use cobro_core::{Clock, SystemClock};
 use cobro_provider::{HttpProvider, HttpProviderConfig};
@@ -14,6 +14,7 @@ use cobro_worker::{Worker, WorkerConfig};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
+use tokio_cron_scheduler::JobScheduler;
 
 /// The provider the worker calls, and the embedded fake one if we started it
 /// (kept alive as long as this value).
@@ -92,23 +93,47 @@ pub fn spawn(
 pub async fn run_alone(
     global: &GlobalSettings,
     provider_settings: &ProviderSettings,
+    reconcile: &ReconcileSettings,
     args: &WorkerArgs,
 ) -> anyhow::Result<()> {
     let config = worker_config(provider_settings, &args.worker)?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
     let handle = provider(provider_settings, false).await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut scheduler = JobScheduler::new()
+        .await
+        .context("could not create the scheduler")?;
+    if args.schedule.no_reconciler {
+        tracing::warn!("no scheduled reconciler in this process (--no-reconciler)");
+    } else {
+        crate::serve::schedule_reconciler(
+            &scheduler,
+            &store,
+            &clock,
+            handle.client.clone(),
+            reconcile,
+            provider_settings,
+            &args.schedule.reconcile_schedule,
+        )
+        .await?;
+        scheduler
+            .start()
+            .await
+            .context("could not start the reconciler schedule")?;
+    }
     let shutdown = crate::serve::watch_shutdown_signals()?;
     say(format_args!("cobro worker running as {}", config.owner))?;
     let task = spawn(
         store.clone(),
         handle.client,
-        Arc::new(SystemClock),
+        clock,
         config,
         Arc::new(Notify::new()),
         shutdown,
         args.shutdown_grace,
     );
     task.await.context("the worker task failed")?;
+    let _ = scheduler.shutdown().await;
     store.close().await;
     Ok(())
 }

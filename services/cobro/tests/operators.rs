@@ -130,7 +130,7 @@ impl Setup {
                 .post(format!("{}/v1/charges", self.provider.url()))
                 .bearer_auth("sk_test_cobro")
                 .header("idempotency-key", attempt.provider_key.clone())
-                .json(&serde_json::json!({"amount": 1500, "currency": "EUR", "payment_method": "pm_card_visa", "capture": true, "reference": intent.as_str()}))
+                .json(&serde_json::json!({"amount": 1500, "currency": "EUR", "payment_method": "pm_card_visa", "capture": true, "reference": attempt.reference.clone()}))
                 .send()
                 .await
                 .expect("charge");
@@ -168,7 +168,7 @@ async fn reconcile_dry_run_changes_nothing_then_a_real_run_adopts_the_charge() {
     assert_eq!(dry.status.code(), Some(0));
     let listed = stdout_json(&setup.run(&["payments", "list", "--json"]).await);
     assert_eq!(
-        listed[0]["status"], "requires_reconciliation",
+        listed["payments"][0]["status"], "requires_reconciliation",
         "the dry run wrote nothing"
     );
 
@@ -193,7 +193,8 @@ async fn reconcile_dry_run_changes_nothing_then_a_real_run_adopts_the_charge() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_confirmation() {
+async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_attempt_and_confirmation()
+ {
     let setup = Setup::new().await;
     assert!(setup.run(&["migrate"]).await.status.success());
     let id = setup.uncertain_payment("o-2", true).await;
@@ -206,7 +207,17 @@ async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_co
         ));
 
     let run = setup.run(&["reconcile", "--json"]).await;
-    assert_eq!(run.status.code(), Some(2), "something is left unresolved");
+    assert_eq!(run.status.code(), Some(3), "something is left unresolved");
+    let shown = stdout_json(
+        &setup
+            .run(&["payments", "show", &id.to_string(), "--json"])
+            .await,
+    );
+    let attempt = shown["attempts"][0]["id"]
+        .as_str()
+        .expect("attempt id")
+        .to_owned();
+
     assert_eq!(stdout_json(&run)["still_unknown"], 1);
 
     // Only a payment in needs_review can be resolved by hand.
@@ -215,6 +226,8 @@ async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_co
             "payments",
             "resolve",
             &id.to_string(),
+            "--attempt",
+            &attempt,
             "--outcome",
             "captured",
             "--provider-ref",
@@ -233,14 +246,14 @@ async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_co
         .env("COBRO_RECONCILE_ESCALATE_AFTER", "1m")
         .output()
         .expect("runs");
-    assert_eq!(escalate.status.code(), Some(2));
+    assert_eq!(escalate.status.code(), Some(3));
     assert_eq!(stdout_json(&escalate)["escalated"], 1);
     let listed = stdout_json(
         &setup
             .run(&["payments", "list", "--status", "needs_review", "--json"])
             .await,
     );
-    assert_eq!(listed.as_array().map(Vec::len), Some(1));
+    assert_eq!(listed["payments"].as_array().map(Vec::len), Some(1));
 
     // Without --yes and without a "y" on stdin, nothing changes.
     let unconfirmed = setup
@@ -248,6 +261,8 @@ async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_co
             "payments",
             "resolve",
             &id.to_string(),
+            "--attempt",
+            &attempt,
             "--outcome",
             "captured",
             "--provider-ref",
@@ -262,6 +277,8 @@ async fn an_unresolvable_payment_exits_2_and_a_resolve_needs_review_state_and_co
             "payments",
             "resolve",
             &id.to_string(),
+            "--attempt",
+            &attempt,
             "--outcome",
             "captured",
             "--provider-ref",

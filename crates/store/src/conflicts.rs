@@ -1,0 +1,196 @@
+//! Evidence cobro kept but did not adopt, and the `needs_review` flag it
+//! raises (provider-and-recovery.md section 7).
+//!
+//! A conflict is provider evidence that contradicts what cobro recorded (a
+//! charge for an attempt recorded as having had no effect, another charge
+//! id, another amount), or that does not match the attempt it names, or
+//! that matches nothing of cobro's. It is stored here, the payment (when
+//! there is one) goes to `needs_review` with the reason, and every new send
+//! for it is then refused by the schema until an operator resolves it.
+
+use crate::payments::PAYMENT_COLUMNS;
+use crate::{DbId, DbTime, PaymentRow, Result, Store, WriteTx, on_pool, on_tx};
+use chrono::{DateTime, Utc};
+use cobro_core::{AttemptId, PaymentId, RefundId};
+
+/// What kind of evidence was kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictKind {
+    /// An effect found for an attempt recorded as having moved no money
+    /// (`no_effect`, `declined`, `failed`).
+    EffectAfterNoEffect,
+    /// Another provider object than the one recorded for the attempt.
+    OtherObject,
+    /// An object under the attempt's identity whose amount, currency or
+    /// capture mode differ from what cobro asked for.
+    Mismatch,
+    /// More than one object under one attempt's identity.
+    SeveralObjects,
+    /// Evidence that names no attempt of cobro's.
+    Unmatched,
+}
+
+impl ConflictKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictKind::EffectAfterNoEffect => "effect_after_no_effect",
+            ConflictKind::OtherObject => "other_object",
+            ConflictKind::Mismatch => "mismatch",
+            ConflictKind::SeveralObjects => "several_objects",
+            ConflictKind::Unmatched => "unmatched",
+        }
+    }
+}
+
+/// One piece of evidence to keep.
+#[derive(Clone, Debug)]
+pub struct NewConflict<'a> {
+    pub payment: Option<PaymentId>,
+    pub refund: Option<RefundId>,
+    pub attempt: Option<AttemptId>,
+    /// `worker`, `reconciler`, `webhook:<provider>`.
+    pub source: &'a str,
+    pub kind: ConflictKind,
+    /// A sentence for the operator.
+    pub detail: &'a str,
+    /// What the provider said, as received (JSON).
+    pub evidence: &'a str,
+}
+
+/// A stored conflict, read back.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct ConflictRow {
+    pub id: DbId,
+    pub payment_id: Option<DbId>,
+    pub refund_id: Option<DbId>,
+    pub attempt_id: Option<DbId>,
+    pub source: String,
+    pub kind: String,
+    pub detail: String,
+    pub evidence: String,
+    pub found_at: DbTime,
+    pub resolved_at: Option<DbTime>,
+}
+
+const CONFLICT_COLUMNS: &str = "id, payment_id, refund_id, attempt_id, source, kind, detail, \
+    evidence, found_at, resolved_at";
+
+impl WriteTx {
+    pub async fn record_conflict(&mut self, c: &NewConflict<'_>, now: DateTime<Utc>) -> Result<()> {
+        let sql = "INSERT INTO evidence_conflicts (id, payment_id, refund_id, attempt_id, source, \
+            kind, detail, evidence, found_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId(uuid::Uuid::now_v7()))
+            .bind(c.payment.map(DbId::from))
+            .bind(c.refund.map(DbId::from))
+            .bind(c.attempt.map(DbId::from))
+            .bind(c.source)
+            .bind(c.kind.as_str())
+            .bind(c.detail)
+            .bind(c.evidence)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// Moves a payment to `needs_review` with `reason`, from whatever state
+    /// it is in, and a refund in flight with it. Returns the payment as it
+    /// was before, or `None` when it already was in review (the reason is
+    /// then kept) or when it is a terminal failure whose order another
+    /// payment now holds (it stays as it is; the conflict row is what the
+    /// operator sees).
+    pub async fn flag_for_review(
+        &mut self,
+        payment: PaymentId,
+        refund: Option<RefundId>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<PaymentRow>> {
+        let before = self.payment_by_id(payment).await?;
+        let Some(before) = before else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "UPDATE payments SET status = 'needs_review', review_reason = $2, \
+             status_changed_at = $3, updated_at = $3 \
+             WHERE id = $1 AND status = $4 AND (status NOT IN ('declined', 'failed', 'canceled') \
+               OR NOT EXISTS (SELECT 1 FROM payments o WHERE o.account_id = payments.account_id \
+                 AND o.order_ref = payments.order_ref AND o.id <> payments.id \
+                 AND o.status NOT IN ('declined', 'failed', 'canceled'))) \
+             RETURNING {PAYMENT_COLUMNS}"
+        );
+        let moved: Option<PaymentRow> = if before.status == "needs_review" {
+            None
+        } else {
+            on_tx!(self, conn => sqlx::query_as(&sql)
+                .bind(DbId::from(payment))
+                .bind(reason)
+                .bind(DbTime(now))
+                .bind(&before.status)
+                .fetch_optional(&mut *conn)
+                .await?)
+        };
+        if let Some(refund) = refund {
+            let sql = "UPDATE refunds SET status = 'needs_review', status_changed_at = $2, \
+                updated_at = $2 WHERE id = $1 AND status IN ('processing', 'requires_reconciliation')";
+            on_tx!(self, conn => sqlx::query(sql)
+                .bind(DbId::from(refund))
+                .bind(DbTime(now))
+                .execute(&mut *conn)
+                .await?
+                .rows_affected());
+        }
+        Ok(moved.map(|_| before))
+    }
+
+    /// Marks a payment's open conflicts resolved (an operator decided).
+    pub async fn resolve_conflicts(
+        &mut self,
+        payment: PaymentId,
+        now: DateTime<Utc>,
+    ) -> Result<u64> {
+        let sql = "UPDATE evidence_conflicts SET resolved_at = $2 \
+            WHERE payment_id = $1 AND resolved_at IS NULL";
+        Ok(on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(payment))
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected()))
+    }
+}
+
+impl Store {
+    /// Conflicts not yet resolved, oldest first (the operators' list).
+    pub async fn open_conflicts(&self, limit: u32) -> Result<Vec<ConflictRow>> {
+        let sql = format!(
+            "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE resolved_at IS NULL \
+             ORDER BY found_at LIMIT $1"
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Every conflict of one payment, oldest first.
+    pub async fn conflicts_for(&self, payment: PaymentId) -> Result<Vec<ConflictRow>> {
+        let sql = format!(
+            "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE payment_id = $1 \
+             ORDER BY found_at"
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Open conflicts per kind (for metrics).
+    pub async fn open_conflict_counts(&self) -> Result<Vec<(String, i64)>> {
+        let sql = "SELECT kind, COUNT(*) FROM evidence_conflicts WHERE resolved_at IS NULL \
+            GROUP BY kind ORDER BY kind";
+        Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?))
+    }
+}

@@ -1,0 +1,525 @@
+//! Evidence and identity (provider-and-recovery.md section 7): regressions
+//! for every defect of "Proof, not resemblance", on both backends, with the
+//! real store, worker, reconciler and the fake provider over HTTP. Each test
+//! counts the effects in the provider's ledger.
+
+use chrono::Duration;
+use cobro_core::{Clock, PaymentId};
+use cobro_provider::{HttpProvider, HttpProviderConfig};
+use cobro_reconciler::{
+    ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
+};
+use cobro_store::StoreError;
+use cobro_test_support::{
+    Backend, Rig, double_charges, manual_payment_body, on_both_backends, payment_body,
+};
+use cobro_worker::{Applied, Proof, Source, Step, apply_proof};
+use fake_provider::{FaultAction, FaultRule, Operation as FOp};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+on_both_backends!(
+    two_accounts_with_one_order_ref_never_share_a_charge,
+    needs_review_blocks_every_new_send_and_the_operator_names_the_attempt,
+    a_refused_void_ends_with_the_providers_truth_once,
+    a_recovered_provider_is_drained_without_new_traffic,
+    a_charge_for_an_attempt_recorded_no_effect_stops_the_line,
+    the_reconciler_reads_what_a_stale_worker_kept,
+    a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
+    a_run_pages_through_every_candidate,
+);
+
+fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
+    let mut config = ReconcilerConfig {
+        actor: "reconciler:test".into(),
+        search_lag: std::time::Duration::from_secs(60),
+        request_timeout: std::time::Duration::from_secs(2),
+        ..Default::default()
+    };
+    tweak(&mut config);
+    Reconciler::new(
+        rig.app.db.store.clone(),
+        Arc::new(
+            HttpProvider::new(HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro"))
+                .expect("client"),
+        ),
+        Arc::new(rig.app.clock.clone()),
+        config,
+    )
+}
+
+async fn reconcile(rig: &Rig, scope: Scope) -> cobro_reconciler::Summary {
+    reconciler(rig, |_| {})
+        .run(&scope, false, "test", &|_, _| {})
+        .await
+        .expect("run")
+}
+
+fn every_candidate_now() -> Scope {
+    Scope {
+        older_than: Some(std::time::Duration::ZERO),
+        ..Default::default()
+    }
+}
+
+/// The provider's charge `id` as the ledger knows it.
+fn charge(rig: &Rig, id: &str) -> fake_provider::LedgerCharge {
+    rig.ledger()
+        .charge(id)
+        .cloned()
+        .unwrap_or_else(|| panic!("the provider has no charge {id}"))
+}
+
+/// Lets cobro's clock pass the provider key window so the worker hands the
+/// unknown attempts over to the reconciler.
+async fn pass_the_window(rig: &Rig) {
+    rig.app
+        .clock
+        .advance(Duration::hours(23) + Duration::minutes(1));
+    let steps = rig.drain(3).await;
+    assert!(steps.contains(&Step::HandedOver), "{steps:?}");
+}
+
+async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    // Account B pays its ord-1.
+    let (_, token_b) = rig.app.new_account("merchant-b").await;
+    let r = rig
+        .app
+        .post_as(&token_b, "/v1/payments", Some("b-1"))
+        .json(&payment_body("ord-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 201);
+    let b: Value = r.json().await.expect("json");
+    rig.drain(2).await;
+    let b_charge = rig.ledger().charges[0].id.clone();
+
+    // Account A pays its own ord-1; its attempt goes unknown.
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let a = rig.create_payment("a-1", &payment_body("ord-1")).await;
+    let a_id = a["id"].as_str().expect("id");
+    rig.drain(1).await;
+    // The release adopted B's charge here: same intent name, one API key.
+    rig.app.clock.advance(Duration::milliseconds(50));
+    let summary = reconcile(&rig, every_candidate_now()).await;
+    assert_eq!(summary.examined, 1);
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::StillUnknown { .. }),
+        "{:?}",
+        summary.items[0].verdict
+    );
+    let a_now = rig.payment(a_id).await;
+    assert_eq!(a_now["status"], "processing");
+    assert_eq!(a_now["provider_ref"], Value::Null);
+
+    // The provider recovers: A gets a charge of its own.
+    rig.provider.control().clear_faults();
+    rig.app.clock.advance(Duration::seconds(2));
+    rig.drain(3).await;
+    let a_now = rig.payment(a_id).await;
+    assert_eq!(a_now["status"], "captured");
+    let a_charge = a_now["provider_ref"].as_str().expect("ref").to_owned();
+    assert_ne!(a_charge, b_charge);
+    let mine = charge(&rig, &a_charge);
+    assert_eq!(mine.metadata["cobro_payment"], a_id);
+    assert_ne!(
+        mine.metadata["cobro_account"],
+        charge(&rig, &b_charge).metadata["cobro_account"]
+    );
+
+    // A refunds: the money comes off A's charge, never B's.
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{a_id}/refunds"), Some("ra-1"))
+        .json(&json!({"amount": 700}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 201);
+    rig.drain(2).await;
+    let ledger = rig.ledger();
+    assert_eq!(ledger.refunds_of_charge(&a_charge).len(), 1);
+    assert!(ledger.refunds_of_charge(&b_charge).is_empty());
+    assert_eq!(ledger.totals.charges, 2);
+    assert!(
+        double_charges(&ledger).is_empty(),
+        "{:?}",
+        double_charges(&ledger)
+    );
+    let b_view = rig
+        .app
+        .client
+        .get(format!(
+            "{}/v1/payments/{}",
+            rig.app.url,
+            b["id"].as_str().expect("id")
+        ))
+        .bearer_auth(&token_b)
+        .send()
+        .await
+        .expect("get")
+        .json::<Value>()
+        .await
+        .expect("json");
+    assert_eq!(b_view["provider_ref"], b_charge);
+    assert_eq!(b_view["amount_refunded"], 0);
+}
+
+async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    pass_the_window(&rig).await;
+    // The provider cannot be asked; past the horizon it needs review.
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
+    rig.app.clock.advance(Duration::hours(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Escalated);
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+
+    // The provider recovers and proves no effect: recorded, nothing enabled.
+    rig.provider.control().clear_faults();
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::NoEffectInReview);
+    assert_eq!(rig.attempts(&id).await.len(), 1, "no new attempt");
+    assert!(rig.drain(3).await.is_empty(), "nothing to send");
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    // The schema refuses a sendable attempt for it, whatever the code does.
+    let pid: PaymentId = id.parse().expect("id");
+    let mut tx = rig.app.db.store.begin().await.expect("begin");
+    let attempt = rig.attempts(&id).await.remove(0);
+    let new_id = cobro_core::AttemptId::new();
+    let refused = tx
+        .enqueue_attempt(
+            &cobro_store::NewAttempt {
+                id: new_id,
+                intent: cobro_core::IntentId::from_uuid(attempt.intent_id.0),
+                payment: pid,
+                refund: None,
+                operation: cobro_core::Operation::Authorize,
+                provider_key: "forced".into(),
+                reference: cobro_core::attempt_reference("o-1:authorize-v1", new_id),
+            },
+            rig.app.clock.now(),
+            rig.app.clock.now(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::SendBlocked)),
+        "{refused:?}"
+    );
+    drop(tx);
+
+    // The operator names the attempt it resolves.
+    let resolution = |attempt| ManualResolution {
+        payment: pid,
+        attempt,
+        outcome: ManualOutcome::Failed,
+        provider_ref: None,
+        operator: "alice".into(),
+        reason: "no charge at the provider".into(),
+    };
+    let wrong = cobro_reconciler::resolve_by_hand(
+        &rig.app.db.store,
+        &resolution(cobro_core::AttemptId::new()),
+        rig.app.clock.now(),
+    )
+    .await;
+    assert!(wrong.is_err(), "another payment's or no attempt is refused");
+    let after = cobro_reconciler::resolve_by_hand(
+        &rig.app.db.store,
+        &resolution(attempt.id.0.into()),
+        rig.app.clock.now(),
+    )
+    .await
+    .expect("resolve");
+    assert_eq!(after, "failed");
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 0, "never charged");
+}
+
+async fn a_refused_void_ends_with_the_providers_truth_once(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    // The charge is made, its answer lost: the payment stays processing.
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect).with_next(1));
+    let p = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{id}/cancel"), Some("c-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 202);
+    // Meanwhile the authorisation is captured at the provider (its
+    // dashboard, another system): a void can no longer succeed.
+    let charge_id = rig.ledger().charges[0].id.clone();
+    let captured = rig
+        .app
+        .client
+        .post(format!(
+            "{}/v1/charges/{charge_id}/capture",
+            rig.provider.url()
+        ))
+        .bearer_auth("sk_test_cobro")
+        .header("idempotency-key", "dashboard-capture")
+        .send()
+        .await
+        .expect("capture");
+    assert_eq!(captured.status().as_u16(), 200);
+
+    rig.app.clock.advance(Duration::seconds(2));
+    let steps = rig.drain(6).await;
+    assert!(!steps.is_empty());
+    let p = rig.payment(&id).await;
+    assert_eq!(p["status"], "captured", "the provider's truth");
+    // Nothing keeps going: no second cancel intent, no loop.
+    rig.app.clock.advance(Duration::seconds(30));
+    assert!(rig.drain(6).await.is_empty());
+    assert_eq!(
+        rig.app
+            .db
+            .count("intents WHERE operation = 'payment.cancel'")
+            .await,
+        1
+    );
+    assert_eq!(
+        rig.app
+            .db
+            .count("attempts WHERE operation = 'payment.cancel' AND state = 'failed'")
+            .await,
+        1
+    );
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert_eq!(ledger.totals.voids, 0);
+    assert_eq!(ledger.totals.captures, 1);
+}
+
+async fn a_recovered_provider_is_drained_without_new_traffic(backend: Backend) {
+    let rig = Rig::with(backend, |_, config| {
+        config.retry_max = 2.0;
+        config.retry_per_second = 0.5;
+    })
+    .await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let p = rig
+            .create_payment(&format!("k-{i}"), &payment_body(&format!("o-{i}")))
+            .await;
+        ids.push(p["id"].as_str().expect("id").to_owned());
+    }
+    rig.drain(1).await;
+    // The outage spends the budget: retries wait instead of multiplying.
+    rig.app.clock.advance(Duration::seconds(2));
+    let steps = rig.drain(1).await;
+    assert!(steps.contains(&Step::BudgetWait), "{steps:?}");
+    // The provider recovers; no new payment arrives. Time alone refills
+    // the budget and the backlog drains.
+    rig.provider.control().clear_faults();
+    for _ in 0..20 {
+        rig.app.clock.advance(Duration::seconds(5));
+        rig.drain(3).await;
+    }
+    for id in &ids {
+        assert_eq!(rig.payment(id).await["status"], "captured", "{id}");
+    }
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 6);
+    assert!(double_charges(&ledger).is_empty());
+}
+
+async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    pass_the_window(&rig).await;
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Retried);
+    let first = rig.attempts(&id).await.remove(0);
+    assert_eq!(first.state, "no_effect");
+
+    // Evidence arrives that the first attempt did charge after all.
+    let mut tx = rig.app.db.store.begin().await.expect("begin");
+    let proof = Proof::Succeeded {
+        provider_ref: "ch_late".into(),
+        captured: true,
+    };
+    let source = Source {
+        name: "webhook:fake",
+        said: r#"{"id":"ch_late"}"#,
+    };
+    let applied = apply_proof(&mut tx, &first, &proof, &source, rig.app.clock.now())
+        .await
+        .expect("apply");
+    tx.commit().await.expect("commit");
+    assert!(matches!(applied, Applied::Conflict { .. }), "{applied:?}");
+    let p = rig.payment(&id).await;
+    assert_eq!(p["status"], "needs_review");
+    assert_eq!(
+        rig.app
+            .db
+            .count("evidence_conflicts WHERE kind = 'effect_after_no_effect'")
+            .await,
+        1
+    );
+    // The retry that was scheduled is blocked: the line stopped.
+    rig.provider.control().clear_faults();
+    let steps = rig.drain(2).await;
+    assert_eq!(steps, [Step::Blocked]);
+    assert_eq!(rig.ledger().totals.charges, 0);
+}
+
+async fn the_reconciler_reads_what_a_stale_worker_kept(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    // The charge is made and its answer lost; search will not see it for
+    // far longer than cobro's configured lag (a provider slower than
+    // documented).
+    let control = rig.provider.control();
+    control.add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect));
+    control
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::SearchLag).with_lag_seconds(1_000_000));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    pass_the_window(&rig).await;
+    // A stale owner kept the provider's answer to this attempt's key.
+    let attempt = rig.attempts(&id).await.remove(0);
+    let charge = rig.ledger().charges[0].clone();
+    let object = json!({"id": charge.id, "status": "captured", "reference": charge.reference,
+        "amount": charge.amount, "currency": charge.currency, "capture_method": "automatic",
+        "metadata": charge.metadata});
+    rig.app
+        .db
+        .store
+        .record_observation(
+            attempt.id.0.into(),
+            1,
+            "succeeded",
+            &object.to_string(),
+            rig.app.clock.now(),
+        )
+        .await
+        .expect("observation");
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(
+        summary.items[0].verdict,
+        Verdict::Resolved {
+            outcome: "succeeded".into()
+        },
+        "search saw nothing; the kept answer is the proof"
+    );
+    let p = rig.payment(&id).await;
+    assert_eq!(p["status"], "captured");
+    assert_eq!(p["provider_ref"], charge.id);
+    assert_eq!(rig.ledger().totals.charges, 1, "never charged again");
+}
+
+async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    // A worker claims, marks the send, the provider charges, and the worker
+    // dies before recording anything.
+    let store = &rig.app.db.store;
+    let now = rig.app.clock.now();
+    let claims = store
+        .claim_due("doomed", now, now + Duration::seconds(30), 1)
+        .await
+        .expect("claim");
+    let claim = &claims[0];
+    assert_eq!(
+        store.record_send(claim, now).await.expect("send"),
+        cobro_store::SendMark::Marked
+    );
+    let payment = store
+        .payment_unscoped(id.parse().expect("id"))
+        .await
+        .expect("read")
+        .expect("payment");
+    let r = rig
+        .app
+        .client
+        .post(format!("{}/v1/charges", rig.provider.url()))
+        .bearer_auth("sk_test_cobro")
+        .header("idempotency-key", &claim.attempt.provider_key)
+        .json(
+            &json!({"amount": payment.amount, "currency": payment.currency,
+            "payment_method": payment.payment_method, "capture": true,
+            "reference": claim.attempt.reference,
+            "metadata": cobro_worker::evidence::identity(&claim.attempt, &payment)}),
+        )
+        .send()
+        .await
+        .expect("charge");
+    assert_eq!(r.status().as_u16(), 201);
+    // No worker is left; the reconciler's threshold passes.
+    rig.app.clock.advance(Duration::minutes(6));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.examined, 1, "the stuck attempt is a candidate");
+    assert_eq!(
+        summary.items[0].verdict,
+        Verdict::Resolved {
+            outcome: "succeeded".into()
+        }
+    );
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+async fn a_run_pages_through_every_candidate(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect));
+    for i in 0..5 {
+        rig.create_payment(&format!("k-{i}"), &payment_body(&format!("o-{i}")))
+            .await;
+    }
+    rig.drain(1).await;
+    pass_the_window(&rig).await;
+    let summary = reconciler(&rig, |c| c.page = 2)
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(summary.examined, 5, "three pages of two");
+    assert_eq!(summary.resolved.get("succeeded"), Some(&5));
+    assert_eq!(summary.unresolved(), 0);
+    let capped = reconciler(&rig, |c| c.page = 2)
+        .run(
+            &Scope {
+                max: Some(1),
+                ..Default::default()
+            },
+            false,
+            "test",
+            &|_, _| {},
+        )
+        .await
+        .expect("run");
+    assert_eq!(capped.examined, 0, "nothing left");
+    assert_eq!(rig.ledger().totals.charges, 5);
+}

@@ -523,3 +523,48 @@ async fn a_run_pages_through_every_candidate(backend: Backend) {
     assert_eq!(capped.examined, 0, "nothing left");
     assert_eq!(rig.ledger().totals.charges, 5);
 }
+
+/// Clients that hang up mid-request never leave a transaction half-done on
+/// a pooled connection: every handler runs to its end in its own task.
+/// PostgreSQL only (it is where a pooled connection can sit "idle in
+/// transaction"); afterwards every stored key has its payment, attempt and
+/// outbox row, and no connection is inside a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clients_that_disconnect_mid_request_leave_no_transaction_open() {
+    let app = cobro_test_support::TestApp::spawn(Backend::Postgres).await;
+    let mut tasks = Vec::new();
+    for i in 0..120u64 {
+        // Timeouts from 1 ms to 12 ms: many requests are dropped while the
+        // server is inside BEGIN, the key reservation or COMMIT.
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_millis(1 + i % 12))
+            .build()
+            .expect("client");
+        let request = client
+            .post(format!("{}/v1/payments", app.url))
+            .bearer_auth(&app.token)
+            .header("idempotency-key", format!("dc-{i}"))
+            .json(&payment_body(&format!("dc-{i}")));
+        tasks.push(tokio::spawn(async move { request.send().await.is_ok() }));
+    }
+    for task in tasks {
+        let _answered = task.await.expect("task");
+    }
+    cobro_test_support::wait_for(
+        "no connection idle in a transaction",
+        std::time::Duration::from_secs(20),
+        async || {
+            let open = app
+                .db
+                .count("pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'")
+                .await;
+            let keys = app.db.count("idempotency_records").await;
+            let payments = app.db.count("payments").await;
+            (open == 0 && keys == payments).then_some(())
+        },
+    )
+    .await;
+    let payments = app.db.count("payments").await;
+    assert_eq!(app.db.count("attempts").await, payments);
+    assert_eq!(app.db.count("outbox").await, payments);
+}

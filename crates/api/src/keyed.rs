@@ -63,7 +63,12 @@ pub async fn begin(
     let now = state.clock.now();
     // Waiting for the write lock (SQLite) or for a concurrent holder of the
     // same key (PostgreSQL) is bounded; running out means the key is busy.
+    // On SQLite a busy write lock says nothing about this key (one writer
+    // for the whole database; a holder of the same key would have been
+    // waited for and replayed): it is 503, not 409.
+    let sqlite = state.store.backend() == cobro_store::BackendKind::Sqlite;
     let in_progress = |e: StoreError| match e {
+        StoreError::Busy if sqlite => ApiError::Unavailable(None),
         StoreError::Busy => ApiError::InProgress,
         other => other.into(),
     };

@@ -125,11 +125,21 @@ async fn request_context(request: Request, next: Next) -> Response {
         status = tracing::field::Empty,
     );
     let started = std::time::Instant::now();
-    let mut response = tracing::Instrument::instrument(
+    let handler = tracing::Instrument::instrument(
         error::REQUEST_ID.scope(request_id.clone(), next.run(request)),
         span.clone(),
-    )
-    .await;
+    );
+    // The handler runs in a task of its own: a client that disconnects
+    // drops this future, never the handler's transaction half-way (a
+    // cancelled BEGIN or COMMIT can leave a pooled connection inside a
+    // transaction, a known sqlx 0.8 hazard). Every request runs to its end.
+    let mut response = match tokio::spawn(handler).await {
+        Ok(response) => response,
+        Err(join) => {
+            tracing::error!(parent: &span, error = %join, "request handler panicked");
+            axum::response::IntoResponse::into_response(error::ApiError::internal(join))
+        }
+    };
     span.record("status", response.status().as_u16());
     tracing::info!(parent: &span, status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request served");
     let headers = response.headers_mut();

@@ -980,3 +980,179 @@ async fn chaos_many_payments_every_fault_and_repeated_worker_kills_end_with_one_
         site.count("attempts WHERE state = 'no_effect'").await,
     );
 }
+
+/// Runs `cobro ARGS` to its end against the site; its exit code and stdout.
+async fn run_cli(site: &Site, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut command = site.command(args, env);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("cobro runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+/// "Proof, not resemblance" point 10: a lone `cobro worker` makes the charge
+/// (its answer held past its timeout) and is killed; no worker is left.
+/// `cobro reconcile` must still see the attempt, find the charge by its own
+/// identity and adopt it: exit 0, one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_charge_left_by_a_killed_lone_worker_is_adopted_by_cobro_reconcile() {
+    let site = Site::new().await;
+    site.hold_next_charge_answer(Duration::from_secs(60));
+    let (_api, url) = site
+        .serve("serve", &["--no-worker", "--no-reconciler"], &[])
+        .await;
+    let created = site.create_payment(&url, "k-1", &payment_body("o-1")).await;
+    let id = id_of(&created);
+    let (mut worker, _) = site
+        .worker("lone worker", &[("COBRO_NO_RECONCILER", "true")])
+        .await;
+    site.charged("o-1:authorize-v1").await;
+    worker.kill9();
+    // Its lease expires; nobody takes the row.
+    wait_for("the dead worker's lease expires", SETTLE, async || {
+        let expired: bool = sqlx::query_scalar("SELECT lease_expires_at < now() FROM outbox")
+            .fetch_one(&site.pg)
+            .await
+            .expect("outbox");
+        expired.then_some(())
+    })
+    .await;
+    let (code, out) = run_cli(
+        &site,
+        &["reconcile", "--all", "--older-than", "0s", "--json"],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "nothing left: {out}");
+    let summary: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(summary["examined"], 1, "{summary}");
+    assert_eq!(summary["resolved"]["succeeded"], 1, "{summary}");
+    let payment = site.payment(&url, &id).await;
+    assert_eq!(payment["status"], "captured");
+    let ledger = site.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert_eq!(payment["provider_ref"], ledger.charges[0].id.as_str());
+}
+
+/// Point 7: `cobro worker` (and `serve --no-worker`) run the scheduled
+/// reconciler. The provider drops every answer, the short key window
+/// closes, the worker hands the attempt over; only a reconciler can settle
+/// it, and no `cobro reconcile` is run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_process_reconciles_on_its_own_schedule() {
+    let site = Site::new().await;
+    site.provider.control().add_fault(FaultRule::new(
+        FOp::Charge,
+        FaultAction::DropResponseAfterEffect,
+    ));
+    let (_api, url) = site
+        .serve("serve", &["--no-worker", "--no-reconciler"], &[])
+        .await;
+    let created = site.create_payment(&url, "k-1", &payment_body("o-1")).await;
+    let id = id_of(&created);
+    let window = [
+        ("COBRO_PROVIDER_KEY_RETENTION", "3s"),
+        ("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "1s"),
+        ("COBRO_PROVIDER_TIMEOUT", "1s"),
+        ("COBRO_PROVIDER_SEARCH_LAG", "1s"),
+        ("COBRO_RECONCILE_SCHEDULE", "* * * * * *"),
+    ];
+    let (_worker, _) = site.worker("worker", &window).await;
+    let payment = wait_for(
+        "the worker's reconciler settles it",
+        SETTLE * 2,
+        async || {
+            let p = site.payment(&url, &id).await;
+            (p["status"] == "captured").then_some(p)
+        },
+    )
+    .await;
+    let decided: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM reconciliation_decisions WHERE decision = 'adopt_succeeded' \
+         AND actor LIKE 'reconciler:%'",
+    )
+    .fetch_one(&site.pg)
+    .await
+    .expect("audit");
+    assert_eq!(decided, 1, "decided by the worker process's reconciler");
+    let ledger = site.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert_eq!(payment["provider_ref"], ledger.charges[0].id.as_str());
+}
+
+/// Point 1, as it was reproduced: two merchants, one order ref, one
+/// provider API key. B is captured; A's attempt goes unknown; `cobro
+/// reconcile --payment A --older-than 0s` must not bind A to B's charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge() {
+    let site = Site::new().await;
+    let now = chrono::Utc::now();
+    let b = site
+        .db
+        .store
+        .create_account("merchant-b", now)
+        .await
+        .expect("account");
+    let token_b = format!("test_{}", Uuid::new_v4().simple());
+    site.db
+        .store
+        .create_token(b, "b", &cobro_api::token_hash(&token_b), now)
+        .await
+        .expect("token");
+    let (_api, url) = site.serve("serve", &[], &[]).await;
+    let created_b: Value = site
+        .http
+        .post(format!("{url}/v1/payments"))
+        .bearer_auth(&token_b)
+        .header("idempotency-key", "b-1")
+        .json(&payment_body("ord-1"))
+        .send()
+        .await
+        .expect("answer")
+        .json()
+        .await
+        .expect("json");
+    site.charged("ord-1:authorize-v1").await;
+    let b_charge = site.ledger().charges[0].id.clone();
+    site.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let created_a = site
+        .create_payment(&url, "a-1", &payment_body("ord-1"))
+        .await;
+    let a = id_of(&created_a);
+    let (code, out) = run_cli(
+        &site,
+        &["reconcile", "--payment", &a, "--older-than", "0s", "--json"],
+        &[],
+    )
+    .await;
+    assert_ne!(code, Some(0), "nothing is proven for A: {out}");
+    let a_now = site.payment(&url, &a).await;
+    assert_eq!(a_now["status"], "processing", "{a_now}");
+    assert_eq!(a_now["provider_ref"], Value::Null);
+    // The provider recovers: A is charged under its own identity.
+    site.provider.control().clear_faults();
+    let a_now = site.settled_payment(&url, &a).await;
+    assert_eq!(a_now["status"], "captured");
+    assert_ne!(a_now["provider_ref"], b_charge.as_str());
+    let ledger = site.ledger();
+    assert_eq!(ledger.totals.charges, 2);
+    assert!(cobro_test_support::double_charges(&ledger).is_empty());
+    let b_id = created_b["id"].as_str().expect("id");
+    let b_now: Value = site
+        .http
+        .get(format!("{url}/v1/payments/{b_id}"))
+        .bearer_auth(&token_b)
+        .send()
+        .await
+        .expect("answer")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(b_now["provider_ref"], b_charge.as_str());
+}

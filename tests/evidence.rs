@@ -5,7 +5,7 @@
 
 use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
-use cobro_provider::{HttpProvider, HttpProviderConfig};
+use cobro_provider::HttpProvider;
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
@@ -16,7 +16,6 @@ use cobro_test_support::{
 use cobro_worker::{Applied, Proof, Source, Step, apply_proof};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::{Value, json};
-use std::sync::Arc;
 
 on_both_backends!(
     two_accounts_with_one_order_ref_never_share_a_charge,
@@ -30,22 +29,7 @@ on_both_backends!(
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
-    let mut config = ReconcilerConfig {
-        actor: "reconciler:test".into(),
-        search_lag: std::time::Duration::from_secs(60),
-        request_timeout: std::time::Duration::from_secs(2),
-        ..Default::default()
-    };
-    tweak(&mut config);
-    Reconciler::new(
-        rig.app.db.store.clone(),
-        Arc::new(
-            HttpProvider::new(HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro"))
-                .expect("client"),
-        ),
-        Arc::new(rig.app.clock.clone()),
-        config,
-    )
+    rig.reconciler(tweak)
 }
 
 async fn reconcile(rig: &Rig, scope: Scope) -> cobro_reconciler::Summary {
@@ -550,21 +534,103 @@ async fn clients_that_disconnect_mid_request_leave_no_transaction_open() {
     for task in tasks {
         let _answered = task.await.expect("task");
     }
-    cobro_test_support::wait_for(
-        "no connection idle in a transaction",
+    // Handlers go on after their clients left: wait until the database is
+    // quiet (no other backend active or inside a transaction), then read
+    // every count in one snapshot.
+    let pool = sqlx::PgPool::connect(&app.db.url).await.expect("connect");
+    let counts: (i64, i64, i64, i64) = cobro_test_support::wait_for(
+        "the database is quiet and no connection is idle in a transaction",
         std::time::Duration::from_secs(20),
         async || {
-            let open = app
-                .db
-                .count("pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'")
-                .await;
-            let keys = app.db.count("idempotency_records").await;
-            let payments = app.db.count("payments").await;
-            (open == 0 && keys == payments).then_some(())
+            let busy: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND pid <> pg_backend_pid() AND (state = 'active' OR state LIKE 'idle in transaction%')",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("activity");
+            if busy > 0 {
+                return None;
+            }
+            Some(
+                sqlx::query_as(
+                    "SELECT (SELECT COUNT(*) FROM payments), (SELECT COUNT(*) FROM attempts), \
+                     (SELECT COUNT(*) FROM outbox), (SELECT COUNT(*) FROM idempotency_records)",
+                )
+                .fetch_one(&pool)
+                .await
+                .expect("counts"),
+            )
         },
     )
     .await;
-    let payments = app.db.count("payments").await;
-    assert_eq!(app.db.count("attempts").await, payments);
-    assert_eq!(app.db.count("outbox").await, payments);
+    let (payments, attempts, outbox, keys) = counts;
+    assert_eq!((attempts, outbox, keys), (payments, payments, payments));
+}
+
+/// Point 6: a cancel decides from the row its transaction holds. A worker's
+/// transaction moves the payment `processing -> authorized` and holds the
+/// row while the cancel arrives; the cancel waits for it and voids, instead
+/// of storing `payment-not-cancelable` against its key from a stale read.
+/// PostgreSQL only: SQLite's one writer already serialises the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_racing_the_workers_commit_decides_from_the_committed_row() {
+    use sqlx::Connection;
+    let app = cobro_test_support::TestApp::spawn(Backend::Postgres).await;
+    let r = app
+        .post("/v1/payments", Some("k-1"))
+        .json(&manual_payment_body("o-1"))
+        .send()
+        .await
+        .expect("send");
+    let id = r.json::<Value>().await.expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let mut worker = sqlx::PgConnection::connect(&app.db.url)
+        .await
+        .expect("connect");
+    sqlx::query("BEGIN")
+        .execute(&mut worker)
+        .await
+        .expect("begin");
+    sqlx::query(
+        "UPDATE payments SET status = 'authorized', provider_ref = 'ch_1' WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .execute(&mut worker)
+    .await
+    .expect("authorize");
+    let cancel = app
+        .post(&format!("/v1/payments/{id}/cancel"), Some("c-1"))
+        .send();
+    let cancel = tokio::spawn(cancel);
+    cobro_test_support::wait_for(
+        "the cancel waits for the payment row",
+        std::time::Duration::from_secs(10),
+        async || {
+            let waiting = app
+                .db
+                .count("pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+                .await;
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    sqlx::query("COMMIT")
+        .execute(&mut worker)
+        .await
+        .expect("commit");
+    let answer = cancel.await.expect("join").expect("answer");
+    assert_eq!(answer.status().as_u16(), 202);
+    let view: Value = answer.json().await.expect("json");
+    assert_eq!(view["status"], "canceling");
+    assert_eq!(
+        app.db
+            .count("idempotency_records WHERE status_code = 422")
+            .await,
+        0,
+        "no refusal stored against the key"
+    );
+    assert_eq!(app.db.count("outbox").await, 2, "the void is queued");
 }

@@ -3,7 +3,7 @@
 
 use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
-use cobro_provider::{HttpProvider, HttpProviderConfig};
+use cobro_provider::HttpProvider;
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
@@ -11,7 +11,6 @@ use cobro_test_support::{Backend, Rig, on_both_backends, payment_body};
 use cobro_worker::Step;
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::Value;
-use std::sync::Arc;
 
 on_both_backends!(
     an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again,
@@ -24,21 +23,7 @@ on_both_backends!(
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
-    let mut config = ReconcilerConfig {
-        actor: "reconciler:test".into(),
-        search_lag: std::time::Duration::from_secs(60),
-        ..Default::default()
-    };
-    tweak(&mut config);
-    Reconciler::new(
-        rig.app.db.store.clone(),
-        Arc::new(
-            HttpProvider::new(HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro"))
-                .expect("client"),
-        ),
-        Arc::new(rig.app.clock.clone()),
-        config,
-    )
+    rig.reconciler(tweak)
 }
 
 fn no_progress(_: usize, _: usize) {}

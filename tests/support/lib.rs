@@ -510,3 +510,28 @@ impl Rig {
             .expect("attempts")
     }
 }
+
+impl Rig {
+    /// A reconciler over this rig's store, provider and clock (actor
+    /// `reconciler:test`, search lag 60 s, request timeout 2 s), adjusted by
+    /// `tweak`.
+    pub fn reconciler(
+        &self,
+        tweak: impl FnOnce(&mut cobro_reconciler::ReconcilerConfig),
+    ) -> cobro_reconciler::Reconciler<cobro_provider::HttpProvider> {
+        let mut config = cobro_reconciler::ReconcilerConfig {
+            actor: "reconciler:test".into(),
+            search_lag: std::time::Duration::from_secs(60),
+            request_timeout: std::time::Duration::from_secs(2),
+            ..Default::default()
+        };
+        tweak(&mut config);
+        let client = cobro_provider::HttpProviderConfig::new(self.provider.url(), "sk_test_cobro");
+        cobro_reconciler::Reconciler::new(
+            self.app.db.store.clone(),
+            std::sync::Arc::new(cobro_provider::HttpProvider::new(client).expect("client")),
+            std::sync::Arc::new(self.app.clock.clone()),
+            config,
+        )
+    }
+}

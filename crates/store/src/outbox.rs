@@ -8,7 +8,7 @@
 use crate::payments::ATTEMPT_COLUMNS;
 use crate::{AttemptRow, Backend, DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, IntentId, Operation, OutboxId, PaymentId, RefundId};
+use cobro_core::{AttemptId, AttemptState, IntentId, Operation, OutboxId, PaymentId, RefundId};
 
 /// An attempt to create with its outbox row, in the caller's transaction.
 #[derive(Clone, Debug)]
@@ -69,22 +69,7 @@ impl WriteTx {
         due_at: DateTime<Utc>,
     ) -> Result<AttemptRow> {
         let id = a.id;
-        let attempt = format!(
-            "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
-             provider_key, reference, state, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $8) RETURNING {ATTEMPT_COLUMNS}"
-        );
-        let row = on_tx!(self, conn => sqlx::query_as(&attempt)
-            .bind(DbId::from(id))
-            .bind(DbId::from(a.intent))
-            .bind(DbId::from(a.payment))
-            .bind(a.refund.map(DbId::from))
-            .bind(a.operation.as_str())
-            .bind(&a.provider_key)
-            .bind(&a.reference)
-            .bind(DbTime(now))
-            .fetch_one(&mut *conn)
-            .await?);
+        let row = self.insert_attempt(a, AttemptState::Pending, now).await?;
         let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
             VALUES ($1, $2, 'pending', $3, $4, $4)";
         on_tx!(self, conn => sqlx::query(outbox)
@@ -123,10 +108,19 @@ impl WriteTx {
     /// Inserts an attempt that may not be sent yet (`held`), without an
     /// outbox row: a cancel asked for while the authorisation is unknown.
     pub async fn hold_attempt(&mut self, a: &NewAttempt, now: DateTime<Utc>) -> Result<AttemptRow> {
+        self.insert_attempt(a, AttemptState::Held, now).await
+    }
+
+    async fn insert_attempt(
+        &mut self,
+        a: &NewAttempt,
+        state: AttemptState,
+        now: DateTime<Utc>,
+    ) -> Result<AttemptRow> {
         let sql = format!(
             "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
              provider_key, reference, state, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'held', $8, $8) RETURNING {ATTEMPT_COLUMNS}"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) RETURNING {ATTEMPT_COLUMNS}"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(a.id))
@@ -136,6 +130,7 @@ impl WriteTx {
             .bind(a.operation.as_str())
             .bind(&a.provider_key)
             .bind(&a.reference)
+            .bind(state.as_str())
             .bind(DbTime(now))
             .fetch_one(&mut *conn)
             .await?))

@@ -16,6 +16,9 @@ CREATE INDEX attempts_uncertain ON attempts (state, last_send_at)
 -- Why a payment is in needs_review (the reconciler's horizon, or evidence
 -- that contradicts what cobro recorded).
 ALTER TABLE payments ADD COLUMN review_reason TEXT;
+-- The status a payment had when conflicting evidence stopped it (an
+-- operator who finds the record right restores it).
+ALTER TABLE payments ADD COLUMN review_from TEXT;
 
 -- Provider evidence that cobro did not adopt: it contradicts a recorded
 -- outcome, does not match the attempt it names, or matches nothing of

@@ -10,6 +10,9 @@ CREATE INDEX attempts_uncertain ON attempts (state, last_send_at)
     WHERE state IN ('pending', 'unknown', 'reconciling');
 
 ALTER TABLE payments ADD COLUMN review_reason TEXT;
+-- The status a payment had when conflicting evidence stopped it (an
+-- operator who finds the record right restores it).
+ALTER TABLE payments ADD COLUMN review_from TEXT;
 
 CREATE TABLE evidence_conflicts (
     id           TEXT PRIMARY KEY,

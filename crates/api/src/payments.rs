@@ -545,7 +545,7 @@ async fn cancel_payment(
             }
         }
         row
-    } else if status.authorisation_pending() && manual {
+    } else if status.authorisation_pending() && manual && authorisation_open(&mut tx, id).await? {
         // The authorisation outcome is not known yet: the cancel becomes an
         // intent of its own, its attempt `held` until the authorisation is
         // proven; then it runs once, or ends with the payment's truth
@@ -580,6 +580,17 @@ async fn cancel_payment(
     )
     .await?;
     Ok(response)
+}
+
+/// Whether the payment's authorisation outcome is still unknown (its
+/// authorize attempt unresolved): only then is a cancel held. A payment in
+/// `needs_review` for another reason (a capture escalated, a conflict)
+/// refuses the cancel instead of holding it forever.
+async fn authorisation_open(tx: &mut WriteTx, payment: PaymentId) -> Result<bool, ApiError> {
+    Ok(tx.attempts_of(payment).await?.iter().any(|a| {
+        a.operation == Operation::Authorize.as_str()
+            && cobro_core::AttemptState::parse(&a.state).is_some_and(|s| s.is_unresolved())
+    }))
 }
 
 #[derive(Serialize, Debug)]

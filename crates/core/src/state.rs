@@ -146,6 +146,9 @@ impl PaymentStatus {
             (_, E::Captured) if awaiting_authorisation => S::Captured,
             (S::Processing, E::OutcomeUnknown) => S::RequiresReconciliation,
             (S::RequiresReconciliation, E::Escalated) => S::NeedsReview,
+            // An attempt sent and never recorded, with no worker left to
+            // finish it, unresolved past the horizon.
+            (S::Processing, E::Escalated) => S::NeedsReview,
             (S::RequiresReconciliation, E::RetryScheduled) => S::Processing,
             (S::Authorized, E::CaptureRequested) => S::Capturing,
             (S::Capturing | S::Canceling, E::Captured) => S::Captured,
@@ -269,6 +272,7 @@ mod tests {
         (S::Processing, E::Declined, S::Declined),
         (S::Processing, E::Failed, S::Failed),
         (S::Processing, E::OutcomeUnknown, S::RequiresReconciliation),
+        (S::Processing, E::Escalated, S::NeedsReview),
         (S::RequiresReconciliation, E::Authorized, S::Authorized),
         (S::RequiresReconciliation, E::Captured, S::Captured),
         (S::RequiresReconciliation, E::Declined, S::Declined),

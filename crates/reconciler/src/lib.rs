@@ -11,7 +11,9 @@ use cobro_store::conflicts::ConflictKind;
 use cobro_store::settle::PaymentOutcome;
 use cobro_store::{AttemptRow, NewAttempt, PaymentRow, RefundRow, Store, StoreError, WriteTx};
 use cobro_worker::evidence::proof_from;
-use cobro_worker::{Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, stop_the_line};
+use cobro_worker::{
+    Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -405,6 +407,41 @@ impl<P: Provider> Reconciler<P> {
             Some(r) => self.store.refund_unscoped(RefundId::from_uuid(r.0)).await?,
             None => None,
         };
+        // An attempt made before references were unique carries the bare
+        // intent name, which another account may share: evidence found by
+        // it proves nothing unless no other attempt has that reference.
+        if !attempt.reference.contains('/')
+            && self
+                .store
+                .attempts_with_reference(&attempt.reference)
+                .await?
+                > 1
+        {
+            let reason =
+                "a legacy reference shared by several attempts: resolve by hand".to_owned();
+            let ctx = Ctx {
+                attempt,
+                run,
+                dry_run,
+                said: &serde_json::Value::Null,
+                now: self.clock.now(),
+            };
+            let verdict = if self.past_horizon(attempt, ctx.now) {
+                self.escalate(&ctx, operation, &payment, refund.as_ref(), &reason)
+                    .await?
+            } else {
+                Verdict::StillUnknown { reason }
+            };
+            return Ok(Examined {
+                payment_id: payment_id.to_string(),
+                attempt_id: attempt.id.0.to_string(),
+                reference: attempt.reference.clone(),
+                operation: attempt.operation.clone(),
+                provider_said: serde_json::Value::Null,
+                applied: !dry_run && verdict == Verdict::Escalated,
+                verdict,
+            });
+        }
         let answer = self.ask(attempt, operation, &payment).await;
         let provider_said = said(&answer);
         let now = self.clock.now();
@@ -463,7 +500,12 @@ impl<P: Provider> Reconciler<P> {
             }
         };
         let mut ours = Vec::new();
-        for object in &found {
+        // For a capture or void, a charge still authorized is no effect yet:
+        // like "not found", it proves no effect only by the rules below.
+        let not_yet = |o: &ProviderObject| {
+            matches!(operation, Operation::Capture | Operation::Cancel) && o.status == "authorized"
+        };
+        for object in found.iter().filter(|o| !not_yet(o)) {
             match fit(operation, attempt, payment, refund, object) {
                 Fit::Ours => ours.push(object),
                 Fit::Mismatch(why) => {
@@ -601,8 +643,10 @@ impl<P: Provider> Reconciler<P> {
             .payment_by_id(payment)
             .await?
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
-        // The same finding again on a payment already stopped: nothing new.
-        if current.status == PaymentStatus::NeedsReview.as_str() {
+        // The same finding again: kept once. A new finding on a payment
+        // already in review is kept too (the operator must see it).
+        let attempt_id = AttemptId::from_uuid(ctx.attempt.id.0);
+        if tx.conflict_is_open(attempt_id, kind, detail).await? {
             tx.rollback().await?;
             return Ok(Verdict::Conflict {
                 kind: kind.as_str().into(),
@@ -652,6 +696,8 @@ impl<P: Provider> Reconciler<P> {
         let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
         let refund_id = attempt.refund_id.map(|r| RefundId::from_uuid(r.0));
         let mut tx = self.store.begin().await?;
+        // Lock order: the payment row, then the attempt.
+        tx.payment_by_id(payment_id).await?;
         if !tx
             .resolve_no_effect(
                 AttemptId::from_uuid(attempt.id.0),
@@ -752,10 +798,20 @@ impl<P: Provider> Reconciler<P> {
                 Operation::Refund => None,
             };
             let after = match event {
-                Some(event) => self
-                    .move_payment(&mut tx, payment_id, before, event, Some(failure), now)
-                    .await?
-                    .unwrap_or(before),
+                Some(event) => {
+                    let after = self
+                        .move_payment(&mut tx, payment_id, before, event, Some(failure), now)
+                        .await?
+                        .unwrap_or(before);
+                    if operation == Operation::Authorize && after == PaymentStatus::Failed {
+                        let failed = tx
+                            .payment_by_id(payment_id)
+                            .await?
+                            .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
+                        settle_held_cancels(&mut tx, &failed, after, now).await?;
+                    }
+                    after
+                }
                 None => {
                     if let (Some(r), Some(from)) = (refund_id, refund_status) {
                         tx.settle_refund(
@@ -829,11 +885,13 @@ impl<P: Provider> Reconciler<P> {
         let mut tx = self.store.begin().await?;
         let (before, after) = if operation == Operation::Refund {
             let Some(refund) = refund else {
+                tx.rollback().await?;
                 return Ok(Verdict::Escalated);
             };
             let from = RefundStatus::parse(&refund.status)
                 .ok_or_else(|| StoreError::Corrupt("refund status".into()))?;
             if from == RefundStatus::NeedsReview {
+                tx.rollback().await?;
                 return Ok(Verdict::Escalated);
             }
             let moved = tx
@@ -857,6 +915,7 @@ impl<P: Provider> Reconciler<P> {
         } else {
             let before = payment.status()?;
             if before == PaymentStatus::NeedsReview {
+                tx.rollback().await?;
                 return Ok(Verdict::Escalated);
             }
             let Some(after) = self
@@ -871,7 +930,9 @@ impl<P: Provider> Reconciler<P> {
                 .await?
             else {
                 tx.rollback().await?;
-                return Ok(Verdict::AlreadySettled);
+                return Ok(Verdict::StillUnknown {
+                    reason: format!("past the horizon, and {before} cannot be escalated: {reason}"),
+                });
             };
             tx.set_review_reason(
                 PaymentId::from_uuid(payment.id.0),
@@ -1031,11 +1092,14 @@ pub async fn resolve_by_hand(
         return Err(ResolveError::NotInReview(payment.status));
     }
     let attempts = tx.attempts_of(r.payment).await?;
+    // In flight: sent and still the worker's; or another attempt the
+    // reconciler is still working out (only the named one is decided here).
     if let Some(busy) = attempts.iter().find(|a| {
-        matches!(
-            AttemptState::parse(&a.state),
-            Some(AttemptState::Pending | AttemptState::Unknown)
-        ) && a.send_count > 0
+        let state = AttemptState::parse(&a.state);
+        let worker_owned = matches!(state, Some(AttemptState::Pending | AttemptState::Unknown))
+            && a.send_count > 0;
+        let other_open = state == Some(AttemptState::Reconciling) && a.id.0 != r.attempt.as_uuid();
+        worker_owned || other_open
     }) {
         return Err(ResolveError::InFlight(busy.id.0.to_string()));
     }
@@ -1052,6 +1116,9 @@ pub async fn resolve_by_hand(
     })
     .to_string();
     let unresolved = AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved());
+    // The operator has looked at the evidence: the conflicts are closed
+    // first, so the decision below is applied, not kept as one more.
+    tx.resolve_conflicts(r.payment, now).await?;
     let (before, after) = if unresolved {
         let proof = manual_proof(r, operation, &payment)?;
         let source = Source {
@@ -1063,7 +1130,24 @@ pub async fn resolve_by_hand(
             _ => return Err(ResolveError::Conflict),
         }
     } else {
-        let to = r.outcome.status();
+        let mut to = r.outcome.status();
+        // "Captured" for a payment that was captured and partly or fully
+        // refunded when the conflict stopped it restores that status; the
+        // captured and refunded amounts stay what they were.
+        let restored = payment
+            .review_from
+            .as_deref()
+            .and_then(PaymentStatus::parse)
+            .filter(|from| {
+                to == PaymentStatus::Captured
+                    && matches!(
+                        from,
+                        PaymentStatus::PartiallyRefunded | PaymentStatus::Refunded
+                    )
+            });
+        if let Some(from) = restored {
+            to = from;
+        }
         if matches!(to, PaymentStatus::Authorized | PaymentStatus::Captured)
             && r.provider_ref.is_none()
             && payment.provider_ref.is_none()
@@ -1072,20 +1156,22 @@ pub async fn resolve_by_hand(
         }
         let outcome = PaymentOutcome {
             provider_ref: r.provider_ref.clone(),
-            amount_captured: (to == PaymentStatus::Captured).then_some(payment.amount),
+            amount_captured: (to == PaymentStatus::Captured && payment.amount_captured == 0)
+                .then_some(payment.amount),
             failure: to
                 .is_terminal_failure()
                 .then(|| ("resolved_by_operator".to_owned(), r.reason.clone())),
         };
-        tx.settle_payment(r.payment, PaymentStatus::NeedsReview, to, &outcome, now)
+        let settled = tx
+            .settle_payment(r.payment, PaymentStatus::NeedsReview, to, &outcome, now)
             .await?
             .ok_or(ResolveError::Conflict)?;
+        settle_held_cancels(&mut tx, &settled, to, now).await?;
         (
             PaymentStatus::NeedsReview.as_str().to_owned(),
             to.as_str().to_owned(),
         )
     };
-    tx.resolve_conflicts(r.payment, now).await?;
     tx.record_decision(
         &NewDecision {
             run_id: None,

@@ -113,7 +113,7 @@ impl WriteTx {
             return Ok(None);
         };
         let sql = format!(
-            "UPDATE payments SET status = 'needs_review', review_reason = $2, \
+            "UPDATE payments SET status = 'needs_review', review_reason = $2, review_from = status, \
              status_changed_at = $3, updated_at = $3 \
              WHERE id = $1 AND status = $4 AND (status NOT IN ('declined', 'failed', 'canceled') \
                OR NOT EXISTS (SELECT 1 FROM payments o WHERE o.account_id = payments.account_id \
@@ -143,6 +143,36 @@ impl WriteTx {
                 .rows_affected());
         }
         Ok(moved.map(|_| before))
+    }
+
+    /// Whether the payment has conflicts no operator has resolved yet.
+    pub async fn has_open_conflicts(&mut self, payment: PaymentId) -> Result<bool> {
+        let sql = "SELECT COUNT(*) FROM evidence_conflicts WHERE payment_id = $1 \
+            AND resolved_at IS NULL";
+        let n: i64 = on_tx!(self, conn => sqlx::query_scalar(sql)
+            .bind(DbId::from(payment))
+            .fetch_one(&mut *conn)
+            .await?);
+        Ok(n > 0)
+    }
+
+    /// Whether this exact finding is already kept and open (so a
+    /// reconciler that sees it again on every run writes it once).
+    pub async fn conflict_is_open(
+        &mut self,
+        attempt: AttemptId,
+        kind: ConflictKind,
+        detail: &str,
+    ) -> Result<bool> {
+        let sql = "SELECT COUNT(*) FROM evidence_conflicts WHERE attempt_id = $1 AND kind = $2 \
+            AND detail = $3 AND resolved_at IS NULL";
+        let n: i64 = on_tx!(self, conn => sqlx::query_scalar(sql)
+            .bind(DbId::from(attempt))
+            .bind(kind.as_str())
+            .bind(detail)
+            .fetch_one(&mut *conn)
+            .await?);
+        Ok(n > 0)
     }
 
     /// Marks a payment's open conflicts resolved (an operator decided).

@@ -73,9 +73,12 @@ impl From<sqlx::Error> for StoreError {
         match &e {
             sqlx::Error::Database(db) => {
                 let code = db.code().unwrap_or_default();
-                // 55P03 lock_not_available (lock_timeout); SQLite 5 BUSY, 6 LOCKED
-                // (also 261/517, the extended BUSY_RECOVERY/BUSY_SNAPSHOT).
-                if matches!(code.as_ref(), "55P03" | "5" | "6" | "261" | "517") {
+                // 55P03 lock_not_available (lock_timeout); SQLite BUSY (5) and
+                // LOCKED (6) with every extended code of theirs (the low
+                // byte: BUSY_RECOVERY 261, BUSY_SNAPSHOT 517, BUSY_TIMEOUT
+                // 773, LOCKED_SHAREDCACHE 262...).
+                let sqlite_busy = code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6));
+                if code == "55P03" || sqlite_busy {
                     return StoreError::Busy;
                 }
                 if code == "CB001" || db.message().contains("cobro_send_blocked") {

@@ -303,16 +303,25 @@ impl Store {
     /// webhook meanwhile) and one whose payment or refund is
     /// `requires_reconciliation` or `needs_review`.
     pub async fn record_send(&self, claim: &Claim, now: DateTime<Utc>) -> Result<SendMark> {
-        let sql = "UPDATE attempts SET send_count = send_count + 1, \
+        // The payment's (and refund's) status is read with a share lock on
+        // PostgreSQL: a transaction that is moving it to needs_review right
+        // now is waited for, and its status seen, instead of read past.
+        let lock = match self.backend {
+            Backend::Postgres(_) => " FOR SHARE",
+            Backend::Sqlite(_) => "",
+        };
+        let sql = format!(
+            "UPDATE attempts SET send_count = send_count + 1, \
             first_send_at = COALESCE(first_send_at, $3), last_send_at = $3, updated_at = $3 \
             WHERE id = $1 AND state IN ('pending', 'unknown') \
             AND EXISTS (SELECT 1 FROM outbox o WHERE o.attempt_id = $1 \
               AND o.id = $2 AND o.lease_token = $4 AND o.state = 'pending') \
-            AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = attempts.payment_id \
-              AND p.status IN ('requires_reconciliation', 'needs_review')) \
-            AND NOT EXISTS (SELECT 1 FROM refunds r WHERE r.id = attempts.refund_id \
-              AND r.status IN ('requires_reconciliation', 'needs_review'))";
-        let n = on_pool!(self, pool => sqlx::query(sql)
+            AND COALESCE((SELECT p.status FROM payments p WHERE p.id = attempts.payment_id{lock}), '') \
+              NOT IN ('requires_reconciliation', 'needs_review') \
+            AND COALESCE((SELECT r.status FROM refunds r WHERE r.id = attempts.refund_id{lock}), '') \
+              NOT IN ('requires_reconciliation', 'needs_review')"
+        );
+        let n = on_pool!(self, pool => sqlx::query(&sql)
             .bind(claim.attempt.id)
             .bind(DbId::from(claim.outbox_id))
             .bind(DbTime(now))

@@ -36,6 +36,8 @@ pub struct PaymentRow {
     pub updated_at: DbTime,
     /// Why the payment is in `needs_review` (cleared when it leaves).
     pub review_reason: Option<String>,
+    /// The status it had when conflicting evidence stopped it.
+    pub review_from: Option<String>,
 }
 
 impl PaymentRow {
@@ -48,7 +50,7 @@ impl PaymentRow {
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
     capture_method, payment_method, description, metadata, status, amount_captured, \
     amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
-    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason";
+    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason, review_from";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundRow {

@@ -194,6 +194,16 @@ impl WriteTx {
 }
 
 impl Store {
+    /// How many attempts were sent under `reference` (more than one only
+    /// for attempts made before references were unique).
+    pub async fn attempts_with_reference(&self, reference: &str) -> Result<i64> {
+        let sql = "SELECT COUNT(*) FROM attempts WHERE reference = $1";
+        Ok(on_pool!(self, pool => sqlx::query_scalar(sql)
+            .bind(reference)
+            .fetch_one(pool)
+            .await?))
+    }
+
     /// One stored event (ops and tests).
     pub async fn webhook_event(
         &self,

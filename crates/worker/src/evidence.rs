@@ -200,6 +200,11 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
                     captured: done == "captured",
                 });
             }
+            // Still authorized: the capture or void has not happened (yet);
+            // only an explicit refusal carries that as its truth.
+            if status == "authorized" {
+                return None;
+            }
             let charge = charge_now(object)?;
             Some(Proof::Failed {
                 code: format!("charge_{status}"),
@@ -257,6 +262,7 @@ mod tests {
             created_at: now(),
             updated_at: now(),
             review_reason: None,
+            review_from: None,
         }
     }
 
@@ -391,6 +397,12 @@ mod tests {
             })
         ));
         assert_eq!(proof(Operation::Capture, "declined"), None);
+        assert_eq!(
+            proof(Operation::Capture, "authorized"),
+            None,
+            "an unfinished capture is not a refused one"
+        );
+        assert_eq!(proof(Operation::Cancel, "authorized"), None);
     }
 
     #[test]

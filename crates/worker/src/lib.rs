@@ -7,6 +7,7 @@ mod worker;
 
 pub use evidence::{Fit, fit};
 pub use settle::{
-    Applied, ChargeNow, Proof, Source, apply_proof, hand_to_reconciler, hold_cancel, stop_the_line,
+    Applied, ChargeNow, Proof, Source, apply_proof, hand_to_reconciler, hold_cancel,
+    settle_held_cancels, stop_the_line,
 };
 pub use worker::{Step, Worker, WorkerConfig, WorkerError};

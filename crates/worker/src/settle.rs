@@ -197,6 +197,11 @@ pub async fn apply_proof(
         Proof::Declined { code, .. } | Proof::Failed { code, .. } => Some(code.as_str()),
         Proof::Succeeded { .. } => None,
     };
+    // Lock order everywhere: the payment row, then the attempt.
+    let payment = tx
+        .payment_by_id(payment_id)
+        .await?
+        .ok_or_else(|| corrupt("attempt without payment"))?;
     if !tx
         .resolve_attempt(attempt_id, attempt_state(proof), provider_ref, note, now)
         .await?
@@ -224,10 +229,29 @@ pub async fn apply_proof(
     }
     let operation = Operation::parse(&attempt.operation)
         .ok_or_else(|| corrupt(format!("operation {}", attempt.operation)))?;
-    let payment = tx
-        .payment_by_id(payment_id)
-        .await?
-        .ok_or_else(|| corrupt("attempt without payment"))?;
+    // A payment stopped by conflicting evidence stays stopped: the attempt
+    // is settled (what it proved is kept), the payment waits for an operator.
+    if payment.status == PaymentStatus::NeedsReview.as_str()
+        && tx.has_open_conflicts(payment_id).await?
+    {
+        let detail = format!(
+            "{} of attempt {} arrived while the payment is under review for conflicting evidence",
+            proof.outcome(),
+            attempt.id.0
+        );
+        let kind = ConflictKind::OtherObject;
+        stop_the_line(
+            tx,
+            Some(attempt),
+            Some(payment_id),
+            kind,
+            &detail,
+            source,
+            now,
+        )
+        .await?;
+        return Ok(Applied::Conflict { kind, detail });
+    }
     let before = payment.status()?;
 
     if operation == Operation::Refund {
@@ -278,9 +302,30 @@ pub async fn apply_proof(
     };
     let after = match before.apply(event) {
         Ok(after) => after,
+        // Money moved that the payment's state cannot take (an operator
+        // decided otherwise meanwhile): never dropped, a conflict.
+        Err(illegal) if matches!(proof, Proof::Succeeded { .. }) => {
+            let detail = format!(
+                "{illegal}: the provider proved {} for attempt {}",
+                proof.outcome(),
+                attempt.id.0
+            );
+            let kind = ConflictKind::OtherObject;
+            stop_the_line(
+                tx,
+                Some(attempt),
+                Some(payment_id),
+                kind,
+                &detail,
+                source,
+                now,
+            )
+            .await?;
+            return Ok(Applied::Conflict { kind, detail });
+        }
         Err(illegal) => {
-            // The payment already moved (e.g. a webhook recorded it): keep
-            // the attempt settled, leave the payment as it is.
+            // A refusal of something that no longer matters: keep the
+            // attempt settled, leave the payment as it is.
             tracing::warn!(payment_id = %payment_id, error = %illegal, "proof does not apply to the payment's state");
             return Ok(Applied::Settled {
                 before: before.as_str().to_owned(),
@@ -327,8 +372,10 @@ pub async fn apply_proof(
 /// A cancel asked for while the authorisation was unknown runs now that
 /// the outcome is known: once, if it is an authorisation (the payment goes
 /// `canceling` and the held attempt becomes sendable, in this
-/// transaction); otherwise it ends `failed` with the payment's truth.
-async fn settle_held_cancels(
+/// transaction); otherwise it ends `failed` with the payment's truth. Every
+/// path that moves a payment out of an authorisation-pending status calls
+/// it (proofs, "no effect" failures, operators).
+pub async fn settle_held_cancels(
     tx: &mut WriteTx,
     payment: &cobro_store::PaymentRow,
     status: PaymentStatus,
@@ -408,6 +455,8 @@ pub async fn hand_to_reconciler(
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
     let (attempt_id, payment_id, refund_id) = ids(attempt);
+    // Lock order: the payment row, then the attempt.
+    tx.payment_by_id(payment_id).await?;
     if !tx
         .resolve_attempt(
             attempt_id,

@@ -1,0 +1,968 @@
+//! The interleaving explorer: a seeded, model-based test that drives the
+//! real store (both backends), the real worker, reconciler and webhook code
+//! and the fake provider, step by step in an order chosen by the seed, and
+//! checks the invariants of provider-and-recovery.md section 7 against the
+//! provider's ledger after every step.
+//!
+//! Steps: API requests from two accounts with colliding order refs
+//! (create, capture, cancel, refund, replays); two workers whose claim,
+//! send and record are separate steps (a [`Gate`] parks each provider call
+//! before it goes out and again before its answer comes back), crashes
+//! between any two of them (the task is aborted: a step that never
+//! completes); provider faults on the next call; clock jumps (lease expiry,
+//! the reconciler's threshold, the search lag, the provider's key
+//! retention, the escalation horizon); reconciler runs, one or two at once;
+//! webhook deliveries built from the provider's own charges, duplicated and
+//! late.
+//!
+//! Invariants after every step: no intent of one account charged twice; no
+//! payment bound to a charge of another attempt or account; no send marked
+//! for a payment in `requires_reconciliation` or `needs_review`; refunds at
+//! the provider never above what the payment captured. Once quiet (faults
+//! cleared, every parked call released, workers and reconcilers run until
+//! nothing is left): every payment's state, amount and refunds equal its
+//! own charge's.
+//!
+//! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
+//! below), `EXPLORE_SEED=S` runs that one seed alone (a failure prints its
+//! seed and step trace; it replays the same steps). `ops/explore.sh`.
+
+use cobro_core::{Clock, PaymentId};
+use cobro_reconciler::Scope;
+use cobro_test_support::{Backend, Rig};
+use cobro_worker::{Worker, WorkerConfig};
+use fake_provider::{FaultAction, FaultRule, Operation as FOp};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::{Notify, oneshot};
+
+const SECRET: &str = "whsec_explorer";
+/// Steps per seed before the run is driven to quiet.
+const STEPS: usize = 40;
+/// Seeds per backend when `EXPLORE_SEEDS` is not set.
+const DEFAULT_SEEDS: u64 = 200;
+/// How long one step may take to settle (a parked call, a finished task).
+const STEP_DEADLINE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn explore_postgres() {
+    explore(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn explore_sqlite() {
+    explore(Backend::Sqlite).await;
+}
+
+async fn explore(backend: Backend) {
+    // Logs of the code under test go to the test's output (shown on failure).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            std::env::var("COBRO_TEST_LOG").unwrap_or_else(|_| "warn,cobro_worker=error".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let seeds: Vec<u64> = match std::env::var("EXPLORE_SEED") {
+        Ok(one) => vec![one.parse().expect("EXPLORE_SEED is a number")],
+        Err(_) => {
+            let n = std::env::var("EXPLORE_SEEDS")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(DEFAULT_SEEDS);
+            (0..n).collect()
+        }
+    };
+    let started = std::time::Instant::now();
+    let failures: Vec<String> = futures::stream::iter(seeds.clone())
+        .map(|seed| async move { run_seed(backend, seed).await.err() })
+        .buffer_unordered(4)
+        .filter_map(|f| async move { f })
+        .collect()
+        .await;
+    eprintln!(
+        "explorer {backend:?}: {} seeds x {STEPS} steps in {:.1?}",
+        seeds.len(),
+        started.elapsed()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} seed(s) violated an invariant:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The gate: provider calls that wait for the explorer.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Claimed and marked sent; the request has not gone out.
+    Before,
+    /// The provider answered; the worker has not recorded it.
+    After,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// The parked call; sending `false` lets it go on, `true` times it out.
+    parked: Option<(Stage, oneshot::Sender<bool>)>,
+    /// Let every call through without parking (driving to quiet).
+    open: bool,
+}
+
+/// Parks each provider call of one worker twice: before it goes out and
+/// before its answer is returned.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Notify,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `true`: the call timed out while parked (the explorer moved the
+    /// clock past the request timeout before it went out).
+    async fn park(&self, stage: Stage) -> bool {
+        let wait = {
+            let mut state = self.lock();
+            if state.open {
+                return false;
+            }
+            let (release, wait) = oneshot::channel();
+            state.parked = Some((stage, release));
+            wait
+        };
+        self.changed.notify_waiters();
+        // A crash drops this future: the call never completes.
+        wait.await.unwrap_or(false)
+    }
+
+    fn parked(&self) -> Option<Stage> {
+        self.lock().parked.as_ref().map(|(stage, _)| *stage)
+    }
+
+    fn release(&self) {
+        if let Some((_, release)) = self.lock().parked.take() {
+            let _ = release.send(false);
+        }
+    }
+
+    /// A request that has not gone out cannot outlive its timeout: time it
+    /// out (the worker sees an unknown outcome, nothing was sent).
+    fn time_out_unsent(&self) -> bool {
+        let mut state = self.lock();
+        if !matches!(state.parked, Some((Stage::Before, _))) {
+            return false;
+        }
+        if let Some((_, release)) = state.parked.take() {
+            let _ = release.send(true);
+        }
+        true
+    }
+
+    fn clear(&self) {
+        self.lock().parked = None;
+    }
+
+    fn open(&self) {
+        let mut state = self.lock();
+        state.open = true;
+        if let Some((_, release)) = state.parked.take() {
+            let _ = release.send(false);
+        }
+    }
+}
+
+struct Gated {
+    inner: cobro_provider::HttpProvider,
+    gate: Arc<Gate>,
+}
+
+impl Gated {
+    async fn through(
+        &self,
+        call: impl std::future::Future<Output = cobro_provider::Outcome>,
+    ) -> cobro_provider::Outcome {
+        if self.gate.park(Stage::Before).await {
+            return cobro_provider::Outcome::Unknown("timed out before it was sent".into());
+        }
+        let outcome = call.await;
+        self.gate.park(Stage::After).await;
+        outcome
+    }
+}
+
+impl cobro_provider::Provider for Gated {
+    async fn authorize(
+        &self,
+        key: &str,
+        request: &cobro_provider::AuthorizeRequest,
+    ) -> cobro_provider::Outcome {
+        self.through(self.inner.authorize(key, request)).await
+    }
+    async fn capture(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
+        self.through(self.inner.capture(key, charge)).await
+    }
+    async fn void(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
+        self.through(self.inner.void(key, charge)).await
+    }
+    async fn refund(
+        &self,
+        key: &str,
+        request: &cobro_provider::RefundRequest,
+    ) -> cobro_provider::Outcome {
+        self.through(self.inner.refund(key, request)).await
+    }
+    async fn get_charge(
+        &self,
+        id: &str,
+    ) -> Result<Option<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        self.inner.get_charge(id).await
+    }
+    async fn search_charges(
+        &self,
+        reference: &str,
+    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        self.inner.search_charges(reference).await
+    }
+    async fn search_refunds(
+        &self,
+        reference: &str,
+    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        self.inner.search_refunds(reference).await
+    }
+}
+
+/// One worker instance the explorer drives.
+struct Driven {
+    worker: Arc<Worker<Gated>>,
+    gate: Arc<Gate>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Driven {
+    fn busy(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Waits until the task has finished or its call is parked at a stage.
+    async fn settle(&mut self) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + STEP_DEADLINE;
+        loop {
+            let notified = self.gate.changed.notified();
+            if !self.busy() || self.gate.parked().is_some() {
+                if let Some(task) = self.task.take_if(|t| t.is_finished()) {
+                    task.await.map_err(|e| format!("worker task failed: {e}"))?;
+                }
+                return Ok(());
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => return Err("a worker step did not settle".into()),
+                // The task may finish without parking: poll its end.
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One seed.
+
+struct Account {
+    token: String,
+    id: String,
+}
+
+/// A request sent, kept for replays.
+#[derive(Clone, Debug)]
+struct Sent {
+    account: usize,
+    path: String,
+    key: String,
+    body: Value,
+}
+
+struct Explorer {
+    rig: Rig,
+    rng: StdRng,
+    accounts: Vec<Account>,
+    workers: Vec<Driven>,
+    payments: Vec<(usize, String)>,
+    sent: Vec<Sent>,
+    /// Webhook bodies delivered, for duplicates and late deliveries.
+    events: Vec<Vec<u8>>,
+    trace: Vec<String>,
+    next_key: u64,
+}
+
+async fn run_seed(backend: Backend, seed: u64) -> Result<(), String> {
+    let mut x = Explorer::new(backend, seed).await;
+    let outcome = x.run().await;
+    outcome.map_err(|violation| {
+        format!(
+            "seed {seed} ({backend:?}) after {} steps: {violation}\n  replay: EXPLORE_SEED={seed} ops/explore.sh\n  trace:\n    {}",
+            x.trace.len(),
+            x.trace.join("\n    ")
+        )
+    })
+}
+
+impl Explorer {
+    async fn new(backend: Backend, seed: u64) -> Self {
+        let mut rig = Rig::new(backend).await;
+        rig.accept_webhooks(SECRET, false).await;
+        let store = rig.app.db.store.clone();
+        let clock: Arc<dyn Clock> = Arc::new(rig.app.clock.clone());
+        let mut workers = Vec::new();
+        for w in 0..2 {
+            let gate = Arc::new(Gate::default());
+            let mut client =
+                cobro_provider::HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro");
+            client.request_timeout = Duration::from_secs(5);
+            let provider = Gated {
+                inner: cobro_provider::HttpProvider::new(client).expect("client"),
+                gate: Arc::clone(&gate),
+            };
+            let config = WorkerConfig {
+                owner: format!("explorer-{w}"),
+                batch: 1,
+                backoff_base: Duration::from_secs(1),
+                backoff_cap: Duration::from_secs(10),
+                ..Default::default()
+            };
+            let worker = Arc::new(Worker::new(
+                store.clone(),
+                Arc::new(provider),
+                Arc::clone(&clock),
+                config,
+                Arc::new(Notify::new()),
+            ));
+            workers.push(Driven {
+                worker,
+                gate,
+                task: None,
+            });
+        }
+        let (b_id, b_token) = rig.app.new_account("merchant-b").await;
+        let accounts = vec![
+            Account {
+                token: rig.app.token.clone(),
+                id: rig.app.account.to_string(),
+            },
+            Account {
+                token: b_token,
+                id: b_id.to_string(),
+            },
+        ];
+        Self {
+            rig,
+            rng: StdRng::seed_from_u64(seed),
+            accounts,
+            workers,
+            payments: Vec::new(),
+            sent: Vec::new(),
+            events: Vec::new(),
+            trace: Vec::new(),
+            next_key: 0,
+        }
+    }
+
+    async fn run(&mut self) -> Result<(), String> {
+        for _ in 0..STEPS {
+            self.step().await?;
+            self.check().await?;
+        }
+        self.quiesce().await?;
+        self.check().await?;
+        self.check_quiet().await
+    }
+
+    fn note(&mut self, what: String) {
+        self.trace.push(what);
+    }
+
+    /// Advances cobro's clock and the provider's by the same amount. A
+    /// request still waiting to go out times out first (in life the gap
+    /// between the worker's last check and the bytes on the wire is bounded
+    /// by the request timeout, not by the explorer).
+    async fn advance(&mut self, by: Duration) -> Result<(), String> {
+        if by > Duration::from_secs(5) {
+            for w in 0..self.workers.len() {
+                if self.workers[w].gate.time_out_unsent() {
+                    self.workers[w].settle().await?;
+                    self.trace.push(format!("worker {w} unsent call timed out"));
+                }
+            }
+        }
+        self.rig
+            .app
+            .clock
+            .advance(chrono::Duration::from_std(by).expect("duration"));
+        self.rig.provider.control().advance_clock(by);
+        Ok(())
+    }
+
+    async fn step(&mut self) -> Result<(), String> {
+        match self.rng.random_range(0..100) {
+            0..=14 => self.create().await,
+            15..=19 => self.payment_op("capture").await,
+            20..=24 => self.payment_op("cancel").await,
+            25..=30 => self.refund().await,
+            31..=33 => self.replay().await,
+            34..=55 => {
+                let w = self.rng.random_range(0..self.workers.len());
+                self.worker_step(w).await
+            }
+            56..=59 => {
+                let w = self.rng.random_range(0..self.workers.len());
+                self.crash(w);
+                Ok(())
+            }
+            60..=66 => {
+                self.fault();
+                Ok(())
+            }
+            67..=76 => {
+                let by = match self.rng.random_range(0..10) {
+                    0..=3 => Duration::from_secs(2),
+                    4..=6 => Duration::from_secs(35),
+                    7..=8 => Duration::from_secs(400),
+                    _ => Duration::from_secs(25 * 3600),
+                };
+                self.note(format!("clock +{by:?}"));
+                self.advance(by).await
+            }
+            77..=84 => self.reconcile(1).await,
+            85..=87 => self.reconcile(2).await,
+            88..=95 => self.webhook().await,
+            _ => self.late_webhook().await,
+        }
+    }
+
+    fn key(&mut self) -> String {
+        self.next_key += 1;
+        format!("x-{}", self.next_key)
+    }
+
+    async fn post(&mut self, sent: Sent) -> Result<(u16, Value), String> {
+        let token = self.accounts[sent.account].token.clone();
+        let response = self
+            .rig
+            .app
+            .post_as(&token, &sent.path, Some(&sent.key))
+            .json(&sent.body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {}: {e}", sent.path))?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        // 503 is an honest "not executed, retry with the same key" (a busy
+        // SQLite write lock); any other 5xx is a defect.
+        if status >= 500 && status != 503 {
+            return Err(format!("POST {} answered {status}: {body}", sent.path));
+        }
+        self.note(format!(
+            "acct {} POST {} key {} -> {status} {}",
+            sent.account,
+            sent.path,
+            sent.key,
+            body.get("status")
+                .or_else(|| body.get("code"))
+                .cloned()
+                .unwrap_or(Value::Null)
+        ));
+        self.sent.push(sent);
+        Ok((status, body))
+    }
+
+    async fn create(&mut self) -> Result<(), String> {
+        let account = self.rng.random_range(0..self.accounts.len());
+        // Three order refs shared by both accounts: names collide.
+        let order = format!("ord-{}", self.rng.random_range(0..3));
+        let manual = self.rng.random_bool(0.5);
+        let amount = [1999, 500, 1999, 7000][self.rng.random_range(0..4)];
+        let mut body = json!({"order_ref": order, "amount": amount, "currency": "EUR",
+            "payment_method": "pm_card_visa"});
+        if manual {
+            body["capture_method"] = json!("manual");
+        }
+        if self.rng.random_range(0..10) == 0 {
+            body["payment_method"] = json!("pm_card_declined");
+        }
+        let key = self.key();
+        let (status, answer) = self
+            .post(Sent {
+                account,
+                path: "/v1/payments".into(),
+                key,
+                body,
+            })
+            .await?;
+        if status == 201
+            && let Some(id) = answer["id"].as_str()
+        {
+            self.payments.push((account, id.to_owned()));
+        }
+        Ok(())
+    }
+
+    fn pick_payment(&mut self) -> Option<(usize, String)> {
+        if self.payments.is_empty() {
+            return None;
+        }
+        let i = self.rng.random_range(0..self.payments.len());
+        Some(self.payments[i].clone())
+    }
+
+    async fn payment_op(&mut self, verb: &str) -> Result<(), String> {
+        let Some((account, id)) = self.pick_payment() else {
+            return Ok(());
+        };
+        let key = self.key();
+        self.post(Sent {
+            account,
+            path: format!("/v1/payments/{id}/{verb}"),
+            key,
+            body: json!({}),
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn refund(&mut self) -> Result<(), String> {
+        let Some((account, id)) = self.pick_payment() else {
+            return Ok(());
+        };
+        let amount = [300, 700, 1999][self.rng.random_range(0..3)];
+        let key = self.key();
+        self.post(Sent {
+            account,
+            path: format!("/v1/payments/{id}/refunds"),
+            key,
+            body: json!({"amount": amount}),
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn replay(&mut self) -> Result<(), String> {
+        if self.sent.is_empty() {
+            return Ok(());
+        }
+        let i = self.rng.random_range(0..self.sent.len());
+        let again = self.sent[i].clone();
+        self.post(again).await.map(drop)
+    }
+
+    /// Moves worker `w` one step: claim (a new batch of one), send (the
+    /// parked request goes out), or record (the parked answer comes back).
+    async fn worker_step(&mut self, w: usize) -> Result<(), String> {
+        let driven = &mut self.workers[w];
+        let what = match (driven.busy(), driven.gate.parked()) {
+            (false, _) => {
+                let worker = Arc::clone(&driven.worker);
+                driven.task = Some(tokio::spawn(async move {
+                    if let Err(e) = worker.run_once().await {
+                        tracing::warn!(error = %e, "explorer worker round failed");
+                    }
+                }));
+                "claim"
+            }
+            (true, Some(Stage::Before)) => {
+                driven.gate.release();
+                "send"
+            }
+            (true, Some(Stage::After)) => {
+                driven.gate.release();
+                "record"
+            }
+            (true, None) => "wait",
+        };
+        driven.settle().await?;
+        let parked = driven.gate.parked();
+        self.note(format!("worker {w} {what} -> {parked:?}"));
+        Ok(())
+    }
+
+    /// The worker dies wherever it is: its step never completes, its lease
+    /// stays until it expires.
+    fn crash(&mut self, w: usize) {
+        let driven = &mut self.workers[w];
+        if let Some(task) = driven.task.take() {
+            task.abort();
+        }
+        driven.gate.clear();
+        self.note(format!("worker {w} crash"));
+    }
+
+    fn fault(&mut self) {
+        let operation = [
+            FOp::Charge,
+            FOp::Capture,
+            FOp::Void,
+            FOp::Refund,
+            FOp::Search,
+        ][self.rng.random_range(0..5)];
+        let action = [
+            FaultAction::DropResponseAfterEffect,
+            FaultAction::FailBeforeEffect,
+            FaultAction::FailAfterEffect,
+            FaultAction::InProgress,
+            FaultAction::SearchLag,
+        ][self.rng.random_range(0..5)];
+        let (operation, action) = match (operation, action) {
+            // Search only fails; lag applies to what a POST creates.
+            (FOp::Search, _) => (FOp::Search, FaultAction::FailBeforeEffect),
+            (FOp::Capture | FOp::Void, FaultAction::SearchLag) => {
+                (operation, FaultAction::FailBeforeEffect)
+            }
+            pair => pair,
+        };
+        let mut rule = FaultRule::new(operation, action).with_next(1);
+        if action == FaultAction::SearchLag {
+            rule = rule.with_lag_seconds(120);
+        }
+        self.rig.provider.control().add_fault(rule);
+        self.note(format!("fault next {operation:?} {action:?}"));
+    }
+
+    async fn reconcile(&mut self, at_once: usize) -> Result<(), String> {
+        let scope = Scope::default();
+        let runs: Vec<_> = (0..at_once)
+            .map(|i| {
+                self.rig
+                    .reconciler(|c| c.actor = format!("reconciler:explorer-{i}"))
+            })
+            .collect();
+        let results = futures::future::join_all(
+            runs.iter()
+                .map(|r| r.run(&scope, false, "explorer", &|_, _| {})),
+        )
+        .await;
+        let mut verdicts = Vec::new();
+        for result in results {
+            let summary = match result {
+                Ok(summary) => summary,
+                // The run could not start or finish its row under a busy
+                // write lock: nothing was decided, the next run retries.
+                Err(e) if e.to_string().contains("timed out waiting for a lock") => {
+                    verdicts.push(json!("busy"));
+                    continue;
+                }
+                Err(e) => return Err(format!("reconcile failed: {e}")),
+            };
+            if summary.errors > 0 {
+                return Err(format!(
+                    "reconcile examined with errors: {:?}",
+                    summary.items
+                ));
+            }
+            verdicts.extend(
+                summary.items.iter().map(|i| {
+                    serde_json::to_value(&i.verdict).unwrap_or_default()["verdict"].clone()
+                }),
+            );
+        }
+        self.note(format!("reconcile x{at_once} -> {verdicts:?}"));
+        Ok(())
+    }
+
+    /// Delivers the current state of one of the provider's charges as a
+    /// signed webhook event.
+    async fn webhook(&mut self) -> Result<(), String> {
+        let charges = self.rig.ledger().charges;
+        if charges.is_empty() {
+            return Ok(());
+        }
+        let id = charges[self.rng.random_range(0..charges.len())].id.clone();
+        let charge: Value = self
+            .rig
+            .app
+            .client
+            .get(format!("{}/v1/charges/{id}", self.rig.provider.url()))
+            .bearer_auth("sk_test_cobro")
+            .send()
+            .await
+            .map_err(|e| format!("GET charge: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("charge json: {e}"))?;
+        let sequence = charge["sequence"].as_i64().unwrap_or(1);
+        let status = charge["status"].as_str().unwrap_or("authorized").to_owned();
+        let event = json!({"id": format!("evt_{id}_{sequence}"), "type": format!("charge.{status}"),
+            "created": "2026-12-01T00:00:00Z", "sequence": sequence, "data": charge});
+        let body = serde_json::to_vec(&event).map_err(|e| e.to_string())?;
+        self.events.push(body.clone());
+        self.deliver(body).await
+    }
+
+    /// Delivers an event delivered before again: a duplicate, or (when the
+    /// charge moved since) a late, out-of-order one.
+    async fn late_webhook(&mut self) -> Result<(), String> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        let body = self.events[self.rng.random_range(0..self.events.len())].clone();
+        self.deliver(body).await
+    }
+
+    async fn deliver(&mut self, body: Vec<u8>) -> Result<(), String> {
+        let t = self.rig.app.clock.now().timestamp();
+        let response = self
+            .rig
+            .app
+            .client
+            .post(format!("{}/v1/webhooks/fake", self.rig.app.url))
+            .header("content-type", "application/json")
+            .header(
+                fake_provider::SIGNATURE_HEADER,
+                fake_provider::sign(SECRET, t, &body),
+            )
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| format!("webhook: {e}"))?;
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.unwrap_or(Value::Null);
+        let event: Value = serde_json::from_slice(&body).unwrap_or_default();
+        if status != 200 && status != 503 {
+            return Err(format!("webhook answered {status}: {answer}"));
+        }
+        self.note(format!(
+            "webhook {} {} -> {status} {}",
+            event["type"], event["sequence"], answer["outcome"]
+        ));
+        Ok(())
+    }
+
+    /// Faults cleared, parked calls released, workers and reconcilers run,
+    /// clocks moved past leases and search lag, until nothing is left.
+    async fn quiesce(&mut self) -> Result<(), String> {
+        self.note("quiesce".into());
+        self.rig.provider.control().clear_faults();
+        for driven in &mut self.workers {
+            driven.gate.open();
+            if let Some(task) = driven.task.take() {
+                task.await.map_err(|e| format!("worker task failed: {e}"))?;
+            }
+        }
+        for _ in 0..12 {
+            self.advance(Duration::from_secs(61)).await?;
+            for driven in &self.workers {
+                loop {
+                    match driven.worker.run_once().await {
+                        Ok(steps) if steps.is_empty() => break,
+                        Ok(_) => {}
+                        // A busy write lock: the row stays due, try again.
+                        Err(e) if e.to_string().contains("timed out waiting for a lock") => {}
+                        Err(e) => return Err(format!("worker: {e}")),
+                    }
+                }
+            }
+            let run = self
+                .rig
+                .reconciler(|_| {})
+                .run(
+                    &Scope {
+                        older_than: Some(Duration::ZERO),
+                        ..Default::default()
+                    },
+                    false,
+                    "explorer",
+                    &|_, _| {},
+                )
+                .await;
+            let summary = match run {
+                Ok(summary) => summary,
+                Err(e) if e.to_string().contains("timed out waiting for a lock") => continue,
+                Err(e) => return Err(format!("reconcile: {e}")),
+            };
+            let pending = self
+                .rig
+                .app
+                .db
+                .count("outbox WHERE state = 'pending'")
+                .await;
+            if summary.examined == 0 && pending == 0 {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The invariants that hold after every step.
+    async fn check(&mut self) -> Result<(), String> {
+        let ledger = self.rig.ledger();
+        let doubles = ledger.double_charges(&["cobro_account", "cobro_intent"]);
+        if !doubles.is_empty() {
+            let ids: Vec<Vec<&str>> = doubles
+                .iter()
+                .map(|g| g.iter().map(|c| c.id.as_str()).collect())
+                .collect();
+            return Err(format!("an intent was charged twice: {ids:?}"));
+        }
+        let store = &self.rig.app.db.store;
+        for (account, id) in &self.payments {
+            let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
+            let Some(p) = store
+                .payment_unscoped(pid)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
+                return Err(format!("payment {id} vanished"));
+            };
+            if let Some(charge) = p.provider_ref.as_deref() {
+                let Some(c) = ledger.charge(charge) else {
+                    return Err(format!(
+                        "payment {id} names {charge}, which the provider never made"
+                    ));
+                };
+                let ours = c.metadata.get("cobro_payment").map(String::as_str) == Some(id.as_str())
+                    && c.metadata.get("cobro_account").map(String::as_str)
+                        == Some(self.accounts[*account].id.as_str());
+                if !ours {
+                    return Err(format!(
+                        "payment {id} is bound to {charge}, a charge of {:?}",
+                        c.metadata
+                    ));
+                }
+            }
+            if matches!(
+                p.status.as_str(),
+                "requires_reconciliation" | "needs_review"
+            ) {
+                let attempts = store
+                    .attempts_for_payment(pid)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if let Some(a) = attempts.iter().find(|a| {
+                    a.last_send_at
+                        .is_some_and(|t| t.0 > p.status_changed_at.0 && a.state == "pending")
+                }) {
+                    return Err(format!(
+                        "attempt {} of payment {id} was sent while it was {}",
+                        a.id.0, p.status
+                    ));
+                }
+            }
+            let refunded: i64 = ledger
+                .refunds_with_metadata("cobro_payment", id)
+                .iter()
+                .map(|r| r.amount)
+                .sum();
+            if refunded > p.amount {
+                return Err(format!(
+                    "payment {id} of {} had {refunded} refunded at the provider",
+                    p.amount
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Once quiet: every payment equals its own charge.
+    async fn check_quiet(&mut self) -> Result<(), String> {
+        let ledger = self.rig.ledger();
+        let store = &self.rig.app.db.store;
+        for (_, id) in &self.payments {
+            let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
+            let p = store
+                .payment_unscoped(pid)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("payment vanished")?;
+            let mine: Vec<_> = ledger
+                .charges_with_metadata("cobro_payment", id)
+                .into_iter()
+                .filter(|c| c.status != "declined")
+                .collect();
+            let flagged = store
+                .conflicts_for(pid)
+                .await
+                .map_err(|e| e.to_string())?
+                .len()
+                + store
+                    .decisions_for(pid)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .iter()
+                    .filter(|d| d.decision == "escalate")
+                    .count();
+            let expected_charge = match p.status.as_str() {
+                "needs_review" if flagged > 0 => continue,
+                "needs_review" => {
+                    return Err(format!("payment {id} in needs_review with no reason kept"));
+                }
+                "processing" | "requires_reconciliation" | "capturing" | "canceling" => {
+                    return Err(format!("payment {id} still {} once quiet", p.status));
+                }
+                "declined" | "failed" => {
+                    if !mine.is_empty() {
+                        return Err(format!(
+                            "payment {id} is {} but the provider holds {:?}",
+                            p.status,
+                            mine.iter().map(|c| (&c.id, &c.status)).collect::<Vec<_>>()
+                        ));
+                    }
+                    continue;
+                }
+                "authorized" => "authorized",
+                "canceled" => "voided",
+                _ => "captured",
+            };
+            let [charge] = mine.as_slice() else {
+                return Err(format!(
+                    "payment {id} is {} with {} charges of its own",
+                    p.status,
+                    mine.len()
+                ));
+            };
+            if p.provider_ref.as_deref() != Some(charge.id.as_str()) {
+                return Err(format!(
+                    "payment {id} names {:?}, its charge is {}",
+                    p.provider_ref, charge.id
+                ));
+            }
+            if charge.status != expected_charge || charge.amount != p.amount {
+                return Err(format!(
+                    "payment {id} is {} of {}, its charge {} is {} of {}",
+                    p.status, p.amount, charge.id, charge.status, charge.amount
+                ));
+            }
+            if charge.amount_refunded != p.amount_refunded {
+                return Err(format!(
+                    "payment {id} has {} refunded, its charge {}",
+                    p.amount_refunded, charge.amount_refunded
+                ));
+            }
+            let refunds = store
+                .refunds_for_payment(pid)
+                .await
+                .map_err(|e| e.to_string())?;
+            let by_status: BTreeMap<&str, usize> =
+                refunds.iter().fold(BTreeMap::new(), |mut m, r| {
+                    *m.entry(r.status.as_str()).or_default() += 1;
+                    m
+                });
+            for r in &refunds {
+                if matches!(r.status.as_str(), "processing" | "requires_reconciliation") {
+                    return Err(format!(
+                        "refund {} still {} once quiet ({by_status:?})",
+                        r.id.0, r.status
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

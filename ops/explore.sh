@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The interleaving explorer (tests/explorer.rs) with more seeds than CI runs.
+#   ops/explore.sh --seeds 5000         # 5000 seeds per backend
+#   ops/explore.sh --seed 1234          # replay one seed (its step trace is printed on failure)
+#   ops/explore.sh --seeds 5000 --sqlite   # one backend only (--postgres / --sqlite)
+# Starts its own throwaway PostgreSQL like ops/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+filter='binary(explorer)'
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seeds) export EXPLORE_SEEDS="$2"; shift 2 ;;
+    --seed) export EXPLORE_SEED="$2"; shift 2 ;;
+    --postgres) filter='binary(explorer) & test(explore_postgres)'; shift ;;
+    --sqlite) filter='binary(explorer) & test(explore_sqlite)'; shift ;;
+    *) echo "usage: ops/explore.sh [--seeds N | --seed S] [--postgres | --sqlite]" >&2; exit 2 ;;
+  esac
+done
+# shellcheck source=ops/throwaway-postgres.sh
+source ops/throwaway-postgres.sh
+pg_up
+cargo nextest run -p cobro-tests --profile explore --no-fail-fast --no-capture -E "$filter" --test-threads 1

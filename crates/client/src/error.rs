@@ -144,8 +144,11 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// The journal could not record or read an intent. When recording
-    /// fails, nothing was sent.
+    /// The journal could not record, read or complete an intent. When
+    /// recording fails, nothing was sent. When completing fails, cobro has
+    /// executed the request but the journal still holds the intent as
+    /// pending: the next [`crate::Client::resume_pending`] gets the same
+    /// answer again as a replay.
     #[error("journal: {0}")]
     Journal(#[from] JournalError),
 

@@ -61,6 +61,14 @@ pg_up() {
 }
 
 pg_down() {
+  local status=$?
+  if [ "$status" != 0 ] && [ -n "${PG_DIR:-}" ] && [ -f "$PG_DIR/server.log" ]; then
+    # Something failed: keep the server's log for whoever reads the failure.
+    local kept
+    kept="$(cd "$PG_DIR/.." && pwd)/test-failures/postgres-$(date +%Y%m%d-%H%M%S).log"
+    mkdir -p "$(dirname "$kept")" && cp "$PG_DIR/server.log" "$kept" \
+      && echo "throwaway-postgres: the server log is kept at $kept" >&2
+  fi
   if [ -n "${PG_DIR:-}" ] && [ -d "$PG_DIR/data" ]; then
     "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
     rm -rf "$PG_DIR"

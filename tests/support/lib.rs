@@ -86,6 +86,10 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.keep_for_inspection();
+            return;
+        }
         match &self.cleanup {
             Cleanup::Sqlite { dir } => {
                 let _ = std::fs::remove_dir_all(dir);
@@ -110,6 +114,52 @@ impl Drop for TestDb {
                     });
                 })
                 .join();
+            }
+        }
+    }
+}
+
+impl TestDb {
+    /// A failing test keeps its database: SQLite's file is moved to
+    /// `target/test-failures/<name>/`; a PostgreSQL database is dumped
+    /// there with `pg_dump` (from `PG_BIN`, which ops/test.sh exports) and
+    /// left in the throwaway cluster until the suite ends. The path is
+    /// printed.
+    fn keep_for_inspection(&self) {
+        let dir = failure_dir();
+        match &self.cleanup {
+            Cleanup::Sqlite { dir: db } => {
+                let name = db.file_name().map(|n| n.to_owned()).unwrap_or_default();
+                let kept = dir.join(name);
+                let moved = std::fs::rename(db, &kept).is_ok();
+                eprintln!(
+                    "test failed: its SQLite database is kept at {}",
+                    if moved { kept.display() } else { db.display() }
+                );
+            }
+            Cleanup::Postgres { name, .. } => {
+                let dump = dir.join(format!("{name}.sql"));
+                let pg_dump = std::env::var("PG_BIN")
+                    .map(|bin| std::path::Path::new(&bin).join("pg_dump"))
+                    .unwrap_or_else(|_| "pg_dump".into());
+                let dumped = std::process::Command::new(pg_dump)
+                    .arg("--dbname")
+                    .arg(&self.url)
+                    .arg("--file")
+                    .arg(&dump)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if dumped {
+                    eprintln!(
+                        "test failed: its PostgreSQL database {name} is dumped to {}",
+                        dump.display()
+                    );
+                } else {
+                    eprintln!(
+                        "test failed: its PostgreSQL database {name} is kept ({})",
+                        self.url
+                    );
+                }
             }
         }
     }
@@ -533,5 +583,84 @@ impl Rig {
             std::sync::Arc::new(self.app.clock.clone()),
             config,
         )
+    }
+}
+
+/// Fails unless `binary` exists and is newer than every source its Cargo
+/// dep-info (`<binary>.d`) lists: process-level tests never run a stale
+/// `cobro` (ops/test.sh builds the workspace first).
+pub fn assert_fresh_binary(binary: &std::path::Path) {
+    let build = "run `cargo build --workspace` first (ops/test.sh builds it)";
+    assert!(binary.is_file(), "{} is missing: {build}", binary.display());
+    let built = binary
+        .metadata()
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    let depinfo = binary.with_extension("d");
+    let depinfo = std::fs::read_to_string(&depinfo)
+        .unwrap_or_else(|e| panic!("{}: {e}: {build}", depinfo.display()));
+    for source in dep_info_prerequisites(&depinfo) {
+        let changed = source
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_or(true, |at| at > built);
+        assert!(
+            !changed,
+            "{} is older than its source {} (or the source is gone): {build}",
+            binary.display(),
+            source.display()
+        );
+    }
+}
+
+/// The prerequisites of the first rule of a Makefile-style dep-info file
+/// (`target: a.rs b.rs`, spaces in names escaped as `\ `).
+pub fn dep_info_prerequisites(depinfo: &str) -> Vec<std::path::PathBuf> {
+    let first = depinfo.lines().next().unwrap_or_default();
+    let Some((_, deps)) = first.split_once(": ") else {
+        return Vec::new();
+    };
+    let mut paths = Vec::new();
+    let mut current = String::new();
+    let mut chars = deps.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => current.extend(chars.next()),
+            ' ' => {
+                if !current.is_empty() {
+                    paths.push(std::path::PathBuf::from(std::mem::take(&mut current)));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        paths.push(std::path::PathBuf::from(current));
+    }
+    paths
+}
+
+/// Where a failing test keeps what it leaves behind (databases, logs):
+/// `target/test-failures/`.
+pub fn failure_dir() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = target.join("test-failures");
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+#[cfg(test)]
+mod dep_info_tests {
+    #[test]
+    fn dep_info_lists_every_prerequisite_with_escaped_spaces() {
+        assert_eq!(
+            super::dep_info_prerequisites("/t/cobro: /a/b.rs /c/d\\ e.rs\n\n/a/b.rs:\n"),
+            [
+                std::path::PathBuf::from("/a/b.rs"),
+                std::path::PathBuf::from("/c/d e.rs")
+            ]
+        );
     }
 }

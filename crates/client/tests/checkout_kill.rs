@@ -32,7 +32,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// How long a process may take to print a line it is due to print (a cold
@@ -76,59 +76,8 @@ fn fresh_binary(name: &str) -> PathBuf {
         .expect("target/<profile>")
         .to_path_buf();
     let binary = dir.join(name);
-    let build =
-        "run `cargo build -p cobro -p fake-provider` first (ops/test.sh builds the workspace)";
-    assert!(binary.is_file(), "{} is missing: {build}", binary.display());
-    let built = modified(&binary);
-    let depinfo = dir.join(format!("{name}.d"));
-    let depinfo = std::fs::read_to_string(&depinfo)
-        .unwrap_or_else(|e| panic!("{}: {e}: {build}", depinfo.display()));
-    for source in dependencies(&depinfo) {
-        let changed = source
-            .metadata()
-            .and_then(|m| m.modified())
-            .map_or(true, |at| at > built);
-        assert!(
-            !changed,
-            "{} is older than its source {} (or the source is gone): {build}",
-            binary.display(),
-            source.display()
-        );
-    }
+    cobro_test_support::assert_fresh_binary(&binary);
     binary
-}
-
-fn modified(path: &Path) -> SystemTime {
-    path.metadata()
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// The prerequisites of the first rule of a Makefile-style dep-info file
-/// (`target: a.rs b.rs`, spaces in names escaped as `\ `).
-fn dependencies(depinfo: &str) -> Vec<PathBuf> {
-    let first = depinfo.lines().next().unwrap_or_default();
-    let Some((_, deps)) = first.split_once(": ") else {
-        return Vec::new();
-    };
-    let mut paths = Vec::new();
-    let mut current = String::new();
-    let mut chars = deps.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => current.extend(chars.next()),
-            ' ' => {
-                if !current.is_empty() {
-                    paths.push(PathBuf::from(std::mem::take(&mut current)));
-                }
-            }
-            c => current.push(c),
-        }
-    }
-    if !current.is_empty() {
-        paths.push(PathBuf::from(current));
-    }
-    paths
 }
 
 // ------------------------------------------------------------ processes
@@ -644,12 +593,4 @@ async fn on_embedded_sqlite_a_checkout_killed_at_every_moment_charges_each_order
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_a_checkout_killed_at_every_moment_charges_each_order_exactly_once() {
     killed_at_every_moment_each_order_is_charged_exactly_once(Database::Postgres).await;
-}
-
-#[test]
-fn dep_info_lists_every_prerequisite_with_escaped_spaces() {
-    assert_eq!(
-        dependencies("/t/cobro: /a/b.rs /c/d\\ e.rs\n\n/a/b.rs:\n"),
-        [PathBuf::from("/a/b.rs"), PathBuf::from("/c/d e.rs")]
-    );
 }

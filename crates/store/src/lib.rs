@@ -191,11 +191,15 @@ pub struct WriteTx {
 }
 
 impl WriteTx {
+    /// Commits. The COMMIT runs in a task of its own: a caller cancelled
+    /// half-way (a client that left, a task aborted at shutdown) can never
+    /// leave the connection between a COMMIT sent and its answer read.
     pub async fn commit(self) -> Result<()> {
-        match self.inner {
-            TxInner::Postgres(t) => t.commit().await?,
-            TxInner::Sqlite(t) => t.commit().await?,
-        }
+        let done = match self.inner {
+            TxInner::Postgres(t) => tokio::spawn(t.commit()).await,
+            TxInner::Sqlite(t) => tokio::spawn(t.commit()).await,
+        };
+        done.map_err(|_| StoreError::Corrupt("the commit task was lost".into()))??;
         Ok(())
     }
 
@@ -337,10 +341,33 @@ impl Store {
     /// Opens a write transaction. On SQLite it is `BEGIN IMMEDIATE`: the
     /// write lock is taken up front (bounded by the busy timeout), so two
     /// writers never deadlock upgrading a read lock.
+    ///
+    /// The BEGIN runs in a task of its own, so a caller cancelled while it
+    /// waits (for a connection, for SQLite's write lock) cannot leave a
+    /// pooled connection inside a transaction nobody owns (a known sqlx 0.8
+    /// hazard: the BEGIN went out, the `Transaction` was never made, and the
+    /// connection went back to the pool holding, on SQLite, the one write
+    /// lock). The task always finishes: the transaction it made is either
+    /// handed over or dropped, which rolls it back.
     pub async fn begin(&self) -> Result<WriteTx> {
+        let lost = |_| StoreError::Corrupt("the BEGIN task was lost".into());
         let inner = match &self.backend {
-            Backend::Postgres(pool) => TxInner::Postgres(pool.begin().await?),
-            Backend::Sqlite(pool) => TxInner::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+            Backend::Postgres(pool) => {
+                let pool = pool.clone();
+                TxInner::Postgres(
+                    tokio::spawn(async move { pool.begin().await })
+                        .await
+                        .map_err(lost)??,
+                )
+            }
+            Backend::Sqlite(pool) => {
+                let pool = pool.clone();
+                TxInner::Sqlite(
+                    tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
+                        .await
+                        .map_err(lost)??,
+                )
+            }
         };
         Ok(WriteTx { inner })
     }

@@ -6,12 +6,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Capped exponential backoff with full jitter: a uniformly random delay in
-/// `[0, min(cap, base * 2^sends))`. Full jitter spreads a herd of retries
+/// `[1 ms, min(cap, base * 2^sends)]`. Full jitter spreads a herd of retries
 /// after an outage instead of re-synchronising it.
 pub fn backoff(base: Duration, cap: Duration, sends: u32) -> Duration {
     let exp = base.saturating_mul(1u32.checked_shl(sends.min(20)).unwrap_or(u32::MAX));
     let ceiling = exp.min(cap).as_millis().max(1) as u64;
-    Duration::from_millis(rand::rng().random_range(0..ceiling))
+    // At least 1 ms: a retry is never due in the instant it was scheduled.
+    Duration::from_millis(rand::rng().random_range(1..=ceiling))
 }
 
 /// A per-provider budget of retries (a token bucket shared by all of one
@@ -103,7 +104,11 @@ mod tests {
         for sends in 0..30 {
             let ceiling = (base * 2u32.saturating_pow(sends.min(20))).min(cap);
             for _ in 0..50 {
-                assert!(backoff(base, cap, sends) < ceiling.max(Duration::from_millis(1)));
+                let delay = backoff(base, cap, sends);
+                assert!(
+                    delay >= Duration::from_millis(1)
+                        && delay <= ceiling.max(Duration::from_millis(1))
+                );
             }
         }
     }

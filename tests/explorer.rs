@@ -307,6 +307,9 @@ struct Explorer {
 async fn run_seed(backend: Backend, seed: u64) -> Result<(), String> {
     let mut x = Explorer::new(backend, seed).await;
     let outcome = x.run().await;
+    if std::env::var("EXPLORE_VERBOSE").is_ok() {
+        eprintln!("TRACE {seed}:\n    {}", x.trace.join("\n    "));
+    }
     outcome.map_err(|violation| {
         format!(
             "seed {seed} ({backend:?}) after {} steps: {violation}\n  replay: EXPLORE_SEED={seed} ops/explore.sh\n  trace:\n    {}",
@@ -491,8 +494,9 @@ impl Explorer {
 
     async fn create(&mut self) -> Result<(), String> {
         let account = self.rng.random_range(0..self.accounts.len());
-        // Two order refs shared by both accounts: names collide.
-        let order = format!("ord-{}", self.rng.random_range(0..2));
+        // Two order refs shared by both accounts, one of them most of the
+        // time: names collide across accounts.
+        let order = if self.rng.random_bool(0.7) { "ord-0" } else { "ord-1" };
         let manual = self.rng.random_bool(0.5);
         let amount = [1999, 500, 1999, 7000][self.rng.random_range(0..4)];
         let mut body = json!({"order_ref": order, "amount": amount, "currency": "EUR",
@@ -635,7 +639,13 @@ impl Explorer {
     }
 
     async fn reconcile(&mut self, at_once: usize) -> Result<(), String> {
-        let scope = Scope::default();
+        // Half the runs are an operator's `cobro reconcile --older-than 0s`:
+        // every unknown attempt is a candidate at once.
+        let now = self.rng.random_bool(0.5);
+        let scope = Scope {
+            older_than: now.then_some(Duration::ZERO),
+            ..Default::default()
+        };
         let runs: Vec<_> = (0..at_once)
             .map(|i| {
                 self.rig
@@ -671,7 +681,8 @@ impl Explorer {
                 }),
             );
         }
-        self.note(format!("reconcile x{at_once} -> {verdicts:?}"));
+        let scope = if now { " --older-than 0s" } else { "" };
+        self.note(format!("reconcile x{at_once}{scope} -> {verdicts:?}"));
         Ok(())
     }
 

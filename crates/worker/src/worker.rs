@@ -387,9 +387,9 @@ impl<P: Provider> Worker<P> {
         // settled meanwhile, or a payment under reconciliation or review
         // stops the send before it happens.
         match self.store.record_send(&claim, now).await? {
-            SendMark::Marked if attempt.send_count > 0 => {
-                cobro_telemetry::metrics::retry(&attempt.operation)
-            }
+            SendMark::Marked if attempt.send_count > 0 => cobro_telemetry::metrics::retry(
+                Operation::parse(&attempt.operation).map_or("other", |o| o.verb()),
+            ),
             SendMark::Marked => {}
             SendMark::LeaseLost => return Ok(Step::LeaseLost),
             SendMark::Settled => {

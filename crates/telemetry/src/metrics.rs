@@ -27,6 +27,25 @@ pub const REDUNDANT_EFFECTS: &str = "cobro_redundant_effects_total";
 pub const EVIDENCE_CONFLICTS: &str = "cobro_evidence_conflicts_total";
 pub const WEBHOOK_EVENTS: &str = "cobro_webhook_events_total";
 
+/// Every metric this module records (a counter appears on `/metrics` only
+/// once it was first incremented).
+pub const ALL: [&str; 14] = [
+    HTTP_REQUESTS,
+    HTTP_DURATION,
+    PROVIDER_CALLS,
+    PROVIDER_DURATION,
+    LEASES_LOST,
+    RETRIES,
+    RETRY_BUDGET_EXHAUSTED,
+    HANDED_OVER,
+    RECONCILE_VERDICTS,
+    KEY_REUSED,
+    IN_PROGRESS,
+    REDUNDANT_EFFECTS,
+    EVIDENCE_CONFLICTS,
+    WEBHOOK_EVENTS,
+];
+
 /// Latency buckets (seconds) for requests and provider calls: a provider's
 /// 10 s timeout must land in a bucket of its own.
 const LATENCY_BUCKETS: [f64; 14] = [

@@ -507,6 +507,18 @@ async fn one_payment_is_one_trace_from_the_request_to_the_providers_answer() {
         1,
         "exactly one proof settled the payment: {settles:?}"
     );
+    // ... and the other one is counted as redundant, once.
+    let text = site.metrics(&url).await;
+    let redundant: f64 = ["worker", "webhook"]
+        .iter()
+        .filter_map(|s| {
+            sample(
+                &text,
+                &format!("cobro_redundant_effects_total{{source=\"{s}\"}}"),
+            )
+        })
+        .sum();
+    assert_eq!(redundant, 1.0, "{text}");
 
     // A payment whose outcome stays unknown: the reconciler (its own
     // process, its own trace) links its examination to the payment's.
@@ -606,7 +618,12 @@ async fn one_payment_is_one_trace_from_the_request_to_the_providers_answer() {
 #[tokio::test]
 async fn a_seeded_fault_run_shows_exact_counters_and_gauges_on_metrics() {
     let site = Site::new().await;
-    let (_serve, url) = site.serve(&[("COBRO_LOCK_TIMEOUT", "300ms")]).await;
+    let (_serve, url) = site
+        .serve(&[
+            ("COBRO_LOCK_TIMEOUT", "300ms"),
+            ("COBRO_WEBHOOK_SECRET", "whsec_metrics"),
+        ])
+        .await;
     let control = site.provider.control();
     // The first charge of `pedido-retry` fails before any effect (503, an
     // unknown outcome); its retry, same key, succeeds.
@@ -688,7 +705,42 @@ async fn a_seeded_fault_run_shows_exact_counters_and_gauges_on_metrics() {
         .await
         .expect("rollback");
 
+    // A signed event that names nothing of cobro's: kept as conflicting
+    // evidence (`unmatched`), open until an operator looks.
+    let event = serde_json::to_vec(&json!({
+        "id": "evt_nobody", "type": "charge.captured", "created": "2026-11-30T12:00:00Z",
+        "sequence": 1,
+        "data": {"id": "ch_nobody", "object": "charge", "amount": 1999, "currency": "EUR",
+                 "reference": "nobody:authorize-v1/0", "status": "captured",
+                 "amount_captured": 1999, "sequence": 1},
+    }))
+    .expect("event");
+    let now = chrono::Utc::now().timestamp();
+    let delivered = site
+        .http
+        .post(format!("{url}/v1/webhooks/fake"))
+        .header("content-type", "application/json")
+        .header(
+            fake_provider::SIGNATURE_HEADER,
+            fake_provider::sign("whsec_metrics", now, &event),
+        )
+        .body(event)
+        .send()
+        .await
+        .expect("webhook");
+    assert_eq!(delivered.status().as_u16(), 200);
+
     let text = site.metrics(&url).await;
+    // Reads are counted by route template, never by raw path.
+    assert!(
+        sample(
+            &text,
+            r#"cobro_http_requests_total{route="/v1/payments/{id}",method="GET",status="200"}"#
+        )
+        .is_some_and(|n| n >= 3.0),
+        "{text}"
+    );
+    assert!(!text.contains(&ids[0]), "a raw path in /metrics:\n{text}");
     let expect = [
         (
             r#"cobro_http_requests_total{route="/v1/payments",method="POST",status="201"}"#,
@@ -729,6 +781,19 @@ async fn a_seeded_fault_run_shows_exact_counters_and_gauges_on_metrics() {
         (r#"cobro_attempts_unknown{age="0s-1m"}"#, 0.0),
         ("cobro_attempts_unknown_oldest_seconds", 0.0),
         (r#"cobro_evidence_conflicts_open{kind="mismatch"}"#, 0.0),
+        (r#"cobro_evidence_conflicts_open{kind="unmatched"}"#, 1.0),
+        (
+            r#"cobro_evidence_conflicts_total{kind="unmatched",source="webhook"}"#,
+            1.0,
+        ),
+        (
+            r#"cobro_webhook_events_total{provider="fake",outcome="unmatched"}"#,
+            1.0,
+        ),
+        (
+            r#"cobro_http_requests_total{route="/v1/webhooks/{provider}",method="POST",status="200"}"#,
+            1.0,
+        ),
         ("cobro_metrics_database_up", 1.0),
     ];
     for (series, value) in expect {
@@ -829,4 +894,118 @@ async fn metrics_still_answer_with_the_database_gone() {
     .execute(&mut admin)
     .await
     .expect("allow connections again");
+}
+
+#[tokio::test]
+async fn an_unreachable_collector_never_slows_or_fails_a_request() {
+    // A collector that accepts connections and never answers: the worst
+    // case (a refused connection fails fast). The exporter waits on it for
+    // its whole timeout, on its own thread.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", hole.local_addr().expect("address"));
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in hole.incoming().take(16) {
+            open.push(stream);
+        }
+        open
+    });
+    let site = Site::new().await;
+    let (mut serve, url) = site
+        .serve(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ])
+        .await;
+    let mut slowest = Duration::ZERO;
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let started = std::time::Instant::now();
+        let r = site
+            .post(
+                &url,
+                "/v1/payments",
+                &format!("key-hole-{n}"),
+                &payment_body(&format!("pedido-hole-{n}")),
+            )
+            .send()
+            .await
+            .expect("POST");
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(r.status().as_u16(), 201);
+        let v: Value = r.json().await.expect("json");
+        ids.push(v["id"].as_str().expect("id").to_owned());
+    }
+    for id in &ids {
+        site.wait_status(&url, id, "captured").await;
+    }
+    eprintln!("slowest POST with a collector that never answers: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest POST took {slowest:?}"
+    );
+
+    // Shutdown flushes, bounded: the process exits even though the
+    // collector never answers.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(serve.child.id()).expect("pid"));
+    let stopping = std::time::Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = wait_for(
+        "cobro exits after SIGTERM",
+        Duration::from_secs(30),
+        async || serve.child.try_wait().expect("try_wait"),
+    )
+    .await;
+    eprintln!("exit after SIGTERM took {:?}", stopping.elapsed());
+    assert!(status.success(), "{status:?}");
+    drop(held);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_outbox_row_keeps_the_requests_trace_context_on_both_backends() {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    // Spans with real contexts, exported nowhere. The runtime has one
+    // thread, so the API's tasks run under this subscriber too.
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let _default = tracing::subscriber::set_default(subscriber);
+    for backend in [Backend::Postgres, Backend::Sqlite] {
+        let app = cobro_test_support::TestApp::spawn(backend).await;
+        let (traceparent, trace_id, _) = trace_context();
+        let r = app
+            .post("/v1/payments", Some("key-ctx"))
+            .header("traceparent", &traceparent)
+            .header("tracestate", "merchant=ctx")
+            .json(&payment_body("pedido-ctx"))
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(r.status().as_u16(), 201, "{backend:?}");
+        let now = cobro_core::Clock::now(&app.clock);
+        let claims = app
+            .db
+            .store
+            .claim_due("w", now, now + chrono::TimeDelta::seconds(30), 10)
+            .await
+            .expect("claim");
+        let [claim] = claims.as_slice() else {
+            panic!("{backend:?}: one row, got {}", claims.len())
+        };
+        let stored = claim.traceparent.as_deref().expect("a stored traceparent");
+        assert!(
+            stored.starts_with(&format!("00-{trace_id}-")) && stored.ends_with("-01"),
+            "{backend:?}: {stored} continues the request's trace"
+        );
+        assert_ne!(
+            stored, traceparent,
+            "the parent is cobro's span, not the client's"
+        );
+        assert_eq!(
+            claim.tracestate.as_deref(),
+            Some("merchant=ctx"),
+            "{backend:?}"
+        );
+    }
 }

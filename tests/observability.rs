@@ -1009,3 +1009,48 @@ async fn the_outbox_row_keeps_the_requests_trace_context_on_both_backends() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_lone_worker_serves_its_own_metrics() {
+    let site = Site::new().await;
+    let mut serve =
+        Cobro::spawn(site.command(&["serve", "--listen", "127.0.0.1:0", "--no-worker"], &[]));
+    let url = serve.line("cobro listening on ").await;
+    let mut worker =
+        Cobro::spawn(site.command(&["worker", "--metrics-listen", "127.0.0.1:0"], &[]));
+    let metrics = worker.line("cobro worker metrics on ").await;
+    worker.line("cobro worker running as ").await;
+    let r = site
+        .post(
+            &url,
+            "/v1/payments",
+            "key-lone",
+            &payment_body("pedido-lone"),
+        )
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = r.json().await.expect("json");
+    site.wait_status(&url, v["id"].as_str().expect("id"), "captured")
+        .await;
+    let succeeded =
+        r#"cobro_provider_calls_total{provider="fake",operation="authorize",outcome="succeeded"}"#;
+    let text = site
+        .http
+        .get(&metrics)
+        .send()
+        .await
+        .expect("GET worker metrics")
+        .text()
+        .await
+        .expect("text");
+    assert_eq!(sample(&text, succeeded), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "cobro_metrics_database_up"), Some(1.0));
+    let api = site.metrics(&url).await;
+    assert_eq!(
+        sample(&api, succeeded),
+        None,
+        "the API process made no call"
+    );
+}

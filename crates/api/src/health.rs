@@ -10,6 +10,14 @@ use cobro_store::conflicts::ConflictKind;
 use cobro_store::{Store, StoreError};
 use serde_json::{Value, json};
 
+/// `GET /metrics` alone, for a process that serves no API (`cobro worker
+/// --metrics-listen`).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))

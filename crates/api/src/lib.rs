@@ -12,6 +12,7 @@ mod webhooks;
 
 pub use error::ApiError;
 pub use extract::token_hash;
+pub use health::metrics_router;
 pub use webhooks::WebhookSecret;
 
 use axum::Router;

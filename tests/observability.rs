@@ -550,12 +550,14 @@ async fn one_payment_is_one_trace_from_the_request_to_the_providers_answer() {
         (n == 1).then_some(())
     })
     .await;
-    let reconcile = site
-        .command(
-            &["reconcile", "--payment", &stuck_id, "--older-than", "0s"],
-            &otel,
-        )
-        .output()
+    // Off the runtime's thread: the fake provider it asks runs on it.
+    let mut command = site.command(
+        &["reconcile", "--payment", &stuck_id, "--older-than", "0s"],
+        &otel,
+    );
+    let reconcile = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
         .expect("cobro reconcile runs");
     assert_eq!(
         reconcile.status.code(),
@@ -1052,5 +1054,48 @@ async fn a_lone_worker_serves_its_own_metrics() {
         sample(&api, succeeded),
         None,
         "the API process made no call"
+    );
+}
+
+#[tokio::test]
+async fn the_sampler_comes_from_otel_traces_sampler() {
+    let site = Site::new().await;
+    let (receiver, otlp) = Receiver::start().await;
+    let (mut serve, url) = site
+        .serve(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_TRACES_SAMPLER", "always_off"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ])
+        .await;
+    let r = site
+        .post(&url, "/v1/payments", "key-off", &payment_body("pedido-off"))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = r.json().await.expect("json");
+    site.wait_status(&url, v["id"].as_str().expect("id"), "captured")
+        .await;
+    // Exit flushes whatever was queued: nothing, with sampling off.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(serve.child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = wait_for("cobro exits", Duration::from_secs(30), async || {
+        serve.child.try_wait().expect("try_wait")
+    })
+    .await;
+    assert!(status.success());
+    assert!(receiver.spans().is_empty(), "sampled out, nothing exported");
+    // The provider still got the trace context (unsampled: flags 00).
+    let charge = site
+        .provider
+        .control()
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/v1/charges")
+        .expect("the charge");
+    assert!(
+        charge.traceparent.is_some_and(|t| t.ends_with("-00")),
+        "an unsampled traceparent"
     );
 }

@@ -199,12 +199,17 @@ pub async fn apply_proof(
         source = cobro_telemetry::metrics::source_label(source.name),
         proof = proof.outcome(),
         applied = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     let applied = tracing::Instrument::instrument(
         apply_proof_in_span(tx, attempt, proof, source, now),
         span.clone(),
     )
-    .await?;
+    .await
+    .inspect_err(|_| {
+        span.record("applied", "error");
+        span.record("otel.status_code", "ERROR");
+    })?;
     let name = match &applied {
         Applied::Settled { .. } => "settled",
         Applied::AlreadySettled => {

@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# The whole test suite, on both backends: starts a throwaway PostgreSQL
-# (installing it if needed), runs every test with nextest (and cobro-client's
-# doc tests), stops it.
+# The whole test suite, on both backends: checks the Prometheus alert rules
+# (installing promtool if needed), starts a throwaway PostgreSQL (installing
+# it if needed), runs every test with nextest (and cobro-client's doc tests),
+# stops it.
 # Extra arguments go to `cargo nextest run` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ops/throwaway-postgres.sh
 source ops/throwaway-postgres.sh
+
+# promtool (Debian's prometheus package) checks the alert rules and runs
+# their unit tests; installed when missing, like PostgreSQL.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "test.sh: promtool not found; installing Debian's prometheus package" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+promtool check rules ops/prometheus/alerts.yml
+(cd ops/prometheus && promtool test rules alerts.test.yml)
+
 pg_up
 cargo nextest run --workspace --no-fail-fast "$@"
 # nextest does not run doc tests; cobro-client's crate example runs against

@@ -37,7 +37,9 @@ pg_up() {
   pg_find_bin || return 1
   local root
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  PG_DIR="$root/target/throwaway-pg-$$"
+  # Under the build directory in use (CARGO_TARGET_DIR when set), so
+  # clusters of different worktrees never share a directory.
+  PG_DIR="${CARGO_TARGET_DIR:-$root/target}/throwaway-pg-$$"
   PG_PORT="${PG_PORT:-$(pg_free_port)}"
   local as_pg=()
   if [ "$(id -u)" = 0 ]; then

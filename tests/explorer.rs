@@ -496,7 +496,11 @@ impl Explorer {
         let account = self.rng.random_range(0..self.accounts.len());
         // Two order refs shared by both accounts, one of them most of the
         // time: names collide across accounts.
-        let order = if self.rng.random_bool(0.7) { "ord-0" } else { "ord-1" };
+        let order = if self.rng.random_bool(0.7) {
+            "ord-0"
+        } else {
+            "ord-1"
+        };
         let manual = self.rng.random_bool(0.5);
         let amount = [1999, 500, 1999, 7000][self.rng.random_range(0..4)];
         let mut body = json!({"order_ref": order, "amount": amount, "currency": "EUR",
@@ -820,33 +824,51 @@ impl Explorer {
         let mut owner_of_key: BTreeMap<String, (String, String)> = BTreeMap::new();
         for (_, id) in &self.payments {
             let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
-            for a in store.attempts_for_payment(pid).await.map_err(|e| e.to_string())? {
-                owner_of_key.insert(a.provider_key.clone(), (id.clone(), a.intent_id.0.to_string()));
+            for a in store
+                .attempts_for_payment(pid)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                owner_of_key.insert(
+                    a.provider_key.clone(),
+                    (id.clone(), a.intent_id.0.to_string()),
+                );
             }
         }
         let mut charges_per_intent: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for charge in ledger.charges.iter().filter(|c| c.status != "declined") {
-            let Some((_, intent)) = charge.idempotency_key.as_ref().and_then(|k| owner_of_key.get(k))
+            let Some((_, intent)) = charge
+                .idempotency_key
+                .as_ref()
+                .and_then(|k| owner_of_key.get(k))
             else {
-
                 return Err(format!(
                     "{} ({}, key {:?}) was made under a key no attempt of cobro's holds",
                     charge.id, charge.reference, charge.idempotency_key
                 ));
             };
-            charges_per_intent.entry(intent).or_default().push(&charge.id);
+            charges_per_intent
+                .entry(intent)
+                .or_default()
+                .push(&charge.id);
         }
         if let Some((intent, ids)) = charges_per_intent.iter().find(|(_, ids)| ids.len() > 1) {
             return Err(format!("intent {intent} was charged twice: {ids:?}"));
         }
         for (_, id) in &self.payments {
             let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
-            let Some(p) = store.payment_unscoped(pid).await.map_err(|e| e.to_string())? else {
+            let Some(p) = store
+                .payment_unscoped(pid)
+                .await
+                .map_err(|e| e.to_string())?
+            else {
                 return Err(format!("payment {id} vanished"));
             };
             if let Some(charge) = p.provider_ref.as_deref() {
                 let Some(c) = ledger.charge(charge) else {
-                    return Err(format!("payment {id} names {charge}, which the provider never made"));
+                    return Err(format!(
+                        "payment {id} names {charge}, which the provider never made"
+                    ));
                 };
                 let made_by = c.idempotency_key.as_ref().and_then(|k| owner_of_key.get(k));
                 if made_by.map(|(payment, _)| payment.as_str()) != Some(id.as_str()) {

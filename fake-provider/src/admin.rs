@@ -28,6 +28,7 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/__admin/ledger", get(ledger))
         .route("/__admin/webhooks", put(set_webhook).delete(remove_webhook))
         .route("/__admin/webhooks/deliveries", get(deliveries))
+        .route("/__admin/requests", get(requests))
 }
 
 type Admin = State<Arc<Shared>>;
@@ -124,4 +125,9 @@ async fn remove_webhook(State(shared): Admin) -> StatusCode {
 
 async fn deliveries(State(shared): Admin) -> Response {
     Json(Control::new(shared).webhook_deliveries()).into_response()
+}
+
+/// `GET /__admin/requests`: the last API requests with their trace context.
+async fn requests(State(shared): Admin) -> Response {
+    Json(Control::new(shared).requests()).into_response()
 }

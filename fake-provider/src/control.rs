@@ -10,6 +10,7 @@ use crate::config::WebhookTarget;
 use crate::faults::FaultRule;
 use crate::ledger::Ledger;
 use crate::state::Shared;
+use crate::trace::SeenRequest;
 use crate::webhooks::WebhookDelivery;
 
 /// A fault rule that is still active, with what is left of its `next` budget.
@@ -75,6 +76,12 @@ impl Control {
     /// only while a target is set; pending retries follow the new target.
     pub fn set_webhook(&self, target: Option<WebhookTarget>) {
         self.shared.lock().webhook = target;
+    }
+
+    /// The last API requests received (at most [`crate::trace::KEPT`]),
+    /// oldest first, with the `traceparent` each carried.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        self.shared.requests().iter().cloned().collect()
     }
 
     /// Every delivery attempt so far, oldest first.

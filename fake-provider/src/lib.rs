@@ -8,6 +8,7 @@
 //! - `idempotency`: key reservation, replay and retention.
 //! - [`faults`]: rules and their seeded matching.
 //! - [`ledger`]: the effects actually made, the tests' ground truth.
+//! - [`trace`]: the trace context (`traceparent`) every API request carried.
 //! - [`webhooks`]: signed at-least-once delivery with its own faults.
 //! - `server`: the hyper accept loop that can close a connection unanswered.
 //! - `admin` / [`Control`] / [`AdminClient`]: the control API over HTTP,
@@ -25,6 +26,7 @@ pub mod ledger;
 pub mod model;
 mod server;
 mod state;
+pub mod trace;
 pub mod webhooks;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -41,6 +43,7 @@ pub use control::{ActiveFault, Control};
 pub use faults::{FaultAction, FaultRule, Operation};
 pub use ledger::{Effects, Ledger, LedgerCharge, LedgerRefund};
 pub use model::{CaptureMethod, Charge, ChargeStatus, Refund, RefundStatus};
+pub use trace::SeenRequest;
 pub use webhooks::{SIGNATURE_HEADER, WebhookDelivery, sign};
 
 /// A provider serving on a local port. Dropping it stops the server too (the
@@ -70,7 +73,10 @@ pub async fn start_on(addr: SocketAddr, config: Config) -> std::io::Result<Runni
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(state::Shared::new(&config, events_tx));
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let mut router = api::routes();
+    let mut router = api::routes().layer(axum::middleware::from_fn_with_state(
+        shared.clone(),
+        trace::record,
+    ));
     if config.admin {
         router = router.merge(admin::routes());
     }

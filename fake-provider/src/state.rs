@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     /// Every webhook delivery attempt, for tests to wait on; separate from
     /// `state` so delivery bookkeeping never contends with requests.
     deliveries: Mutex<Vec<WebhookDelivery>>,
+    /// The last API requests received, with their trace context.
+    requests: Mutex<crate::trace::Requests>,
     /// First webhook retry delay.
     pub(crate) webhook_retry_base: Duration,
 }
@@ -46,6 +48,7 @@ impl Shared {
             state: Mutex::new(State::new(config, events)),
             clock: VirtualClock::default(),
             deliveries: Mutex::new(Vec::new()),
+            requests: Mutex::new(crate::trace::Requests::new()),
             webhook_retry_base: config.webhook_retry_base,
         }
     }
@@ -55,6 +58,10 @@ impl Shared {
     /// than turning every later request into a panic.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn requests(&self) -> MutexGuard<'_, crate::trace::Requests> {
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn deliveries(&self) -> MutexGuard<'_, Vec<WebhookDelivery>> {

@@ -213,6 +213,12 @@ impl IntoResponse for ApiError {
             }
             tracing::error!(code, error = %self, cause = %chain, "request failed");
         }
+        // Counted where every answer of these kinds is rendered.
+        match self {
+            ApiError::KeyReused => cobro_telemetry::metrics::key_reused(),
+            ApiError::InProgress => cobro_telemetry::metrics::in_progress(),
+            _ => {}
+        }
         let mut response = problem_response(status, self.problem_bytes());
         if matches!(
             self,

@@ -42,6 +42,7 @@ impl FromRequestParts<AppState> for Account {
             .account_for_token(&token_hash(token))
             .await?
             .ok_or(ApiError::Unauthenticated)?;
+        tracing::Span::current().record("account_id", tracing::field::display(account));
         // Before anything else: a refused request never touches a key.
         if !state.rate_limiter.allow(account, state.clock.now()) {
             return Err(ApiError::RateLimited);

@@ -5,7 +5,18 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use cobro_store::conflicts::ConflictKind;
+use cobro_store::{Store, StoreError};
 use serde_json::{Value, json};
+
+/// `GET /metrics` alone, for a process that serves no API (`cobro worker
+/// --metrics-listen`).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
@@ -34,53 +45,43 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     }
 }
 
-/// Prometheus text: payments per unsettled status and the age of the oldest
-/// in each (`needs_review` and `requires_reconciliation` are what on-call
-/// alerts on). Read from the database, so every process reports the same.
+/// How long the scrape waits for the database before reporting it down.
+const DATABASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Prometheus text: this process's counters and histograms (requests,
+/// provider calls, the worker, the reconciler, idempotency refusals,
+/// redundant and conflicting evidence), then what the database says now
+/// (payments and refunds per unsettled status with the age of the oldest,
+/// the outbox, unknown attempts by age, open conflicts). The database part
+/// is read at scrape time, so every process reports the same; when the
+/// database does not answer within 2 s the scrape still succeeds, with
+/// `cobro_metrics_database_up 0` and no database series (a stale value
+/// would be a lie, an absent one is not).
 async fn metrics(State(state): State<AppState>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let counts = match state.store.unsettled_counts().await {
-        Ok(c) => c,
-        Err(error) => {
+    let mut text = cobro_telemetry::metrics::render();
+    let now = state.clock.now();
+    let read = tokio::time::timeout(DATABASE_DEADLINE, database_metrics(&state.store, now)).await;
+    let up = match read {
+        Ok(Ok(database)) => {
+            text.push_str(&database);
+            1
+        }
+        Ok(Err(error)) => {
             tracing::warn!(error = %error, "metrics: database unreachable");
-            return (StatusCode::SERVICE_UNAVAILABLE, "# database unreachable\n").into_response();
+            0
+        }
+        Err(_) => {
+            tracing::warn!("metrics: the database did not answer in time");
+            0
         }
     };
-    let now = state.clock.now();
-    let mut text = String::from(
-        "# HELP cobro_payments_unsettled Payments in an unsettled status.\n\
-         # TYPE cobro_payments_unsettled gauge\n",
+    gauge_header(
+        &mut text,
+        "cobro_metrics_database_up",
+        "1 when this scrape could read the database-derived series, 0 when it could not (they are then absent).",
     );
-    let statuses = [
-        "processing",
-        "requires_reconciliation",
-        "needs_review",
-        "capturing",
-        "canceling",
-    ];
-    for status in statuses {
-        let n = counts
-            .iter()
-            .find(|c| c.status == status)
-            .map_or(0, |c| c.count);
-        text.push_str(&format!(
-            "cobro_payments_unsettled{{status=\"{status}\"}} {n}\n"
-        ));
-    }
-    text.push_str(
-        "# HELP cobro_payments_oldest_unsettled_seconds Age of the oldest payment in each unsettled status.\n\
-         # TYPE cobro_payments_oldest_unsettled_seconds gauge\n",
-    );
-    for status in statuses {
-        let age = counts
-            .iter()
-            .find(|c| c.status == status)
-            .and_then(|c| c.oldest)
-            .map_or(0, |t| (now - t.0).num_seconds().max(0));
-        text.push_str(&format!(
-            "cobro_payments_oldest_unsettled_seconds{{status=\"{status}\"}} {age}\n"
-        ));
-    }
+    text.push_str(&format!("cobro_metrics_database_up {up}\n"));
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -89,4 +90,140 @@ async fn metrics(State(state): State<AppState>) -> axum::response::Response {
         text,
     )
         .into_response()
+}
+
+fn gauge_header(text: &mut String, name: &str, help: &str) {
+    text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+}
+
+fn age_seconds(now: DateTime<Utc>, since: Option<DateTime<Utc>>) -> i64 {
+    since.map_or(0, |t| (now - t).num_seconds().max(0))
+}
+
+const PAYMENT_STATUSES: [&str; 5] = [
+    "processing",
+    "requires_reconciliation",
+    "needs_review",
+    "capturing",
+    "canceling",
+];
+const REFUND_STATUSES: [&str; 3] = ["processing", "requires_reconciliation", "needs_review"];
+const CONFLICT_KINDS: [ConflictKind; 5] = [
+    ConflictKind::EffectAfterNoEffect,
+    ConflictKind::OtherObject,
+    ConflictKind::Mismatch,
+    ConflictKind::SeveralObjects,
+    ConflictKind::Unmatched,
+];
+
+/// The database-derived series, all or nothing. Every label value is
+/// written, zeros included, so alert expressions never meet a missing
+/// series while the database answers.
+async fn database_metrics(store: &Store, now: DateTime<Utc>) -> Result<String, StoreError> {
+    let payments = store.unsettled_counts().await?;
+    let refunds = store.refund_unsettled_counts().await?;
+    let outbox = store.outbox_depth(now).await?;
+    let unknown = store.unknown_attempts(now).await?;
+    let conflicts = store.open_conflict_counts().await?;
+    let mut text = String::new();
+    let payment = |status: &str| payments.iter().find(|c| c.status == status);
+    gauge_header(
+        &mut text,
+        "cobro_payments_unsettled",
+        "Payments in an unsettled status.",
+    );
+    for status in PAYMENT_STATUSES {
+        let n = payment(status).map_or(0, |c| c.count);
+        text.push_str(&format!(
+            "cobro_payments_unsettled{{status=\"{status}\"}} {n}\n"
+        ));
+    }
+    gauge_header(
+        &mut text,
+        "cobro_payments_oldest_unsettled_seconds",
+        "Age of the oldest payment in each unsettled status (since it entered it).",
+    );
+    for status in PAYMENT_STATUSES {
+        let age = age_seconds(now, payment(status).and_then(|c| c.oldest).map(|t| t.0));
+        text.push_str(&format!(
+            "cobro_payments_oldest_unsettled_seconds{{status=\"{status}\"}} {age}\n"
+        ));
+    }
+    let refund = |status: &str| refunds.iter().find(|c| c.status == status);
+    gauge_header(
+        &mut text,
+        "cobro_refunds_unsettled",
+        "Refunds in an unsettled status.",
+    );
+    for status in REFUND_STATUSES {
+        let n = refund(status).map_or(0, |c| c.count);
+        text.push_str(&format!(
+            "cobro_refunds_unsettled{{status=\"{status}\"}} {n}\n"
+        ));
+    }
+    gauge_header(
+        &mut text,
+        "cobro_refunds_oldest_unsettled_seconds",
+        "Age of the oldest refund in each unsettled status (since it entered it).",
+    );
+    for status in REFUND_STATUSES {
+        let age = age_seconds(now, refund(status).and_then(|c| c.oldest).map(|t| t.0));
+        text.push_str(&format!(
+            "cobro_refunds_oldest_unsettled_seconds{{status=\"{status}\"}} {age}\n"
+        ));
+    }
+    gauge_header(
+        &mut text,
+        "cobro_outbox_pending",
+        "Outbox rows not done (due, leased or waiting for a retry).",
+    );
+    text.push_str(&format!("cobro_outbox_pending {}\n", outbox.pending));
+    gauge_header(
+        &mut text,
+        "cobro_outbox_due",
+        "Outbox rows due now and not leased by a worker.",
+    );
+    text.push_str(&format!("cobro_outbox_due {}\n", outbox.due));
+    gauge_header(
+        &mut text,
+        "cobro_outbox_oldest_due_seconds",
+        "How long the oldest due outbox row has been waiting for a worker (0 when none is due).",
+    );
+    text.push_str(&format!(
+        "cobro_outbox_oldest_due_seconds {}\n",
+        age_seconds(now, outbox.oldest_due)
+    ));
+    gauge_header(
+        &mut text,
+        "cobro_attempts_unknown",
+        "Provider attempts whose outcome is unknown (unknown or reconciling), by time since their first send.",
+    );
+    for (age, n) in &unknown.by_age {
+        text.push_str(&format!("cobro_attempts_unknown{{age=\"{age}\"}} {n}\n"));
+    }
+    gauge_header(
+        &mut text,
+        "cobro_attempts_unknown_oldest_seconds",
+        "Since when the oldest unknown outcome is unknown (seconds since its first send; 0 when none).",
+    );
+    text.push_str(&format!(
+        "cobro_attempts_unknown_oldest_seconds {}\n",
+        age_seconds(now, unknown.oldest)
+    ));
+    gauge_header(
+        &mut text,
+        "cobro_evidence_conflicts_open",
+        "Conflicting evidence kept and not yet resolved by an operator (table evidence_conflicts), by kind.",
+    );
+    for kind in CONFLICT_KINDS {
+        let kind = kind.as_str();
+        let n = conflicts
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map_or(0, |(_, n)| *n);
+        text.push_str(&format!(
+            "cobro_evidence_conflicts_open{{kind=\"{kind}\"}} {n}\n"
+        ));
+    }
+    Ok(text)
 }

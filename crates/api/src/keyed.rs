@@ -55,7 +55,37 @@ pub enum Begun {
     Answered(Response),
 }
 
+/// Opens the transaction and reserves the key, in span
+/// `idempotency.reserve` (`result`: reserved, replayed, key_reused,
+/// in_progress, unavailable).
+#[tracing::instrument(
+    name = "idempotency.reserve",
+    skip_all,
+    fields(
+        account_id = %keyed.scope.account,
+        operation = keyed.scope.operation.as_str(),
+        idempotency_key_hash = %keyed.scope.key.hash(),
+        result = tracing::field::Empty,
+    )
+)]
 pub async fn begin(
+    state: &AppState,
+    keyed: &Keyed,
+    resource: (ResourceType, Uuid),
+) -> Result<Begun, ApiError> {
+    let begun = reserve(state, keyed, resource).await;
+    let result = match &begun {
+        Ok(Begun::Fresh(_)) => "reserved",
+        Ok(Begun::Answered(_)) => "replayed",
+        Err(ApiError::KeyReused) => "key_reused",
+        Err(ApiError::InProgress) => "in_progress",
+        Err(_) => "unavailable",
+    };
+    tracing::Span::current().record("result", result);
+    begun
+}
+
+async fn reserve(
     state: &AppState,
     keyed: &Keyed,
     resource: (ResourceType, Uuid),

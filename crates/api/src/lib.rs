@@ -12,10 +12,11 @@ mod webhooks;
 
 pub use error::ApiError;
 pub use extract::token_hash;
+pub use health::metrics_router;
 pub use webhooks::WebhookSecret;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -116,14 +117,32 @@ async fn request_context(request: Request, next: Next) -> Response {
             }
         })
         .flatten();
+    // The route template (`/v1/payments/{id}`), never the raw path: a
+    // stable span name and label, whatever ids the path carries. A path no
+    // route matched is `unmatched`.
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let method = request.method().clone();
     let span = tracing::info_span!(
         "http.request",
-        method = %request.method(),
-        path = %request.uri().path(),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
         request_id = %request_id,
+        account_id = tracing::field::Empty,
         idempotency_key_hash = tracing::field::Empty,
-        status = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
+    // The client's W3C traceparent/tracestate, if it sent them, make this
+    // span a child of its own (set before the span is first entered).
+    let parent = cobro_telemetry::extract_http(request.headers());
+    if opentelemetry::trace::TraceContextExt::has_active_span(&parent) {
+        let _ = tracing_opentelemetry::OpenTelemetrySpanExt::set_parent(&span, parent);
+    }
     let started = std::time::Instant::now();
     let handler = tracing::Instrument::instrument(
         error::REQUEST_ID.scope(request_id.clone(), next.run(request)),
@@ -140,8 +159,14 @@ async fn request_context(request: Request, next: Next) -> Response {
             axum::response::IntoResponse::into_response(error::ApiError::internal(join))
         }
     };
-    span.record("status", response.status().as_u16());
-    tracing::info!(parent: &span, status = response.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request served");
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    span.record("http.response.status_code", status);
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    cobro_telemetry::metrics::http_request(&route, method.as_str(), status, elapsed);
+    tracing::info!(parent: &span, status, elapsed_ms = elapsed.as_millis() as u64, "request served");
     let headers = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         headers.insert(REQUEST_ID, value);

@@ -160,6 +160,18 @@ async fn commit_and_wake(
     Ok(response)
 }
 
+/// Names the payment, intent and attempt a handler opened on its span.
+fn record_intent(
+    payment: &PaymentId,
+    intent: &impl std::fmt::Display,
+    attempt: &cobro_store::AttemptRow,
+) {
+    let span = tracing::Span::current();
+    span.record("payment_id", tracing::field::display(payment));
+    span.record("intent", tracing::field::display(intent));
+    span.record("attempt_id", tracing::field::display(attempt.id.0));
+}
+
 fn to_json(value: &impl Serialize) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(value).map_err(ApiError::internal)
 }
@@ -169,6 +181,11 @@ fn parse_payment_id(raw: &str) -> Result<PaymentId, ApiError> {
     raw.parse().map_err(|_| ApiError::NotFound)
 }
 
+#[tracing::instrument(
+    name = "payment.create",
+    skip_all,
+    fields(payment_id = tracing::field::Empty, intent = tracing::field::Empty, attempt_id = tracing::field::Empty)
+)]
 async fn create_payment(
     State(state): State<AppState>,
     account: Account,
@@ -230,6 +247,7 @@ async fn create_payment(
             now,
         )
         .await?;
+    record_intent(&payment_id, &intent, &attempt);
     let response = commit_and_wake(
         &state,
         tx,
@@ -419,6 +437,11 @@ async fn begin_payment_operation(
     )
 }
 
+#[tracing::instrument(
+    name = "payment.capture",
+    skip_all,
+    fields(payment_id = tracing::field::Empty, intent = tracing::field::Empty, attempt_id = tracing::field::Empty)
+)]
 async fn capture_payment(
     State(state): State<AppState>,
     account: Account,
@@ -459,15 +482,17 @@ async fn capture_payment(
     let intent = tx
         .next_intent_name(account.0, &row.order_ref, Operation::Capture)
         .await?;
-    tx.open_intent(
-        account.0,
-        PaymentId::from_uuid(row.id.0),
-        None,
-        Operation::Capture,
-        &intent,
-        now,
-    )
-    .await?;
+    let attempt = tx
+        .open_intent(
+            account.0,
+            PaymentId::from_uuid(row.id.0),
+            None,
+            Operation::Capture,
+            &intent,
+            now,
+        )
+        .await?;
+    record_intent(&id, &intent, &attempt);
     let response = commit_and_wake(
         &state,
         tx,
@@ -480,6 +505,11 @@ async fn capture_payment(
     Ok(response)
 }
 
+#[tracing::instrument(
+    name = "payment.cancel",
+    skip_all,
+    fields(payment_id = tracing::field::Empty, intent = tracing::field::Empty, attempt_id = tracing::field::Empty)
+)]
 async fn cancel_payment(
     State(state): State<AppState>,
     account: Account,
@@ -599,6 +629,11 @@ struct CreateRefund {
     reason: Option<String>,
 }
 
+#[tracing::instrument(
+    name = "refund.create",
+    skip_all,
+    fields(payment_id = tracing::field::Empty, intent = tracing::field::Empty, attempt_id = tracing::field::Empty)
+)]
 async fn create_refund(
     State(state): State<AppState>,
     account: Account,
@@ -675,15 +710,17 @@ async fn create_refund(
             now,
         )
         .await?;
-    tx.open_intent(
-        account.0,
-        PaymentId::from_uuid(payment.id.0),
-        Some(refund_id),
-        Operation::Refund,
-        &intent,
-        now,
-    )
-    .await?;
+    let attempt = tx
+        .open_intent(
+            account.0,
+            PaymentId::from_uuid(payment.id.0),
+            Some(refund_id),
+            Operation::Refund,
+            &intent,
+            now,
+        )
+        .await?;
+    record_intent(&id, &intent, &attempt);
     let response = commit_and_wake(
         &state,
         tx,

@@ -128,6 +128,8 @@ async fn receive(
         provider = %provider,
         event_id = %event.id,
         event_type = %event.kind,
+        payment_id = tracing::field::Empty,
+        attempt_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
     let outcome = tracing::Instrument::instrument(
@@ -136,6 +138,7 @@ async fn receive(
     )
     .await?;
     span.record("outcome", outcome);
+    cobro_telemetry::metrics::webhook_event(&provider, outcome);
     tracing::info!(parent: &span, outcome, "webhook event received");
     Ok((
         StatusCode::OK,
@@ -398,6 +401,17 @@ async fn process(
         return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
     };
     let payment_id = PaymentId::from_uuid(named.payment_id.0);
+    // The event arrives in the provider's trace (or none): a link leads to
+    // the trace of the request that made the attempt it is about.
+    let span = tracing::Span::current();
+    span.record("payment_id", tracing::field::display(payment_id));
+    span.record("attempt_id", tracing::field::display(named.id.0));
+    if cobro_telemetry::tracing_active() {
+        let (traceparent, tracestate) = tx
+            .trace_context_of(AttemptId::from_uuid(named.id.0))
+            .await?;
+        cobro_telemetry::link_to_stored(&span, traceparent.as_deref(), tracestate.as_deref());
+    }
     let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
     let payment = tx
         .payment_by_id(payment_id)

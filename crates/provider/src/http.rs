@@ -18,6 +18,9 @@ pub struct HttpProviderConfig {
     pub connect_timeout: Duration,
     /// How long a whole call may take. After this the outcome is unknown.
     pub request_timeout: Duration,
+    /// The provider's name in spans and metrics (`provider` label), the
+    /// `{provider}` of its webhooks.
+    pub name: String,
 }
 
 impl HttpProviderConfig {
@@ -27,6 +30,7 @@ impl HttpProviderConfig {
             api_key: api_key.into(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
+            name: "fake".to_owned(),
         }
     }
 }
@@ -50,10 +54,56 @@ impl HttpProvider {
         format!("{}{path}", self.config.base_url)
     }
 
-    async fn mutate(&self, key: &str, path: &str, body: Value) -> Outcome {
+    /// A span `provider.<operation>` (a client span: the provider sees it
+    /// as the parent in the `traceparent` it is sent).
+    fn span(&self, operation: &'static str) -> tracing::Span {
+        tracing::info_span!(
+            "provider.call",
+            otel.name = format!("provider.{operation}"),
+            otel.kind = "client",
+            provider = %self.config.name,
+            operation,
+            outcome = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        )
+    }
+
+    /// Records the outcome class on the span and in the metrics.
+    fn finish(
+        &self,
+        span: &tracing::Span,
+        operation: &'static str,
+        outcome: &'static str,
+        started: std::time::Instant,
+    ) {
+        span.record("outcome", outcome);
+        if outcome == "unknown" || outcome == "error" {
+            span.record("otel.status_code", "ERROR");
+        }
+        cobro_telemetry::metrics::provider_call(
+            &self.config.name,
+            operation,
+            outcome,
+            started.elapsed(),
+        );
+    }
+
+    async fn mutate(&self, operation: &'static str, key: &str, path: &str, body: Value) -> Outcome {
+        let span = self.span(operation);
+        let started = std::time::Instant::now();
+        let outcome =
+            tracing::Instrument::instrument(self.send_mutation(key, path, body), span.clone())
+                .await;
+        self.finish(&span, operation, outcome.class(), started);
+        outcome
+    }
+
+    async fn send_mutation(&self, key: &str, path: &str, body: Value) -> Outcome {
         let sent = self
             .client
             .post(self.url(path))
+            .headers(traceparent())
             .bearer_auth(&self.config.api_key)
             .header("idempotency-key", key)
             .json(&body)
@@ -64,6 +114,7 @@ impl HttpProvider {
             Err(e) => return classify_transport_error(&e),
         };
         let status = response.status();
+        tracing::Span::current().record("http.response.status_code", status.as_u16());
         let bytes = match response.bytes().await {
             Ok(b) => b,
             // The status arrived but the body did not: the request was
@@ -80,15 +131,35 @@ impl HttpProvider {
 
     async fn query<T: for<'de> Deserialize<'de>>(
         &self,
+        operation: &'static str,
+        path_and_query: &str,
+    ) -> Result<Option<T>, QueryError> {
+        let span = self.span(operation);
+        let started = std::time::Instant::now();
+        let answer =
+            tracing::Instrument::instrument(self.send_query(path_and_query), span.clone()).await;
+        let class = match &answer {
+            Ok(Some(_)) => "found",
+            Ok(None) => "not_found",
+            Err(_) => "error",
+        };
+        self.finish(&span, operation, class, started);
+        answer
+    }
+
+    async fn send_query<T: for<'de> Deserialize<'de>>(
+        &self,
         path_and_query: &str,
     ) -> Result<Option<T>, QueryError> {
         let response = self
             .client
             .get(self.url(path_and_query))
+            .headers(traceparent())
             .bearer_auth(&self.config.api_key)
             .send()
             .await
             .map_err(|e| QueryError(redact(&e)))?;
+        tracing::Span::current().record("http.response.status_code", response.status().as_u16());
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
             s if s.is_success() => response
@@ -100,7 +171,12 @@ impl HttpProvider {
         }
     }
 
-    async fn search(&self, path: &str, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
+    async fn search(
+        &self,
+        operation: &'static str,
+        path: &str,
+        reference: &str,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
         #[derive(Deserialize)]
         struct List {
             data: Vec<ProviderObject>,
@@ -114,11 +190,21 @@ impl HttpProvider {
                 _ => format!("%{b:02X}"),
             })
             .collect();
-        let list: Option<List> = self.query(&format!("{path}?reference={encoded}")).await?;
+        let list: Option<List> = self
+            .query(operation, &format!("{path}?reference={encoded}"))
+            .await?;
         // A 404 on a search endpoint is not an answer about charges.
         list.map(|l| l.data)
             .ok_or_else(|| QueryError("search endpoint answered 404".into()))
     }
+}
+
+/// The W3C trace context of the current span (the `provider.*` span), for
+/// the provider's logs and traces; empty when tracing is off.
+fn traceparent() -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    cobro_telemetry::inject_current(&mut headers);
+    headers
 }
 
 /// A transport error says nothing about the provider's side unless it
@@ -223,36 +309,52 @@ pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
 }
 
 impl Provider for HttpProvider {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
     async fn authorize(&self, key: &str, request: &AuthorizeRequest) -> Outcome {
         let body = serde_json::to_value(request).unwrap_or(Value::Null);
-        self.mutate(key, "/v1/charges", body).await
+        self.mutate("authorize", key, "/v1/charges", body).await
     }
 
     async fn capture(&self, key: &str, charge: &str) -> Outcome {
-        self.mutate(key, &format!("/v1/charges/{charge}/capture"), json!({}))
-            .await
+        self.mutate(
+            "capture",
+            key,
+            &format!("/v1/charges/{charge}/capture"),
+            json!({}),
+        )
+        .await
     }
 
     async fn void(&self, key: &str, charge: &str) -> Outcome {
-        self.mutate(key, &format!("/v1/charges/{charge}/void"), json!({}))
-            .await
+        self.mutate(
+            "void",
+            key,
+            &format!("/v1/charges/{charge}/void"),
+            json!({}),
+        )
+        .await
     }
 
     async fn refund(&self, key: &str, request: &RefundRequest) -> Outcome {
         let body = serde_json::to_value(request).unwrap_or(Value::Null);
-        self.mutate(key, "/v1/refunds", body).await
+        self.mutate("refund", key, "/v1/refunds", body).await
     }
 
     async fn get_charge(&self, id: &str) -> Result<Option<ProviderObject>, QueryError> {
-        self.query(&format!("/v1/charges/{id}")).await
+        self.query("get_charge", &format!("/v1/charges/{id}")).await
     }
 
     async fn search_charges(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
-        self.search("/v1/charges", reference).await
+        self.search("search_charges", "/v1/charges", reference)
+            .await
     }
 
     async fn search_refunds(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
-        self.search("/v1/refunds", reference).await
+        self.search("search_refunds", "/v1/refunds", reference)
+            .await
     }
 }
 

@@ -122,6 +122,10 @@ pub struct QueryError(pub String);
 /// Every call cobro makes to a payment provider. Mutations carry the
 /// attempt's stored provider idempotency key; a retry passes the same key.
 pub trait Provider: Send + Sync + 'static {
+    /// The provider's name in spans and metrics.
+    fn name(&self) -> &str {
+        "provider"
+    }
     fn authorize(
         &self,
         key: &str,

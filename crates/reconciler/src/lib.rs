@@ -95,6 +95,23 @@ pub enum Verdict {
     Error { error: String },
 }
 
+impl Verdict {
+    /// The verdict's name, as in `--json` (and the `verdict` label).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Resolved { .. } => "resolved",
+            Verdict::Retried => "retried",
+            Verdict::FailedNoEffect => "failed_no_effect",
+            Verdict::NoEffectInReview => "no_effect_in_review",
+            Verdict::StillUnknown { .. } => "still_unknown",
+            Verdict::Escalated => "escalated",
+            Verdict::Conflict { .. } => "conflict",
+            Verdict::AlreadySettled => "already_settled",
+            Verdict::Error { .. } => "error",
+        }
+    }
+}
+
 /// One examined attempt, for the summary and `--json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Examined {
@@ -227,6 +244,17 @@ impl<P: Provider> Reconciler<P> {
     /// decision. A failure on one candidate is counted (`errors`) and the
     /// run goes on; the run row is always finished.
     /// `progress(done, total_so_far)` is called after each attempt.
+    #[tracing::instrument(
+        name = "reconcile.run",
+        skip_all,
+        fields(
+            trigger,
+            dry_run,
+            actor = %self.config.actor,
+            examined = tracing::field::Empty,
+            unresolved = tracing::field::Empty,
+        )
+    )]
     pub async fn run(
         &self,
         scope: &Scope,
@@ -268,6 +296,9 @@ impl<P: Provider> Reconciler<P> {
             self.store.finish_run(run, &text, self.clock.now()).await?;
         }
         outcome?;
+        let span = tracing::Span::current();
+        span.record("examined", summary.examined);
+        span.record("unresolved", summary.unresolved());
         tracing::info!(
             examined = summary.examined,
             still_unknown = summary.still_unknown,
@@ -327,6 +358,11 @@ impl<P: Provider> Reconciler<P> {
                         }
                     }
                 };
+                if let Verdict::Error { .. } = item.verdict
+                    && !dry_run
+                {
+                    cobro_telemetry::metrics::reconcile_verdict("error");
+                }
                 summary.count(&item.verdict);
                 summary.examined += 1;
                 summary.items.push(item);
@@ -389,12 +425,38 @@ impl<P: Provider> Reconciler<P> {
         Ok(found)
     }
 
+    /// In span `reconcile.examine`, linked to the trace of the request that
+    /// made the attempt (from its outbox row): a link, not a child, since
+    /// one run examines many payments' attempts.
+    #[tracing::instrument(
+        name = "reconcile.examine",
+        skip_all,
+        fields(
+            attempt_id = %attempt.id.0,
+            payment_id = %attempt.payment_id.0,
+            intent = intent_of(attempt),
+            operation = %attempt.operation,
+            provider = self.provider.name(),
+            verdict = tracing::field::Empty,
+        )
+    )]
     async fn examine(
         &self,
         attempt: &AttemptRow,
         run: Option<RunId>,
         dry_run: bool,
     ) -> Result<Examined, ReconcileError> {
+        if cobro_telemetry::tracing_active() {
+            let (traceparent, tracestate) = self
+                .store
+                .trace_context_of(AttemptId::from_uuid(attempt.id.0))
+                .await?;
+            cobro_telemetry::link_to_stored(
+                &tracing::Span::current(),
+                traceparent.as_deref(),
+                tracestate.as_deref(),
+            );
+        }
         let operation = Operation::parse(&attempt.operation)
             .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
         let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
@@ -463,6 +525,10 @@ impl<P: Provider> Reconciler<P> {
             Finding::NoEffect => self.no_effect(&ctx, operation).await?,
             Finding::Conflict(kind, detail) => self.conflict(&ctx, kind, &detail).await?,
         };
+        tracing::Span::current().record("verdict", verdict.name());
+        if !dry_run {
+            cobro_telemetry::metrics::reconcile_verdict(verdict.name());
+        }
         tracing::info!(attempt_id = %attempt.id.0, reference = %attempt.reference, ?verdict, dry_run, "reconcile.decide");
         Ok(Examined {
             payment_id: payment_id.to_string(),

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod conflicts;
 mod db_types;
 pub mod idempotency;
+pub mod observe;
 pub mod outbox;
 pub mod payments;
 pub mod purge;

@@ -49,6 +49,10 @@ pub struct Claim {
     pub token: i64,
     pub lease_expires_at: DateTime<Utc>,
     pub attempt: AttemptRow,
+    /// The W3C trace context of whatever enqueued the row (`traceparent`,
+    /// `tracestate`), for the worker's span; `None` when tracing was off.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -56,6 +60,8 @@ struct ClaimRow {
     outbox_id: DbId,
     lease_token: i64,
     lease_expires_at: DbTime,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
     #[sqlx(flatten)]
     attempt: AttemptRow,
 }
@@ -70,13 +76,16 @@ impl WriteTx {
     ) -> Result<AttemptRow> {
         let id = a.id;
         let row = self.insert_attempt(a, AttemptState::Pending, now).await?;
-        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
-            VALUES ($1, $2, 'pending', $3, $4, $4)";
+        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
+            traceparent, tracestate) VALUES ($1, $2, 'pending', $3, $4, $4, $5, $6)";
+        let trace = cobro_telemetry::current_context();
         on_tx!(self, conn => sqlx::query(outbox)
             .bind(DbId::from(OutboxId::new()))
             .bind(DbId::from(id))
             .bind(DbTime(due_at))
             .bind(DbTime(now))
+            .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
+            .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
             .execute(&mut *conn)
             .await?
             .rows_affected());
@@ -162,12 +171,15 @@ impl WriteTx {
         if n != 1 {
             return Ok(false);
         }
-        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
-            VALUES ($1, $2, 'pending', $3, $3, $3)";
+        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
+            traceparent, tracestate) VALUES ($1, $2, 'pending', $3, $3, $3, $4, $5)";
+        let trace = cobro_telemetry::current_context();
         on_tx!(self, conn => sqlx::query(outbox)
             .bind(DbId::from(OutboxId::new()))
             .bind(DbId::from(attempt))
             .bind(DbTime(now))
+            .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
+            .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
             .execute(&mut *conn)
             .await?
             .rows_affected());
@@ -193,6 +205,11 @@ impl WriteTx {
 
 impl Store {
     /// Claims up to `limit` due rows for `owner` until `lease_until`.
+    #[tracing::instrument(
+        name = "outbox.claim",
+        skip_all,
+        fields(owner, limit, claimed = tracing::field::Empty)
+    )]
     pub async fn claim_due(
         &self,
         owner: &str,
@@ -236,6 +253,7 @@ impl Store {
                 .await?
             }
         };
+        tracing::Span::current().record("claimed", leased.len());
         if leased.is_empty() {
             return Ok(Vec::new());
         }
@@ -249,7 +267,8 @@ impl Store {
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(
-            "SELECT o.id AS outbox_id, o.lease_token, o.lease_expires_at, {columns} \
+            "SELECT o.id AS outbox_id, o.lease_token, o.lease_expires_at, o.traceparent, \
+             o.tracestate, {columns} \
              FROM outbox o JOIN attempts a ON a.id = o.attempt_id \
              WHERE o.id IN ({placeholders}) AND o.state = 'pending'"
         );
@@ -270,6 +289,8 @@ impl Store {
                 token: r.lease_token,
                 lease_expires_at: r.lease_expires_at.0,
                 attempt: r.attempt,
+                traceparent: r.traceparent,
+                tracestate: r.tracestate,
             })
             .collect())
     }

@@ -255,10 +255,13 @@ impl WriteTx {
                      provider_key, reference, state, created_at, updated_at) \
                      SELECT $8, i.id, $3, $4, $5, $9, $11, 'pending', $7, $7 FROM i \
                      RETURNING *), \
-                 o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) \
-                     SELECT $10, a.id, 'pending', $7, $7, $7 FROM a) \
+                 o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
+                     traceparent, tracestate) \
+                     SELECT $10, a.id, 'pending', $7, $7, $7, $12, $13 FROM a) \
                  SELECT {columns} FROM a"
             );
+            // The outbox row keeps the creating request's trace context.
+            let trace = cobro_telemetry::current_context();
             return Ok(sqlx::query_as(&sql)
                 .bind(DbId::from(IntentId::new()))
                 .bind(DbId::from(account))
@@ -271,6 +274,8 @@ impl WriteTx {
                 .bind(&provider_key)
                 .bind(DbId::from(cobro_core::OutboxId::new()))
                 .bind(&reference)
+                .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
+                .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
                 .fetch_one(&mut **tx)
                 .await?);
         }

@@ -143,6 +143,7 @@ pub async fn stop_the_line(
         tx.flag_for_review(payment, refund, &reason, now).await?;
     }
     tracing::error!(payment_id = ?payment.map(|p| p.to_string()), kind = kind.as_str(), detail, source = source.name, "conflicting provider evidence: payment needs review");
+    cobro_telemetry::metrics::evidence_conflict(kind.as_str(), source.name);
     Ok(())
 }
 
@@ -180,8 +181,48 @@ fn contradiction(recorded: &AttemptRow, proof: &Proof) -> Option<(ConflictKind, 
 }
 
 /// Applies `proof` to `attempt` and to its payment or refund: the ONE path
-/// for the worker, the reconciler, webhooks and operators.
+/// for the worker, the reconciler, webhooks and operators. In span
+/// `settle.apply_proof`; a proof of what was already recorded counts as a
+/// redundant effect (`cobro_redundant_effects_total`).
 pub async fn apply_proof(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    proof: &Proof,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    let span = tracing::info_span!(
+        "settle.apply_proof",
+        attempt_id = %attempt.id.0,
+        payment_id = %attempt.payment_id.0,
+        operation = %attempt.operation,
+        source = cobro_telemetry::metrics::source_label(source.name),
+        proof = proof.outcome(),
+        applied = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let applied = tracing::Instrument::instrument(
+        apply_proof_in_span(tx, attempt, proof, source, now),
+        span.clone(),
+    )
+    .await
+    .inspect_err(|_| {
+        span.record("applied", "error");
+        span.record("otel.status_code", "ERROR");
+    })?;
+    let name = match &applied {
+        Applied::Settled { .. } => "settled",
+        Applied::AlreadySettled => {
+            cobro_telemetry::metrics::redundant_effect(source.name);
+            "already_settled"
+        }
+        Applied::Conflict { .. } => "conflict",
+    };
+    span.record("applied", name);
+    Ok(applied)
+}
+
+async fn apply_proof_in_span(
     tx: &mut WriteTx,
     attempt: &AttemptRow,
     proof: &Proof,

@@ -298,7 +298,44 @@ impl<P: Provider> Worker<P> {
         }
     }
 
+    /// Processes one claim in span `worker.process`, a child of the span
+    /// that enqueued the row (the client's request, kept in the outbox
+    /// row): a payment's work is one trace however long the row waited.
+    /// Each claim of the row is one such span, so retries show in the
+    /// payment's trace too.
     async fn process(&self, claim: Claim) -> Result<Step, WorkerError> {
+        let attempt = &claim.attempt;
+        let span = tracing::info_span!(
+            "worker.process",
+            attempt_id = %attempt.id.0,
+            payment_id = %attempt.payment_id.0,
+            intent = attempt.reference.rsplit_once('/').map_or(attempt.reference.as_str(), |(i, _)| i),
+            operation = %attempt.operation,
+            provider = self.provider.name(),
+            send_count = attempt.send_count,
+            lease_token = claim.token,
+            owner = %self.config.owner,
+            step = tracing::field::Empty,
+        );
+        cobro_telemetry::set_parent_from_stored(
+            &span,
+            claim.traceparent.as_deref(),
+            claim.tracestate.as_deref(),
+        );
+        let step = tracing::Instrument::instrument(self.process_claim(claim), span.clone()).await;
+        if let Ok(step) = &step {
+            span.record("step", tracing::field::debug(step));
+            match step {
+                Step::LeaseLost => cobro_telemetry::metrics::lease_lost(),
+                Step::BudgetWait => cobro_telemetry::metrics::retry_budget_exhausted(),
+                Step::HandedOver => cobro_telemetry::metrics::handed_over(),
+                _ => {}
+            }
+        }
+        step
+    }
+
+    async fn process_claim(&self, claim: Claim) -> Result<Step, WorkerError> {
         let attempt = &claim.attempt;
         let state = AttemptState::parse(&attempt.state)
             .ok_or_else(|| StoreError::Corrupt(format!("attempt state {}", attempt.state)))?;
@@ -350,6 +387,9 @@ impl<P: Provider> Worker<P> {
         // settled meanwhile, or a payment under reconciliation or review
         // stops the send before it happens.
         match self.store.record_send(&claim, now).await? {
+            SendMark::Marked if attempt.send_count > 0 => cobro_telemetry::metrics::retry(
+                Operation::parse(&attempt.operation).map_or("other", |o| o.verb()),
+            ),
             SendMark::Marked => {}
             SendMark::LeaseLost => return Ok(Step::LeaseLost),
             SendMark::Settled => {

@@ -96,6 +96,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
           value_parser = crate::settings::parse_duration)]
     pub shutdown_grace: std::time::Duration,
+
+    /// Serve `GET /metrics` (this worker's provider calls, retries and
+    /// leases, and the database's view) on this address; port 0 picks one.
+    /// Without it a lone worker's counters are not exposed.
+    #[arg(long, env = "COBRO_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]

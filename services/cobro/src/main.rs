@@ -2,7 +2,7 @@
 //! subcommand, and turns an error into a message on stderr and exit code 1.
 //!
 //! Layout: `cli` (subcommands and dispatch), `settings` (typed flags and
-//! environment), `telemetry` (logging), `database` (opening the store),
+//! environment), `telemetry` (logs, traces, metrics), `database` (opening the store),
 //! `serve` (HTTP server, shutdown, scheduled purge), `demo` (the embedded
 //! default), `admin` (operator commands), `purge` (retention), `token` (API
 //! tokens), `worker` (the outbox worker and the provider), `output` (the
@@ -28,7 +28,11 @@ use std::process::ExitCode;
 async fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let outcome = match telemetry::init(&cli.global) {
-        Ok(()) => cli::run(cli).await,
+        Ok(telemetry) => {
+            let outcome = cli::run(cli).await;
+            telemetry.shutdown().await;
+            outcome
+        }
         Err(error) => Err(error),
     };
     match outcome {

@@ -122,6 +122,9 @@ pub async fn run_alone(
             .context("could not start the reconciler schedule")?;
     }
     let shutdown = crate::serve::watch_shutdown_signals()?;
+    if let Some(address) = args.metrics_listen {
+        serve_metrics(address, &store, &clock, shutdown.clone()).await?;
+    }
     say(format_args!("cobro worker running as {}", config.owner))?;
     let task = spawn(
         store.clone(),
@@ -135,5 +138,41 @@ pub async fn run_alone(
     task.await.context("the worker task failed")?;
     let _ = scheduler.shutdown().await;
     store.close().await;
+    Ok(())
+}
+
+/// `GET /metrics` of a lone worker, until shutdown.
+async fn serve_metrics(
+    address: std::net::SocketAddr,
+    store: &Store,
+    clock: &Arc<dyn Clock>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("could not listen on {address} for metrics"))?;
+    let bound = listener
+        .local_addr()
+        .context("could not read the bound address")?;
+    let state = cobro_api::AppState::new(
+        store.clone(),
+        Arc::clone(clock),
+        cobro_api::ApiSettings::default(),
+    );
+    let app = cobro_api::metrics_router(state);
+    tokio::spawn(async move {
+        let stopped = async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        };
+        if let Err(error) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::warn!(error = %error, "the metrics listener failed");
+        }
+    });
+    say(format_args!(
+        "cobro worker metrics on http://{bound}/metrics"
+    ))?;
     Ok(())
 }

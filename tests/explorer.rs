@@ -62,9 +62,7 @@ async fn explore_sqlite() {
 async fn explore(backend: Backend) {
     // Logs of the code under test go to the test's output (shown on failure).
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            std::env::var("COBRO_TEST_LOG").unwrap_or_else(|_| "warn,cobro_worker=error".into()),
-        )
+        .with_env_filter(std::env::var("COBRO_TEST_LOG").unwrap_or_else(|_| "error".into()))
         .with_test_writer()
         .try_init();
     let seeds: Vec<u64> = match std::env::var("EXPLORE_SEED") {

@@ -136,7 +136,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reconcile(args) => {
             reconcile::run(global, &cli.provider, &cli.reconcile, &args).await
         }
-        Command::Payments(command) => reconcile::payments(global, command).await,
+        Command::Payments(command) => reconcile::payments(global, &cli.provider, command).await,
     }
 }
 

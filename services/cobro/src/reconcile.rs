@@ -70,9 +70,16 @@ pub enum PaymentsCommand {
         attempt: String,
         #[arg(long, value_enum)]
         outcome: OutcomeArg,
-        /// The provider's charge id (required for authorized/captured).
+        /// The provider's charge id (required for authorized/captured). It
+        /// is looked up at the provider and must be this attempt's own
+        /// charge (its reference, metadata, amount, currency and capture
+        /// mode), unless `--unverified`.
         #[arg(long)]
         provider_ref: Option<String>,
+        /// Do not look the charge up at the provider (it is unreachable):
+        /// the operator vouches for it; recorded in the audit trail.
+        #[arg(long)]
+        unverified: bool,
         /// Why: written to the audit trail.
         #[arg(long)]
         reason: String,
@@ -268,7 +275,11 @@ fn print_summary(s: &Summary) -> anyhow::Result<()> {
 }
 
 /// `cobro payments ...`.
-pub async fn payments(global: &GlobalSettings, command: PaymentsCommand) -> anyhow::Result<()> {
+pub async fn payments(
+    global: &GlobalSettings,
+    provider: &ProviderSettings,
+    command: PaymentsCommand,
+) -> anyhow::Result<()> {
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
     let result = match command {
         PaymentsCommand::List {
@@ -282,6 +293,7 @@ pub async fn payments(global: &GlobalSettings, command: PaymentsCommand) -> anyh
             attempt,
             outcome,
             provider_ref,
+            unverified,
             reason,
             operator,
             yes,
@@ -291,11 +303,12 @@ pub async fn payments(global: &GlobalSettings, command: PaymentsCommand) -> anyh
                 attempt,
                 outcome,
                 provider_ref,
+                unverified,
                 reason,
                 operator,
                 yes,
             };
-            resolve(&store, request).await
+            resolve(&store, provider, request).await
         }
     };
     store.close().await;
@@ -477,18 +490,69 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
     say(audit)
 }
 
+/// An operator's `--provider-ref` must be the named attempt's own charge at
+/// the provider: a typo or another account's charge would bind the payment
+/// to money that is not its own (and later refunds would move it).
+async fn verify_charge(
+    store: &Store,
+    provider: &ProviderSettings,
+    payment: PaymentId,
+    attempt: cobro_core::AttemptId,
+    charge: &str,
+) -> anyhow::Result<()> {
+    use cobro_provider::Provider;
+    let row = store
+        .payment_unscoped(payment)
+        .await?
+        .with_context(|| format!("no payment {payment}"))?;
+    if row.status != cobro_core::PaymentStatus::NeedsReview.as_str() {
+        bail!(
+            "the payment is {}; only a payment in needs_review can be resolved by hand",
+            row.status
+        );
+    }
+    let attempts = store.attempts_for_payment(payment).await?;
+    let named = attempts
+        .iter()
+        .find(|a| a.id.0 == attempt.as_uuid())
+        .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
+    let operation = cobro_core::Operation::parse(&named.operation)
+        .with_context(|| format!("attempt operation {}", named.operation))?;
+    let client = crate::worker::provider(provider, false)
+        .await
+        .context("looking the charge up needs the provider (or --unverified)")?
+        .client;
+    let found = client
+        .get_charge(charge)
+        .await
+        .map_err(|e| anyhow::anyhow!("the provider could not be asked about {charge}: {e}"))?
+        .with_context(|| format!("the provider has no charge {charge}"))?;
+    // For a capture or cancel the charge must be the payment's adopted one.
+    match cobro_worker::fit(operation, named, &row, None, &found) {
+        cobro_worker::Fit::Ours => Ok(()),
+        cobro_worker::Fit::NotOurs(why) | cobro_worker::Fit::Mismatch(why) => {
+            bail!("{charge} is not this attempt's charge: {why}")
+        }
+    }
+}
+
 /// The arguments of `cobro payments resolve`.
 struct ResolveRequest {
     id: String,
     attempt: String,
     outcome: OutcomeArg,
     provider_ref: Option<String>,
+    unverified: bool,
     reason: String,
     operator: String,
     yes: bool,
 }
 
-async fn resolve(store: &Store, r: ResolveRequest) -> anyhow::Result<()> {
+async fn resolve(
+    store: &Store,
+    provider: &ProviderSettings,
+    r: ResolveRequest,
+) -> anyhow::Result<()> {
     let id = parse_payment(&r.id)?;
     let attempt: cobro_core::AttemptId = r
         .attempt
@@ -498,6 +562,13 @@ async fn resolve(store: &Store, r: ResolveRequest) -> anyhow::Result<()> {
         bail!("--reason must say why");
     }
     let (outcome, provider_ref) = (r.outcome, r.provider_ref);
+    if let Some(charge) = &provider_ref {
+        if r.unverified {
+            eprintln!("cobro: --unverified: {charge} is not looked up at the provider");
+        } else {
+            verify_charge(store, provider, id, attempt, charge).await?;
+        }
+    }
     if !r.yes {
         eprint!(
             "resolve attempt {attempt} of payment {id} as {outcome:?} (provider_ref {provider_ref:?})? [y/N] "
@@ -522,7 +593,11 @@ async fn resolve(store: &Store, r: ResolveRequest) -> anyhow::Result<()> {
         },
         provider_ref,
         operator: r.operator,
-        reason: r.reason,
+        reason: if r.unverified {
+            format!("{} [provider_ref not verified at the provider]", r.reason)
+        } else {
+            r.reason
+        },
     };
     let after = cobro_reconciler::resolve_by_hand(store, &resolution, SystemClock.now())
         .await

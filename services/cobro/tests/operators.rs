@@ -255,6 +255,31 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
     );
     assert_eq!(listed["payments"].as_array().map(Vec::len), Some(1));
 
+    // A provider_ref that is not this attempt's charge at the provider is
+    // refused: a typo would bind the payment to money not its own.
+    let wrong = setup
+        .run(&[
+            "payments",
+            "resolve",
+            &id.to_string(),
+            "--attempt",
+            &attempt,
+            "--outcome",
+            "captured",
+            "--provider-ref",
+            "ch_x",
+            "--reason",
+            "seen in dashboard",
+            "--yes",
+        ])
+        .await;
+    assert!(!wrong.status.success());
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("no charge ch_x"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    let charge = setup.provider.control().ledger().charges[0].id.clone();
     // Without --yes and without a "y" on stdin, nothing changes.
     let unconfirmed = setup
         .run(&[
@@ -266,7 +291,7 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
             "--outcome",
             "captured",
             "--provider-ref",
-            "ch_x",
+            &charge,
             "--reason",
             "seen in dashboard",
         ])
@@ -282,7 +307,7 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
             "--outcome",
             "captured",
             "--provider-ref",
-            "ch_x",
+            &charge,
             "--reason",
             "seen in dashboard",
             "--yes",

@@ -485,17 +485,11 @@ async fn a_run_pages_through_every_candidate(backend: Backend) {
     }
     rig.drain(1).await;
     pass_the_window(&rig).await;
-    let summary = reconciler(&rig, |c| c.page = 2)
-        .run(&Scope::default(), false, "test", &|_, _| {})
-        .await
-        .expect("run");
-    assert_eq!(summary.examined, 5, "three pages of two");
-    assert_eq!(summary.resolved.get("succeeded"), Some(&5));
-    assert_eq!(summary.unresolved(), 0);
+    // Capped: two of the five, and the run says candidates were left.
     let capped = reconciler(&rig, |c| c.page = 2)
         .run(
             &Scope {
-                max: Some(1),
+                max: Some(2),
                 ..Default::default()
             },
             false,
@@ -504,7 +498,16 @@ async fn a_run_pages_through_every_candidate(backend: Backend) {
         )
         .await
         .expect("run");
-    assert_eq!(capped.examined, 0, "nothing left");
+    assert_eq!(capped.examined, 2);
+    assert!(capped.truncated, "candidates were left past --max");
+    let summary = reconciler(&rig, |c| c.page = 2)
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(summary.examined, 3, "the rest, over two pages of two");
+    assert_eq!(summary.resolved.get("succeeded"), Some(&3));
+    assert_eq!(summary.unresolved(), 0);
+    assert!(!summary.truncated);
     assert_eq!(rig.ledger().totals.charges, 5);
 }
 

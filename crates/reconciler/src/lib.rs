@@ -949,6 +949,8 @@ impl<P: Provider> Reconciler<P> {
             ..
         } = *ctx;
         let mut tx = self.store.begin().await?;
+        // Lock order: the payment row first, as everywhere.
+        tx.payment_by_id(PaymentId::from_uuid(payment.id.0)).await?;
         let (before, after) = if operation == Operation::Refund {
             let Some(refund) = refund else {
                 tx.rollback().await?;
@@ -1134,6 +1136,16 @@ fn manual_proof(
             amount: payment.amount,
         })),
         (Operation::Capture, ManualOutcome::Canceled) => refused(Some(ChargeNow::Voided)),
+        // A refund the operator found: succeeded (`captured`: the money went
+        // back, with the provider's refund id) or failed.
+        (Operation::Refund, ManualOutcome::Captured) => Proof::Succeeded {
+            provider_ref: r
+                .provider_ref
+                .clone()
+                .ok_or(ResolveError::ProviderRefRequired)?,
+            captured: false,
+        },
+        (Operation::Refund, ManualOutcome::Failed | ManualOutcome::Declined) => refused(None),
         _ => return Err(not_applicable()),
     })
 }
@@ -1164,7 +1176,11 @@ pub async fn resolve_by_hand(
         let state = AttemptState::parse(&a.state);
         let worker_owned = matches!(state, Some(AttemptState::Pending | AttemptState::Unknown))
             && a.send_count > 0;
-        let other_open = state == Some(AttemptState::Reconciling) && a.id.0 != r.attempt.as_uuid();
+        // Refunds do not decide the payment's status: one still being
+        // reconciled does not block resolving another attempt.
+        let other_open = state == Some(AttemptState::Reconciling)
+            && a.id.0 != r.attempt.as_uuid()
+            && a.operation != Operation::Refund.as_str();
         worker_owned || other_open
     }) {
         return Err(ResolveError::InFlight(busy.id.0.to_string()));
@@ -1232,7 +1248,7 @@ pub async fn resolve_by_hand(
             .settle_payment(r.payment, PaymentStatus::NeedsReview, to, &outcome, now)
             .await?
             .ok_or(ResolveError::Conflict)?;
-        settle_held_cancels(&mut tx, &settled, to, now).await?;
+        let to = settle_held_cancels(&mut tx, &settled, to, now).await?;
         (
             PaymentStatus::NeedsReview.as_str().to_owned(),
             to.as_str().to_owned(),

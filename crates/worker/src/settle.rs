@@ -271,8 +271,11 @@ async fn apply_proof_in_span(
     let operation = Operation::parse(&attempt.operation)
         .ok_or_else(|| corrupt(format!("operation {}", attempt.operation)))?;
     // A payment stopped by conflicting evidence stays stopped: the attempt
-    // is settled (what it proved is kept), the payment waits for an operator.
-    if payment.status == PaymentStatus::NeedsReview.as_str()
+    // is settled (what it proved is kept), the payment waits for an
+    // operator. A refund still settles (below): its money moved, and the
+    // payment's status stays in review either way.
+    if operation != Operation::Refund
+        && payment.status == PaymentStatus::NeedsReview.as_str()
         && tx.has_open_conflicts(payment_id).await?
     {
         let detail = format!(

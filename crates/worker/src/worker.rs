@@ -497,7 +497,11 @@ impl<P: Provider> Worker<P> {
                             object.status
                         )),
                     },
-                    Fit::Mismatch(why) => Verdict::Conflict(why, said(&object)),
+                    // Worded as the reconciler words it, so a finding is
+                    // kept once whoever makes it.
+                    Fit::Mismatch(why) => {
+                        Verdict::Conflict(format!("{}: {why}", object.id), said(&object))
+                    }
                     Fit::NotOurs(why) => {
                         Verdict::Unknown(format!("an answer that proves nothing: {why}"))
                     }

@@ -20,6 +20,9 @@ promtool check rules ops/prometheus/alerts.yml
 (cd ops/prometheus && promtool test rules alerts.test.yml)
 
 pg_up
+# The binaries the process-level tests run (cobro, fake-provider, checkout),
+# built first so they are never older than the sources they are tested as.
+cargo build --workspace --bins
 cargo nextest run --workspace --no-fail-fast "$@"
 # nextest does not run doc tests; cobro-client's crate example runs against
 # a real cobro API.

@@ -596,10 +596,13 @@ pub fn assert_fresh_binary(binary: &std::path::Path) {
         .metadata()
         .and_then(|m| m.modified())
         .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
-    let depinfo = binary.with_extension("d");
-    let depinfo = std::fs::read_to_string(&depinfo)
-        .unwrap_or_else(|e| panic!("{}: {e}: {build}", depinfo.display()));
-    for source in dep_info_prerequisites(&depinfo) {
+    // Cargo writes the dep-info only for `cargo build`; a binary built for
+    // tests alone has none, and then every source of the workspace counts.
+    let sources = match std::fs::read_to_string(binary.with_extension("d")) {
+        Ok(depinfo) => dep_info_prerequisites(&depinfo),
+        Err(_) => workspace_sources(),
+    };
+    for source in sources {
         let changed = source
             .metadata()
             .and_then(|m| m.modified())
@@ -611,6 +614,35 @@ pub fn assert_fresh_binary(binary: &std::path::Path) {
             source.display()
         );
     }
+}
+
+/// Every file under the workspace's source folders (crates, services, the
+/// fake provider, migrations).
+fn workspace_sources() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pending: Vec<std::path::PathBuf> =
+        ["crates", "services", "fake-provider", "migrations"]
+            .iter()
+            .map(|d| root.join(d))
+            .collect();
+    let mut files = Vec::new();
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|e| e == "rs" || e == "toml" || e == "sql")
+            {
+                files.push(path);
+            }
+        }
+    }
+    files
 }
 
 /// The prerequisites of the first rule of a Makefile-style dep-info file

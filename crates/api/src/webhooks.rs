@@ -12,10 +12,12 @@
 //!   stored either.
 //! - `receive` / `process`: one transaction per delivery. The event id is
 //!   inserted first under its unique key (a redelivery finds it and changes
-//!   nothing), the event is matched to its payment and attempt, what it
-//!   proves goes through `cobro_worker::apply_proof` (the one code path the
-//!   worker and the reconciler use too) with an audit row, and the outcome
-//!   is stored with the event. The 200 is sent only after the commit, so a
+//!   nothing), the event is matched to the one attempt its reference names
+//!   and must `cobro_worker::fit` it (identity, amount, currency, capture
+//!   mode); what it proves goes through `cobro_worker::apply_proof` (the one
+//!   code path the worker and the reconciler use too) with an audit row, and
+//!   the outcome is stored with the event. What fits nothing, or
+//!   contradicts the record, is kept as a conflict. The 200 is sent only after the commit, so a
 //!   lost acknowledgement costs a harmless redelivery.
 //!
 //! Ordering: `sequence` is the provider's per-charge counter. A charge event

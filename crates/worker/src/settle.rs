@@ -147,6 +147,21 @@ pub async fn stop_the_line(
     Ok(())
 }
 
+/// Stops the line for `attempt` and answers [`Applied::Conflict`]: the one
+/// way `apply_proof` refuses a proof.
+async fn refuse(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    kind: ConflictKind,
+    detail: String,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    let payment = PaymentId::from_uuid(attempt.payment_id.0);
+    stop_the_line(tx, Some(attempt), Some(payment), kind, &detail, source, now).await?;
+    Ok(Applied::Conflict { kind, detail })
+}
+
 /// Whether `proof` contradicts what is recorded for an attempt that is
 /// already settled (`None`: it proves the same again).
 fn contradiction(recorded: &AttemptRow, proof: &Proof) -> Option<(ConflictKind, String)> {
@@ -251,22 +266,10 @@ async fn apply_proof_in_span(
             .attempt(attempt_id)
             .await?
             .ok_or_else(|| corrupt("attempt vanished"))?;
-        return Ok(match contradiction(&recorded, proof) {
-            Some((kind, detail)) => {
-                stop_the_line(
-                    tx,
-                    Some(&recorded),
-                    Some(payment_id),
-                    kind,
-                    &detail,
-                    source,
-                    now,
-                )
-                .await?;
-                Applied::Conflict { kind, detail }
-            }
-            None => Applied::AlreadySettled,
-        });
+        return match contradiction(&recorded, proof) {
+            Some((kind, detail)) => refuse(tx, &recorded, kind, detail, source, now).await,
+            None => Ok(Applied::AlreadySettled),
+        };
     }
     let operation = Operation::parse(&attempt.operation)
         .ok_or_else(|| corrupt(format!("operation {}", attempt.operation)))?;
@@ -283,18 +286,7 @@ async fn apply_proof_in_span(
             proof.outcome(),
             attempt.id.0
         );
-        let kind = ConflictKind::OtherObject;
-        stop_the_line(
-            tx,
-            Some(attempt),
-            Some(payment_id),
-            kind,
-            &detail,
-            source,
-            now,
-        )
-        .await?;
-        return Ok(Applied::Conflict { kind, detail });
+        return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
     }
     let before = payment.status()?;
 
@@ -354,18 +346,7 @@ async fn apply_proof_in_span(
                 proof.outcome(),
                 attempt.id.0
             );
-            let kind = ConflictKind::OtherObject;
-            stop_the_line(
-                tx,
-                Some(attempt),
-                Some(payment_id),
-                kind,
-                &detail,
-                source,
-                now,
-            )
-            .await?;
-            return Ok(Applied::Conflict { kind, detail });
+            return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
         }
         Err(illegal) => {
             // A refusal of something that no longer matters: keep the

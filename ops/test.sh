@@ -2,7 +2,8 @@
 # The whole test suite, on both backends: checks the Prometheus alert rules
 # (installing promtool if needed), starts a throwaway PostgreSQL (installing
 # it if needed), runs every test with nextest (and cobro-client's doc tests),
-# stops it.
+# then a bounded schemathesis pass on both stores (ops/fuzz.sh, installing
+# schemathesis into a virtualenv under the build directory), stops it.
 # Extra arguments go to `cargo nextest run` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +28,8 @@ cargo nextest run --workspace --no-fail-fast "$@"
 # nextest does not run doc tests; cobro-client's crate example runs against
 # a real cobro API.
 cargo test --doc -p cobro-client
+# The fuzzer: schemathesis against real servers on both stores (bounded);
+# a filtered run (`ops/test.sh -E ...`) skips it.
+if [ "$#" = 0 ]; then
+  ops/fuzz.sh
+fi

@@ -4,12 +4,13 @@
 //! Prometheus text of `GET /metrics` after a seeded fault run, with exact
 //! values, and with the database gone.
 //!
-//! The binary is `target/<profile>/cobro`, as in `crash.rs` (ops/test.sh
-//! builds it). Every wait is a condition polled with a deadline.
+//! The binary is `target/<profile>/cobro`, refused when older than its
+//! sources (`cobro_test_support::process`). Every wait is a condition polled with a deadline.
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
+use cobro_test_support::process::{Cobro, cobro_binary};
 use cobro_test_support::{Backend, TestDb, payment_body, wait_for};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -20,32 +21,12 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::{Value, json};
 use sqlx::Connection;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
-const STARTUP: Duration = Duration::from_secs(30);
 const SETTLE: Duration = Duration::from_secs(20);
-
-/// `target/<profile>/cobro`, next to this test binary's `deps/`.
-fn cobro_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary lives in target/<profile>/deps");
-    let binary = profile_dir.join("cobro");
-    assert!(
-        binary.is_file(),
-        "{} is missing: run `cargo build -p cobro` first (ops/test.sh builds it)",
-        binary.display()
-    );
-    binary
-}
 
 /// An OTLP/HTTP trace receiver: every export request, decoded, and its raw
 /// bytes (for the grep that nothing secret was exported).
@@ -128,85 +109,6 @@ fn attr(span: &Span, key: &str) -> Option<String> {
         .and_then(|kv| string(kv.value.as_ref()?.value.as_ref()?))
 }
 
-/// One running `cobro` process, SIGKILLed when dropped.
-struct Cobro {
-    child: Child,
-    stdout: mpsc::UnboundedReceiver<String>,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
-
-impl Cobro {
-    fn spawn(mut command: Command) -> Self {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cobro starts");
-        let (send, stdout) = mpsc::unbounded_channel();
-        let out = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let (err, sink) = (child.stderr.take().expect("piped stderr"), stderr.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                sink.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(line);
-            }
-        });
-        Self {
-            child,
-            stdout,
-            stderr,
-        }
-    }
-
-    async fn line(&mut self, prefix: &str) -> String {
-        let deadline = tokio::time::Instant::now() + STARTUP;
-        loop {
-            match tokio::time::timeout_at(deadline, self.stdout.recv()).await {
-                Ok(Some(line)) => {
-                    if let Some(rest) = line.strip_prefix(prefix) {
-                        return rest.to_owned();
-                    }
-                }
-                other => panic!(
-                    "no line `{prefix}...` ({other:?}); stderr {:?}",
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    fn stderr(&self) -> Vec<String> {
-        self.stderr
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl Drop for Cobro {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let lines = self.stderr();
-            eprintln!(
-                "--- cobro stderr (last lines) ---\n{}",
-                lines[lines.len().saturating_sub(40)..].join("\n")
-            );
-        }
-    }
-}
-
 /// A fresh database with an account and its token, the fake provider in
 /// this process, and how to run `cobro` against them.
 struct Site {
@@ -219,17 +121,7 @@ struct Site {
 impl Site {
     async fn new() -> Self {
         let db = TestDb::new(Backend::Postgres).await;
-        let now = chrono::Utc::now();
-        let account = db
-            .store
-            .create_account("merchant", now)
-            .await
-            .expect("account");
-        let token = format!("test_{}", Uuid::new_v4().simple());
-        db.store
-            .create_token(account, "obs", &cobro_api::token_hash(&token), now)
-            .await
-            .expect("token");
+        let (_, token) = db.new_account("merchant", chrono::Utc::now()).await;
         let provider = fake_provider::start(fake_provider::Config {
             admin: true,
             ..Default::default()
@@ -266,7 +158,10 @@ impl Site {
     }
 
     async fn serve(&self, env: &[(&str, &str)]) -> (Cobro, String) {
-        let mut process = Cobro::spawn(self.command(&["serve", "--listen", "127.0.0.1:0"], env));
+        let mut process = Cobro::spawn(
+            "cobro",
+            self.command(&["serve", "--listen", "127.0.0.1:0"], env),
+        );
         let url = process.line("cobro listening on ").await;
         (process, url)
     }
@@ -963,15 +858,9 @@ async fn an_unreachable_collector_never_slows_or_fails_a_request() {
 
     // Shutdown flushes, bounded: the process exits even though the
     // collector never answers.
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(serve.child.id()).expect("pid"));
     let stopping = std::time::Instant::now();
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = wait_for(
-        "cobro exits after SIGTERM",
-        Duration::from_secs(30),
-        async || serve.child.try_wait().expect("try_wait"),
-    )
-    .await;
+    serve.sigterm();
+    let status = serve.exit_within(Duration::from_secs(30)).await;
     eprintln!("exit after SIGTERM took {:?}", stopping.elapsed());
     assert!(status.success(), "{status:?}");
     drop(held);
@@ -1029,11 +918,15 @@ async fn the_outbox_row_keeps_the_requests_trace_context_on_both_backends() {
 #[tokio::test]
 async fn a_lone_worker_serves_its_own_metrics() {
     let site = Site::new().await;
-    let mut serve =
-        Cobro::spawn(site.command(&["serve", "--listen", "127.0.0.1:0", "--no-worker"], &[]));
+    let mut serve = Cobro::spawn(
+        "cobro",
+        site.command(&["serve", "--listen", "127.0.0.1:0", "--no-worker"], &[]),
+    );
     let url = serve.line("cobro listening on ").await;
-    let mut worker =
-        Cobro::spawn(site.command(&["worker", "--metrics-listen", "127.0.0.1:0"], &[]));
+    let mut worker = Cobro::spawn(
+        "cobro",
+        site.command(&["worker", "--metrics-listen", "127.0.0.1:0"], &[]),
+    );
     let metrics = worker.line("cobro worker metrics on ").await;
     worker.line("cobro worker running as ").await;
     let r = site
@@ -1092,12 +985,8 @@ async fn the_sampler_comes_from_otel_traces_sampler() {
     site.wait_status(&url, v["id"].as_str().expect("id"), "captured")
         .await;
     // Exit flushes whatever was queued: nothing, with sampling off.
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(serve.child.id()).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let status = wait_for("cobro exits", Duration::from_secs(30), async || {
-        serve.child.try_wait().expect("try_wait")
-    })
-    .await;
+    serve.sigterm();
+    let status = serve.exit_within(Duration::from_secs(30)).await;
     assert!(status.success());
     assert!(receiver.spans().is_empty(), "sampled out, nothing exported");
     // The provider still got the trace context (unsampled: flags 00).

@@ -39,8 +39,12 @@ fn every_error() -> Vec<ApiError> {
         ApiError::BodyTooLarge { limit: 1 },
         ApiError::KeyMissing,
         ApiError::KeyInvalid,
-        ApiError::KeyReused,
-        ApiError::InProgress,
+        ApiError::KeyReused {
+            idempotency_key: "k".into(),
+        },
+        ApiError::InProgress {
+            idempotency_key: "k".into(),
+        },
         ApiError::OrderHasActivePayment { payment_id: id() },
         ApiError::NotCapturable {
             payment_id: id(),
@@ -57,6 +61,9 @@ fn every_error() -> Vec<ApiError> {
         ApiError::RefundExceedsCaptured { payment_id: id() },
         ApiError::WebhookSignatureInvalid,
         ApiError::RateLimited,
+        ApiError::RequestTimeout {
+            limit: std::time::Duration::from_secs(45),
+        },
         ApiError::Unavailable(None),
         ApiError::internal(std::io::Error::other("x")),
     ];
@@ -69,8 +76,8 @@ fn every_error() -> Vec<ApiError> {
             | ApiError::BodyTooLarge { .. }
             | ApiError::KeyMissing
             | ApiError::KeyInvalid
-            | ApiError::KeyReused
-            | ApiError::InProgress
+            | ApiError::KeyReused { .. }
+            | ApiError::InProgress { .. }
             | ApiError::OrderHasActivePayment { .. }
             | ApiError::NotCapturable { .. }
             | ApiError::NotCancelable { .. }
@@ -78,6 +85,7 @@ fn every_error() -> Vec<ApiError> {
             | ApiError::RefundExceedsCaptured { .. }
             | ApiError::WebhookSignatureInvalid
             | ApiError::RateLimited
+            | ApiError::RequestTimeout { .. }
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
         }

@@ -197,6 +197,21 @@ macro_rules! on_both_backends {
 }
 
 impl TestDb {
+    /// A new account named `name` and an API token for it, made at `now`.
+    pub async fn new_account(
+        &self,
+        name: &str,
+        now: DateTime<Utc>,
+    ) -> (cobro_core::AccountId, String) {
+        let account = self.store.create_account(name, now).await.expect("account");
+        let token = format!("test_{}", uuid::Uuid::new_v4().simple());
+        self.store
+            .create_token(account, "test", &cobro_api::token_hash(&token), now)
+            .await
+            .expect("token");
+        (account, token)
+    }
+
     /// Runs one SQL statement directly, for arranging states the API has no
     /// endpoint for yet (a test's "given").
     pub async fn exec(&self, sql: &str) {
@@ -250,6 +265,13 @@ pub struct TestApp {
     server: tokio::task::JoinHandle<()>,
 }
 
+/// Serves `router` the way `cobro serve` does (`cobro_api::server`, with its
+/// default bounds) until the task is aborted.
+async fn serve_api(listener: tokio::net::TcpListener, router: axum::Router) {
+    let (_running, stop) = tokio::sync::watch::channel(false);
+    cobro_api::server::serve(listener, router, cobro_api::server::Limits::default(), stop).await;
+}
+
 impl TestApp {
     pub async fn spawn(backend: Backend) -> Self {
         let db = TestDb::new(backend).await;
@@ -264,9 +286,7 @@ impl TestApp {
             .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let router = cobro_api::router(state.clone());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, router).await.expect("serve");
-        });
+        let server = tokio::spawn(serve_api(listener, router));
         let mut app = TestApp {
             url,
             client: reqwest::Client::new(),
@@ -285,19 +305,7 @@ impl TestApp {
 
     /// A new account and a token for it.
     pub async fn new_account(&self, name: &str) -> (cobro_core::AccountId, String) {
-        let account = self
-            .db
-            .store
-            .create_account(name, t0())
-            .await
-            .expect("account");
-        let token = format!("test_{}", uuid::Uuid::new_v4().simple());
-        self.db
-            .store
-            .create_token(account, "test", &cobro_api::token_hash(&token), t0())
-            .await
-            .expect("token");
-        (account, token)
+        self.db.new_account(name, t0()).await
     }
 
     /// A POST with this app's token and the given key (None: no header).
@@ -467,9 +475,7 @@ impl TestApp {
             .expect("bind");
         self.url = format!("http://{}", listener.local_addr().expect("addr"));
         let router = cobro_api::router(self.state.clone());
-        self.server = tokio::spawn(async move {
-            axum::serve(listener, router).await.expect("serve");
-        });
+        self.server = tokio::spawn(serve_api(listener, router));
     }
 }
 
@@ -696,3 +702,4 @@ mod dep_info_tests {
         );
     }
 }
+pub mod process;

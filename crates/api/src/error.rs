@@ -52,9 +52,9 @@ pub enum ApiError {
     #[error("the Idempotency-Key header must be one value of 1 to 255 visible ASCII characters")]
     KeyInvalid,
     #[error("this Idempotency-Key was used with a different request")]
-    KeyReused,
+    KeyReused { idempotency_key: String },
     #[error("a request with this Idempotency-Key is still in progress; retry with the same key")]
-    InProgress,
+    InProgress { idempotency_key: String },
     #[error("the order already has a payment that is not declined, failed or canceled")]
     OrderHasActivePayment { payment_id: String },
     #[error("the payment is in state {status}; only an authorized payment can be captured")]
@@ -71,6 +71,11 @@ pub enum ApiError {
     WebhookSignatureInvalid,
     #[error("too many requests")]
     RateLimited,
+    #[error(
+        "the request was not answered within {}s; if it began executing it still completes: retry with the same Idempotency-Key",
+        limit.as_secs()
+    )]
+    RequestTimeout { limit: std::time::Duration },
     #[error("the service is temporarily unavailable")]
     Unavailable(#[source] Option<StoreError>),
     #[error("internal error")]
@@ -92,8 +97,8 @@ impl ApiError {
             E::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body-too-large"),
             E::KeyMissing => (StatusCode::BAD_REQUEST, "idempotency-key-missing"),
             E::KeyInvalid => (StatusCode::BAD_REQUEST, "idempotency-key-invalid"),
-            E::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused"),
-            E::InProgress => (StatusCode::CONFLICT, "idempotency-request-in-progress"),
+            E::KeyReused { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused"),
+            E::InProgress { .. } => (StatusCode::CONFLICT, "idempotency-request-in-progress"),
             E::OrderHasActivePayment { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "order-has-active-payment")
             }
@@ -105,6 +110,7 @@ impl ApiError {
             }
             E::WebhookSignatureInvalid => (StatusCode::BAD_REQUEST, "webhook-signature-invalid"),
             E::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate-limited"),
+            E::RequestTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
             E::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service-unavailable"),
             E::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -119,8 +125,8 @@ impl ApiError {
             E::BodyTooLarge { .. } => "Body too large",
             E::KeyMissing => "Idempotency-Key missing",
             E::KeyInvalid => "Idempotency-Key invalid",
-            E::KeyReused => "Idempotency-Key reused with a different request",
-            E::InProgress => "Request with this Idempotency-Key in progress",
+            E::KeyReused { .. } => "Idempotency-Key reused with a different request",
+            E::InProgress { .. } => "Request with this Idempotency-Key in progress",
             E::OrderHasActivePayment { .. } => "Order has an active payment",
             E::NotCapturable { .. } => "Payment not capturable",
             E::NotCancelable { .. } => "Payment not cancelable",
@@ -128,6 +134,7 @@ impl ApiError {
             E::RefundExceedsCaptured { .. } => "Refund exceeds the captured amount",
             E::WebhookSignatureInvalid => "Webhook signature invalid",
             E::RateLimited => "Rate limited",
+            E::RequestTimeout { .. } => "Request timeout",
             E::Unavailable(_) => "Service unavailable",
             E::Internal(_) => "Internal error",
         }
@@ -159,6 +166,11 @@ impl ApiError {
             | ApiError::NotRefundable { payment_id, .. }
             | ApiError::RefundExceedsCaptured { payment_id } => {
                 body.insert("payment_id".into(), json!(payment_id));
+            }
+            // The key the client sent (valid, so short and visible ASCII);
+            // an invalid key is never echoed, in the body or a header.
+            ApiError::KeyReused { idempotency_key } | ApiError::InProgress { idempotency_key } => {
+                body.insert("idempotency_key".into(), json!(idempotency_key));
             }
             _ => {}
         }
@@ -215,14 +227,22 @@ impl IntoResponse for ApiError {
         }
         // Counted where every answer of these kinds is rendered.
         match self {
-            ApiError::KeyReused => cobro_telemetry::metrics::key_reused(),
-            ApiError::InProgress => cobro_telemetry::metrics::in_progress(),
+            ApiError::KeyReused { .. } => cobro_telemetry::metrics::key_reused(),
+            ApiError::InProgress { .. } => cobro_telemetry::metrics::in_progress(),
             _ => {}
         }
         let mut response = problem_response(status, self.problem_bytes());
+        if matches!(self, ApiError::Unauthenticated) {
+            // The same challenge whatever was sent (RFC 6750 section 3),
+            // so a 401 says nothing about the token.
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"cobro\""),
+            );
+        }
         if matches!(
             self,
-            ApiError::InProgress | ApiError::Unavailable(_) | ApiError::RateLimited
+            ApiError::InProgress { .. } | ApiError::Unavailable(_) | ApiError::RateLimited
         ) {
             response
                 .headers_mut()
@@ -248,8 +268,20 @@ mod tests {
             (ApiError::BodyTooLarge { limit: 1 }, 413, "body-too-large"),
             (ApiError::KeyMissing, 400, "idempotency-key-missing"),
             (ApiError::KeyInvalid, 400, "idempotency-key-invalid"),
-            (ApiError::KeyReused, 422, "idempotency-key-reused"),
-            (ApiError::InProgress, 409, "idempotency-request-in-progress"),
+            (
+                ApiError::KeyReused {
+                    idempotency_key: "k".into(),
+                },
+                422,
+                "idempotency-key-reused",
+            ),
+            (
+                ApiError::InProgress {
+                    idempotency_key: "k".into(),
+                },
+                409,
+                "idempotency-request-in-progress",
+            ),
             (
                 ApiError::OrderHasActivePayment { payment_id: id() },
                 422,
@@ -290,6 +322,13 @@ mod tests {
                 "webhook-signature-invalid",
             ),
             (ApiError::RateLimited, 429, "rate-limited"),
+            (
+                ApiError::RequestTimeout {
+                    limit: std::time::Duration::from_secs(1),
+                },
+                408,
+                "request-timeout",
+            ),
             (ApiError::Unavailable(None), 503, "service-unavailable"),
             (
                 ApiError::internal(std::io::Error::other("secret detail")),

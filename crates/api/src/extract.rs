@@ -27,14 +27,7 @@ impl FromRequestParts<AppState> for Account {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let token = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or(ApiError::Unauthenticated)?;
+        let token = bearer_token(&parts.headers)?;
         // Tokens are high-entropy: one SHA-256 and one indexed lookup, no
         // slow password hash per request.
         let account = state
@@ -49,6 +42,28 @@ impl FromRequestParts<AppState> for Account {
         }
         Ok(Account(account))
     }
+}
+
+/// The token of the one `Authorization: Bearer <token>` line. The scheme is
+/// case-insensitive (RFC 9110 section 11.1); a second `Authorization` line
+/// is refused (400: which of the two would be the caller?); anything else
+/// is the same 401 whatever was sent.
+fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, ApiError> {
+    let mut values = headers.get_all(AUTHORIZATION).iter();
+    let (first, second) = (values.next(), values.next());
+    if second.is_some() {
+        return Err(ApiError::Validation(vec![FieldError::new(
+            "Authorization",
+            "must be sent once",
+        )]));
+    }
+    first
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|t| !t.is_empty())
+        .ok_or(ApiError::Unauthenticated)
 }
 
 /// The `Idempotency-Key` of a POST: required, exactly one header line.
@@ -93,7 +108,13 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             return Ok(JsonObject(Map::new()));
         }
         match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(map)) => Ok(JsonObject(map)),
+            Ok(Value::Object(map)) => match unstorable_text(&map) {
+                None => Ok(JsonObject(map)),
+                Some(field) => Err(ApiError::Validation(vec![FieldError::new(
+                    field,
+                    "must not contain U+0000 (NUL)",
+                )])),
+            },
             Ok(_) => Err(ApiError::Validation(vec![FieldError::new(
                 "body",
                 "must be a JSON object",
@@ -104,6 +125,33 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             )])),
         }
     }
+}
+
+/// The first field whose name or text (at any depth) holds U+0000, which
+/// PostgreSQL cannot store in `text` or `jsonb` (SQLite could): refused up
+/// front, on both stores alike, before anything reaches the database or a
+/// log line. Named by its path (`metadata.note`); a name that itself holds
+/// the NUL is named by its parent.
+pub(crate) fn unstorable_text(map: &Map<String, Value>) -> Option<String> {
+    fn walk(value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::String(text) => text.contains('\0').then(|| path.to_owned()),
+            Value::Array(items) => items.iter().find_map(|item| walk(item, path)),
+            Value::Object(map) => map.iter().find_map(|(name, value)| {
+                if name.contains('\0') {
+                    return Some(path.to_owned());
+                }
+                walk(value, &format!("{path}.{name}"))
+            }),
+            _ => None,
+        }
+    }
+    map.iter().find_map(|(name, value)| {
+        if name.contains('\0') {
+            return Some("body".to_owned());
+        }
+        walk(value, name)
+    })
 }
 
 trait ClassifyName {

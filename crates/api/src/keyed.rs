@@ -77,8 +77,8 @@ pub async fn begin(
     let result = match &begun {
         Ok(Begun::Fresh(_)) => "reserved",
         Ok(Begun::Answered(_)) => "replayed",
-        Err(ApiError::KeyReused) => "key_reused",
-        Err(ApiError::InProgress) => "in_progress",
+        Err(ApiError::KeyReused { .. }) => "key_reused",
+        Err(ApiError::InProgress { .. }) => "in_progress",
         Err(_) => "unavailable",
     };
     tracing::Span::current().record("result", result);
@@ -99,7 +99,9 @@ async fn reserve(
     let sqlite = state.store.backend() == cobro_store::BackendKind::Sqlite;
     let in_progress = |e: StoreError| match e {
         StoreError::Busy if sqlite => ApiError::Unavailable(None),
-        StoreError::Busy => ApiError::InProgress,
+        StoreError::Busy => ApiError::InProgress {
+            idempotency_key: keyed.scope.key.as_str().to_owned(),
+        },
         other => other.into(),
     };
     let mut tx = state.store.begin().await.map_err(in_progress)?;
@@ -189,7 +191,9 @@ async fn answer_existing(
     record: StoredRecord,
 ) -> Result<Response, ApiError> {
     if record.fingerprint != keyed.fingerprint {
-        return Err(ApiError::KeyReused);
+        return Err(ApiError::KeyReused {
+            idempotency_key: keyed.scope.key.as_str().to_owned(),
+        });
     }
     let status = StatusCode::from_u16(record.status_code).map_err(ApiError::internal)?;
     let location = location(&record);

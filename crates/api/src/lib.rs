@@ -7,13 +7,14 @@ mod keyed;
 mod openapi;
 mod payments;
 pub mod rate_limit;
+pub mod server;
 pub mod views;
 mod webhooks;
 
 pub use error::ApiError;
 pub use extract::token_hash;
 pub use health::metrics_router;
-pub use webhooks::WebhookSecret;
+pub use webhooks::{REFUSED_SIGNATURE_BUDGET, WebhookSecret};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
@@ -41,6 +42,11 @@ pub struct ApiSettings {
     pub webhook_tolerance: Duration,
     /// Requests per second (and burst) per account, per process.
     pub rate_limit: rate_limit::RateLimit,
+    /// From the end of a request's headers to its answer, body included;
+    /// then 408 `request-timeout`. The handler itself is not cut short (it
+    /// runs in its own task), so a request that began executing finishes
+    /// and its answer is stored against its key.
+    pub request_timeout: Duration,
 }
 
 impl Default for ApiSettings {
@@ -51,6 +57,7 @@ impl Default for ApiSettings {
             webhook_secrets: std::collections::BTreeMap::new(),
             webhook_tolerance: Duration::from_secs(300),
             rate_limit: rate_limit::RateLimit::default(),
+            request_timeout: Duration::from_secs(45),
         }
     }
 }
@@ -65,6 +72,10 @@ pub struct AppState {
     /// in-process worker wakes without polling.
     pub work_available: Arc<Notify>,
     pub rate_limiter: Arc<rate_limit::RateLimiter>,
+    /// Webhook deliveries whose signature failed, per provider: over this
+    /// budget they are answered 429 unlogged, so an unsigned flood costs
+    /// neither log volume nor more than an HMAC each.
+    pub webhook_refusals: Arc<rate_limit::RateLimiter<String>>,
 }
 
 impl AppState {
@@ -73,6 +84,9 @@ impl AppState {
             store,
             clock,
             rate_limiter: Arc::new(rate_limit::RateLimiter::new(settings.rate_limit)),
+            webhook_refusals: Arc::new(rate_limit::RateLimiter::new(
+                webhooks::REFUSED_SIGNATURE_BUDGET,
+            )),
             settings: Arc::new(settings),
             work_available: Arc::new(Notify::new()),
         }
@@ -92,7 +106,10 @@ pub fn router(state: AppState) -> Router {
         .merge(health::routes())
         .merge(webhooks::routes())
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
-        .layer(middleware::from_fn(request_context))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state.settings),
+            request_context,
+        ))
         .with_state(state)
 }
 
@@ -100,7 +117,11 @@ pub fn router(state: AppState) -> Router {
 /// sane one), a span that carries it (never headers, bodies or keys: only a
 /// hash of the key is recorded, by the extractor), and echoes the
 /// `Idempotency-Key` on every answer to a keyed POST.
-async fn request_context(request: Request, next: Next) -> Response {
+async fn request_context(
+    axum::extract::State(settings): axum::extract::State<Arc<ApiSettings>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let request_id = request
         .headers()
         .get(&REQUEST_ID)
@@ -110,9 +131,14 @@ async fn request_context(request: Request, next: Next) -> Response {
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let echo_key = (request.method() == Method::POST)
         .then(|| {
+            // Only a valid key is echoed: an invalid one may be anything
+            // (200 KB, control bytes) and goes back to no one.
             let mut values = request.headers().get_all(&IDEMPOTENCY_KEY).iter();
             match (values.next(), values.next()) {
-                (Some(one), None) => Some(one.clone()),
+                (Some(one), None) => one
+                    .to_str()
+                    .is_ok_and(|raw| cobro_core::IdempotencyKey::parse(raw).is_ok())
+                    .then(|| one.clone()),
                 _ => None,
             }
         })
@@ -144,6 +170,7 @@ async fn request_context(request: Request, next: Next) -> Response {
         let _ = tracing_opentelemetry::OpenTelemetrySpanExt::set_parent(&span, parent);
     }
     let started = std::time::Instant::now();
+    tracing::debug!(parent: &span, "request started");
     let handler = tracing::Instrument::instrument(
         error::REQUEST_ID.scope(request_id.clone(), next.run(request)),
         span.clone(),
@@ -152,11 +179,27 @@ async fn request_context(request: Request, next: Next) -> Response {
     // drops this future, never the handler's transaction half-way (a
     // cancelled BEGIN or COMMIT can leave a pooled connection inside a
     // transaction, a known sqlx 0.8 hazard). Every request runs to its end.
-    let mut response = match tokio::spawn(handler).await {
-        Ok(response) => response,
-        Err(join) => {
+    // The timeout bounds the answer, not the handler: a body that never
+    // arrives gets a 408 and its connection closed, while a handler that
+    // already began its transaction still commits (its answer is stored
+    // against the key, for the client's retry).
+    let answer = tokio::time::timeout(settings.request_timeout, tokio::spawn(handler));
+    let mut response = match answer.await {
+        Ok(Ok(response)) => response,
+        Ok(Err(join)) => {
             tracing::error!(parent: &span, error = %join, "request handler panicked");
             axum::response::IntoResponse::into_response(error::ApiError::internal(join))
+        }
+        Err(_elapsed) => {
+            let mut response =
+                axum::response::IntoResponse::into_response(error::ApiError::RequestTimeout {
+                    limit: settings.request_timeout,
+                });
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                HeaderValue::from_static("close"),
+            );
+            response
         }
     };
     let status = response.status().as_u16();

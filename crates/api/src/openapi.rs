@@ -100,6 +100,7 @@ pub fn document(settings: &ApiSettings) -> Document {
         CaptureMethodSchema,
         OperationSchema,
         CurrencySchema,
+        CurrencyInputSchema,
         AmountSchema,
         ProblemCodeSchema,
     )),
@@ -180,7 +181,8 @@ its retention.
 ## Errors
 
 `application/problem+json` (RFC 9457) with `type` `/problems/<code>`, `title`, \
-`status`, `detail`, `code`, `request_id`, and `payment_id` / `errors` where relevant. \
+`status`, `detail`, `code`, `request_id`, and `payment_id` / `errors` / `idempotency_key` \
+where relevant. \
 409 only ever means \"this same key is still in progress: retry with it\"; every refusal \
 caused by a resource's state is a 422 with its own code. 5xx bodies carry no internal \
 detail. Each account has a request rate limit (per process); over it the answer is \
@@ -249,7 +251,7 @@ mod paths {
             ("order_ref" = Option<String>, Query, description = "Only payments of this order (exact match)."),
             ("status" = Option<PaymentStatusSchema>, Query, description = "Only payments in this status."),
             ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size, 1 to 100; default 20."),
-            ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page: answers the next (older) page."),
+            ("cursor" = Option<String>, Query, format = Uuid, description = "`next_cursor` of the previous page: answers the next (older) page."),
         ),
         responses(
             (status = 200, description = "A page of payments, newest first.", body = PaymentList),
@@ -455,7 +457,7 @@ mod paths {
 /// them with real answers.
 #[allow(dead_code)]
 pub(crate) mod schemas {
-    use super::{AmountSchema, CaptureMethodSchema, ProblemCodeSchema};
+    use super::{AmountSchema, CaptureMethodSchema, CurrencyInputSchema, ProblemCodeSchema};
     use crate::error::FieldError;
     use crate::views::PaymentView;
     use serde::Deserialize;
@@ -478,7 +480,7 @@ pub(crate) mod schemas {
         pub amount: i64,
         /// ISO 4217 alpha-3 code that cobro knows (see `Currency`), in any
         /// case: `eur` is `EUR`. Answers carry it upper-cased.
-        #[schema(pattern = "^[A-Za-z]{3}$", example = "EUR")]
+        #[schema(value_type = CurrencyInputSchema, example = "EUR")]
         pub currency: String,
         /// The provider's payment method token: 1 to 128 visible ASCII characters.
         #[schema(
@@ -492,8 +494,9 @@ pub(crate) mod schemas {
         /// `manual`: authorise now, capture later (or cancel).
         #[schema(value_type = Option<CaptureMethodSchema>, default = "automatic")]
         pub capture_method: Option<String>,
-        /// Free text for the merchant, at most 1000 characters.
-        #[schema(max_length = 1000)]
+        /// Free text for the merchant, at most 1000 characters, without
+        /// U+0000.
+        #[schema(max_length = 1000, pattern = "^[^\\u0000]*$")]
         pub description: Option<String>,
         /// At most 20 keys; keys 1 to 40 characters, values strings of at most 500.
         #[schema(schema_with = super::metadata_schema)]
@@ -508,8 +511,8 @@ pub(crate) mod schemas {
         /// not exceed the captured amount.
         #[schema(value_type = AmountSchema)]
         pub amount: i64,
-        /// Free text, at most 500 characters.
-        #[schema(max_length = 500)]
+        /// Free text, at most 500 characters, without U+0000.
+        #[schema(max_length = 500, pattern = "^[^\\u0000]*$")]
         pub reason: Option<String>,
     }
 
@@ -561,6 +564,11 @@ pub(crate) mod schemas {
         /// Every invalid field (`validation-error` only).
         #[schema(nullable = false)]
         pub errors: Option<Vec<FieldError>>,
+        /// The key the request carried (`idempotency-key-reused` and
+        /// `idempotency-request-in-progress`). An invalid key is never
+        /// echoed, here or in a header.
+        #[schema(nullable = false)]
+        pub idempotency_key: Option<String>,
     }
 
     /// Answer of `/healthz` and `/readyz`.
@@ -708,6 +716,35 @@ runtime_schema!(
 );
 
 runtime_schema!(
+    /// What a request may send as a currency: a known code in any case.
+    CurrencyInputSchema = "CurrencyInput",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(any_case_alternation(&known_currencies())))
+        .description(Some(
+            "A currency cobro knows (see `Currency`), in any case: `eur`, `Eur` and `EUR` are `EUR`.",
+        ))
+        .into()
+);
+
+/// `^(?:[Ee][Uu][Rr]|...)$`: the codes, each letter in either case (JSON
+/// Schema patterns have no case-insensitive flag).
+fn any_case_alternation(codes: &[String]) -> String {
+    let alternatives: Vec<String> = codes
+        .iter()
+        .map(|code| {
+            code.chars()
+                .map(|c| format!("[{}{}]", c.to_ascii_uppercase(), c.to_ascii_lowercase()))
+                .collect()
+        })
+        .collect();
+    format!("^(?:{})$", alternatives.join("|"))
+}
+
+/// Text PostgreSQL can store (no U+0000); refused with 400 otherwise.
+const NO_NUL: &str = "^[^\\u0000]*$";
+
+runtime_schema!(
     /// `Amount::MIN..=Amount::MAX`.
     AmountSchema = "Amount",
     ObjectBuilder::new()
@@ -747,17 +784,22 @@ pub(crate) fn metadata_schema() -> Schema {
     let key = ObjectBuilder::new()
         .schema_type(Type::String)
         .min_length(Some(1))
-        .max_length(Some(40));
+        .max_length(Some(40))
+        .pattern(Some(NO_NUL));
     let value = ObjectBuilder::new()
         .schema_type(Type::String)
-        .max_length(Some(500));
+        .max_length(Some(500))
+        .pattern(Some(NO_NUL));
     ObjectBuilder::new()
-        .schema_type(Type::Object)
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            Type::Object,
+            Type::Null,
+        ]))
         .property_names(Some(key))
         .additional_properties(Some(value))
         .max_properties(Some(20))
         .description(Some(
-            "A string map: at most 20 keys, keys 1 to 40 characters, values strings of at most 500.",
+            "A string map: at most 20 keys, keys 1 to 40 characters, values strings of at most 500, none holding U+0000. `null` is the same as leaving it out.",
         ))
         .examples([json!({"channel": "web"})])
         .into()
@@ -786,8 +828,12 @@ fn every_error() -> Vec<ApiError> {
         },
         ApiError::KeyMissing,
         ApiError::KeyInvalid,
-        ApiError::KeyReused,
-        ApiError::InProgress,
+        ApiError::KeyReused {
+            idempotency_key: "5f0c9a52-8d7e-4f44-9d0e-3b1f2a6c7d10".into(),
+        },
+        ApiError::InProgress {
+            idempotency_key: "5f0c9a52-8d7e-4f44-9d0e-3b1f2a6c7d10".into(),
+        },
         ApiError::OrderHasActivePayment { payment_id: id() },
         ApiError::NotCapturable {
             payment_id: id(),
@@ -804,6 +850,9 @@ fn every_error() -> Vec<ApiError> {
         ApiError::RefundExceedsCaptured { payment_id: id() },
         ApiError::WebhookSignatureInvalid,
         ApiError::RateLimited,
+        ApiError::RequestTimeout {
+            limit: ApiSettings::default().request_timeout,
+        },
         ApiError::Unavailable(None),
         ApiError::internal(std::io::Error::other("example")),
     ]
@@ -829,10 +878,10 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         E::KeyInvalid => {
             "More than one `Idempotency-Key` line, or a value that is not 1 to 255 visible ASCII characters (bare, or one structured-field string)."
         }
-        E::KeyReused => {
+        E::KeyReused { .. } => {
             "This key was already used in this account for this operation with a different request. Nothing was executed or changed; a new request needs a new key."
         }
-        E::InProgress => {
+        E::InProgress { .. } => {
             "A request with this same key is still in progress (its transaction has not committed within the bounded wait, about 2 s). Retry with the same key after `Retry-After`."
         }
         E::OrderHasActivePayment { .. } => {
@@ -855,6 +904,9 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         }
         E::RateLimited => {
             "The account sent more requests per second than its limit (per process; `COBRO_RATE_LIMIT`). Nothing was stored against the key: retry the same request after `Retry-After`."
+        }
+        E::RequestTimeout { .. } => {
+            "The request was not answered within the request timeout (`COBRO_HTTP_REQUEST_TIMEOUT`, from the end of its headers, body included): typically a body that never arrived. The connection is closed. If the request began executing it still completes and its answer is stored against the key: retry with the same key."
         }
         E::Unavailable(_) => {
             "The database is unreachable; nothing was stored. Retry with the same key after `Retry-After`."
@@ -953,6 +1005,7 @@ fn refusals(operation_id: &str) -> Vec<Refusal> {
     const READ: &[&str] = &[
         "unauthenticated",
         "rate-limited",
+        "request-timeout",
         "service-unavailable",
         "internal",
     ];
@@ -965,6 +1018,7 @@ fn refusals(operation_id: &str) -> Vec<Refusal> {
         "validation-error",
         "idempotency-request-in-progress",
         "idempotency-key-reused",
+        "request-timeout",
         "service-unavailable",
         "internal",
     ];
@@ -990,6 +1044,8 @@ fn refusals(operation_id: &str) -> Vec<Refusal> {
             "body-too-large",
             "webhook-signature-invalid",
             "validation-error",
+            "rate-limited",
+            "request-timeout",
             "service-unavailable",
             "internal",
         ]),
@@ -1117,14 +1173,9 @@ fn add_shared_components(components: &mut Components) {
                 .parameter_in(ParameterIn::Header)
                 .required(Required::False)
                 .description(Some(
-                    "Optional correlation id, 1 to 128 visible ASCII characters; echoed. Never part of the fingerprint.",
+                    "Optional correlation id. Used (and echoed) when it is 1 to 128 visible ASCII characters (`^[!-~]{1,128}$`); any other value is not refused but replaced by a new UUID, which is echoed instead. Never part of the fingerprint.",
                 ))
-                .schema(Some(
-                    string_schema()
-                        .min_length(Some(1))
-                        .max_length(Some(128))
-                        .pattern(Some("^[!-~]{1,128}$")),
-                ))
+                .schema(Some(string_schema()))
                 .build(),
         ),
     );
@@ -1263,6 +1314,21 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), errors.len());
         assert!(errors.iter().all(|e| !explain(e).is_empty()));
+    }
+
+    #[test]
+    fn the_currency_input_pattern_is_every_known_code_in_any_case() {
+        let pattern = any_case_alternation(&["EUR".to_owned(), "JPY".to_owned()]);
+        assert_eq!(pattern, "^(?:[Ee][Uu][Rr]|[Jj][Pp][Yy])$");
+        // Every code the domain knows is in the served pattern.
+        let served = any_case_alternation(&known_currencies());
+        assert!(known_currencies().iter().all(|code| {
+            let alternative: String = code
+                .chars()
+                .map(|c| format!("[{}{}]", c, c.to_ascii_lowercase()))
+                .collect();
+            served.contains(&alternative)
+        }));
     }
 
     #[test]

@@ -327,7 +327,14 @@ async fn get_payment(
     // Long poll: re-read until the payment leaves `processing` or the wait
     // ends. A short poll interval keeps this correct with workers in other
     // processes, which cannot signal this one.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    // Always answered before the request timeout would cut it off.
+    let wait = Duration::from_secs(wait).min(
+        state
+            .settings
+            .request_timeout
+            .saturating_sub(Duration::from_secs(1)),
+    );
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         let view = load_payment(&state, account.0, id)
             .await?

@@ -28,13 +28,15 @@ impl Default for RateLimit {
     }
 }
 
+/// One bucket per key: accounts for requests, providers for webhooks
+/// whose signature failed.
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct RateLimiter<K = AccountId> {
     limit: RateLimit,
-    buckets: Mutex<HashMap<AccountId, (f64, DateTime<Utc>)>>,
+    buckets: Mutex<HashMap<K, (f64, DateTime<Utc>)>>,
 }
 
-impl RateLimiter {
+impl<K: std::hash::Hash + Eq> RateLimiter<K> {
     pub fn new(limit: RateLimit) -> Self {
         Self {
             limit,
@@ -43,7 +45,7 @@ impl RateLimiter {
     }
 
     /// Takes one token for `account` at `now`; `false`: over the limit.
-    pub fn allow(&self, account: AccountId, now: DateTime<Utc>) -> bool {
+    pub fn allow(&self, account: K, now: DateTime<Utc>) -> bool {
         if self.limit.per_second == 0 {
             return true;
         }

@@ -27,6 +27,7 @@ string_enum!(
         RefundExceedsCaptured = "refund-exceeds-captured",
         WebhookSignatureInvalid = "webhook-signature-invalid",
         RateLimited = "rate-limited",
+        RequestTimeout = "request-timeout",
         ServiceUnavailable = "service-unavailable",
         Internal = "internal",
         RefusalCompacted = "refusal-compacted",
@@ -62,6 +63,10 @@ pub struct Problem {
     /// Every invalid field (`validation-error`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<FieldError>>,
+    /// The key the request carried (`idempotency-key-reused`,
+    /// `idempotency-request-in-progress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// A problem answer as received: the body and what the headers said.

@@ -108,9 +108,20 @@ pub struct CreatePayment {
     pub capture_method: Option<CaptureMethod>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// At most 20 keys.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// At most 20 keys (`null` reads as none, as the API takes it).
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub metadata: BTreeMap<String, String>,
+}
+
+/// `null` is an empty map, as the API reads it.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    Ok(Option::<BTreeMap<String, String>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 impl CreatePayment {

@@ -235,6 +235,7 @@ async fn every_mirrored_type_has_exactly_the_documented_properties_and_enum_valu
                 field: "amount".into(),
                 message: "m".into(),
             }]),
+            idempotency_key: Some("k".into()),
         },
     );
     assert_mirrors(

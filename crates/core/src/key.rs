@@ -22,21 +22,24 @@ impl IdempotencyKey {
     pub const MAX_LEN: usize = 255;
 
     pub fn parse(raw: &str) -> Result<Self, KeyError> {
-        let inner = match raw.strip_prefix('"') {
-            // sf-string: the closing quote is mandatory, and escapes (`\"`,
-            // `\\`) are not accepted because a key never needs them.
-            Some(rest) => rest.strip_suffix('"').ok_or(KeyError::Invalid)?,
-            None => raw,
+        let visible = |s: &str| {
+            !s.is_empty()
+                && s.len() <= Self::MAX_LEN
+                && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
         };
-        let valid_char = |b: u8| (0x21..=0x7e).contains(&b);
-        if inner.is_empty()
-            || inner.len() > Self::MAX_LEN
-            || !inner.bytes().all(valid_char)
-            || (raw.starts_with('"') && inner.bytes().any(|b| b == b'"' || b == b'\\'))
-        {
-            return Err(KeyError::Invalid);
+        // sf-string: `"` + 1 to 255 visible characters without `"` or `\`
+        // (escapes are not accepted because a key never needs them) + `"`.
+        let quoted = raw
+            .strip_prefix('"')
+            .and_then(|rest| rest.strip_suffix('"'))
+            .filter(|inner| visible(inner) && !inner.bytes().any(|b| b == b'"' || b == b'\\'));
+        match quoted {
+            Some(inner) => Ok(Self(inner.to_owned())),
+            // Anything else is the bare form, which may contain (or start
+            // with) `"` like any other visible character.
+            None if visible(raw) => Ok(Self(raw.to_owned())),
+            None => Err(KeyError::Invalid),
         }
-        Ok(Self(inner.to_owned()))
     }
 
     /// The key as stored and compared (without structured-field quotes).
@@ -103,7 +106,36 @@ mod tests {
             Err(KeyError::Invalid)
         );
         assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Invalid));
-        assert_eq!(IdempotencyKey::parse("\"\""), Err(KeyError::Invalid));
+        // 255 inside the quotes is the limit of the quoted form too.
+        let quoted = format!("\"{}\"", "a".repeat(255));
+        assert_eq!(
+            IdempotencyKey::parse(&quoted)
+                .expect("quoted")
+                .as_str()
+                .len(),
+            255
+        );
+    }
+
+    /// Spec section 3: any 1 to 255 visible characters are a bare key, so a
+    /// `"` that does not make a structured-field string is just a character.
+    #[test]
+    fn bare_keys_may_contain_and_start_with_quotes() {
+        for bare in [
+            "\"unterminated",
+            "\"a\"b\"",
+            "\"\"",
+            "\"",
+            "a\"b",
+            "\"x\\y\"",
+        ] {
+            let key = IdempotencyKey::parse(bare).expect(bare);
+            assert_eq!(key.as_str(), bare);
+        }
+        assert_eq!(
+            IdempotencyKey::parse("\"ab\"").expect("quoted").as_str(),
+            "ab"
+        );
     }
 
     #[test]
@@ -113,8 +145,8 @@ mod tests {
             "tab\there",
             "ñandú",
             "new\nline",
-            "\"unterminated",
-            "\"a\"b\"",
+            "nul\0byte",
+            "\"quoted with space\"",
         ] {
             assert_eq!(
                 IdempotencyKey::parse(bad),

@@ -26,10 +26,11 @@ pub const IN_PROGRESS: &str = "cobro_idempotency_in_progress_total";
 pub const REDUNDANT_EFFECTS: &str = "cobro_redundant_effects_total";
 pub const EVIDENCE_CONFLICTS: &str = "cobro_evidence_conflicts_total";
 pub const WEBHOOK_EVENTS: &str = "cobro_webhook_events_total";
+pub const HTTP_CONNECTIONS_CLOSED: &str = "cobro_http_connections_closed_total";
 
 /// Every metric this module records (a counter appears on `/metrics` only
 /// once it was first incremented).
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     HTTP_REQUESTS,
     HTTP_DURATION,
     PROVIDER_CALLS,
@@ -44,6 +45,7 @@ pub const ALL: [&str; 14] = [
     REDUNDANT_EFFECTS,
     EVIDENCE_CONFLICTS,
     WEBHOOK_EVENTS,
+    HTTP_CONNECTIONS_CLOSED,
 ];
 
 /// Latency buckets (seconds) for requests and provider calls: a provider's
@@ -214,6 +216,12 @@ pub fn evidence_conflict(kind: &'static str, source: &str) {
 pub fn webhook_event(provider: &str, outcome: &'static str) {
     metrics::counter!(WEBHOOK_EVENTS, "provider" => provider.to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+/// A connection the server closed on its own: `refused` (over the
+/// connection cap), `idle_timeout`, `header_timeout` or `shutdown`.
+pub fn connection_closed(reason: &'static str) {
+    metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => reason).increment(1);
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use axum::Router;
 use cobro_api::{ApiSettings, AppState, WebhookSecret};
 use cobro_core::{Clock, SystemClock};
 use cobro_store::Store;
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -84,6 +83,7 @@ pub async fn run(
             per_second: settings.rate_limit,
             burst: settings.rate_limit_burst,
         },
+        request_timeout: settings.http.http_request_timeout,
         ..ApiSettings::default()
     };
     if let Some(secret) = &webhook_secret {
@@ -159,7 +159,9 @@ pub async fn run(
     }
     // The router carries its own request ids, request span and key echo.
     let app = cobro_api::router(state);
-    let drained = serve_until_shutdown(listener, app, shutdown, settings.shutdown_grace).await?;
+    let limits = settings.http.limits();
+    let drained =
+        serve_until_shutdown(listener, app, limits, shutdown, settings.shutdown_grace).await;
 
     if let Some(worker) = worker
         && let Err(error) = worker.await
@@ -184,29 +186,32 @@ fn generated_webhook_secret() -> WebhookSecret {
     WebhookSecret::new(format!("whsec_{}", uuid::Uuid::new_v4().simple()))
 }
 
-/// Serves until `shutdown` fires, then drains for at most `grace`.
-/// Returns whether every connection finished within the grace period.
+/// Serves until `shutdown` fires, then drains for at most `grace`
+/// (connections with no request running close at once; see
+/// `cobro_api::server`). Returns whether every connection finished within
+/// the grace period.
 async fn serve_until_shutdown(
     listener: TcpListener,
     app: Router,
+    limits: cobro_api::server::Limits,
     shutdown: watch::Receiver<bool>,
     grace: Duration,
-) -> anyhow::Result<bool> {
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(stopped(shutdown.clone()))
-        .into_future();
+) -> bool {
+    let server = cobro_api::server::serve(listener, app, limits, shutdown.clone());
     let grace_over = async {
         stopped(shutdown).await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
         served = server => {
-            served.context("the HTTP server failed")?;
-            Ok(true)
+            if served.refused > 0 {
+                tracing::info!(refused = served.refused, "connections refused over the cap while serving");
+            }
+            true
         }
         () = grace_over => {
             tracing::warn!(grace = ?grace, "grace period over: exiting with requests in flight");
-            Ok(false)
+            false
         }
     }
 }

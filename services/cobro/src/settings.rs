@@ -138,6 +138,9 @@ pub struct ServeSettings {
     pub no_worker: bool,
 
     #[command(flatten)]
+    pub http: HttpSettings,
+
+    #[command(flatten)]
     pub worker: WorkerSettings,
 
     #[command(flatten)]
@@ -245,6 +248,42 @@ pub struct WorkerSettings {
     /// Fallback poll when no wake-up arrives.
     #[arg(long, env = "COBRO_WORKER_POLL", default_value = "1s", value_parser = parse_duration)]
     pub worker_poll: Duration,
+}
+
+/// The bounds of every HTTP connection (`cobro_api::server`).
+#[derive(Args, Clone, Debug)]
+pub struct HttpSettings {
+    /// From a request's first byte to the end of its headers; longer and
+    /// the connection is closed.
+    #[arg(long, env = "COBRO_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub http_header_timeout: Duration,
+
+    /// A connection with no request running and no byte arriving (a new
+    /// one, or a keep-alive between requests) is closed after this.
+    #[arg(long, env = "COBRO_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub http_idle_timeout: Duration,
+
+    /// From the end of a request's headers to its answer, body included:
+    /// then 408 `request-timeout` and the connection is closed. A request
+    /// already executing still finishes (retry it with the same key). Keep
+    /// it above the longest `?wait=` (30 s).
+    #[arg(long, env = "COBRO_HTTP_REQUEST_TIMEOUT", default_value = "45s", value_parser = parse_duration)]
+    pub http_request_timeout: Duration,
+
+    /// Connections served at once; one more is closed as soon as accepted.
+    #[arg(long, env = "COBRO_HTTP_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+}
+
+impl HttpSettings {
+    pub fn limits(&self) -> cobro_api::server::Limits {
+        cobro_api::server::Limits {
+            header_timeout: self.http_header_timeout,
+            idle_timeout: self.http_idle_timeout,
+            max_connections: self.http_max_connections as usize,
+        }
+    }
 }
 
 /// Rows per purge batch: small enough that no batch holds locks for long.

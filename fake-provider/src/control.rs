@@ -50,6 +50,13 @@ impl Control {
             .collect()
     }
 
+    /// How often rules of each (operation, action) fired since the start
+    /// (cleared and spent rules included), so a test can show its faults
+    /// really happened.
+    pub fn faults_fired(&self) -> Vec<crate::faults::FiredCount> {
+        self.shared.lock().faults.fired()
+    }
+
     /// Removes every fault rule.
     pub fn clear_faults(&self) {
         self.shared.lock().faults.clear();

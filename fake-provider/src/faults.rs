@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
 /// What a rule matches on.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum Operation {
     /// `POST /v1/charges`.
@@ -35,7 +35,7 @@ pub enum Operation {
 }
 
 /// What happens to a matching request or event.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultAction {
     /// Sleep `delay_ms` (real time) before handling; the key is already
@@ -198,6 +198,9 @@ pub(crate) struct Picked {
 pub(crate) struct FaultBook {
     rules: Vec<(u64, FaultRule)>,
     last_id: u64,
+    /// How often rules of each (operation, action) fired since the start,
+    /// cleared rules included: what a chaos run shows it really did.
+    fired: std::collections::BTreeMap<(Operation, FaultAction), u64>,
 }
 
 impl FaultBook {
@@ -218,6 +221,18 @@ impl FaultBook {
     /// The active rules; `next` shows what is left of each budget.
     pub(crate) fn list(&self) -> Vec<(u64, FaultRule)> {
         self.rules.clone()
+    }
+
+    /// Firings per (operation, action) since the start.
+    pub(crate) fn fired(&self) -> Vec<FiredCount> {
+        self.fired
+            .iter()
+            .map(|(&(operation, action), &count)| FiredCount {
+                operation,
+                action,
+                count,
+            })
+            .collect()
     }
 
     /// Faults for one provider API request (`operation` is never `Webhook`)
@@ -295,6 +310,9 @@ impl FaultBook {
         while index < self.rules.len() {
             let rule = &mut self.rules[index].1;
             let fires = rule.matches(operation, reference) && take(rule, rng);
+            if fires {
+                *self.fired.entry((rule.operation, rule.action)).or_default() += 1;
+            }
             if fires && let Some(left) = rule.next.as_mut() {
                 *left = left.saturating_sub(1);
                 if *left == 0 {
@@ -305,6 +323,14 @@ impl FaultBook {
             index += 1;
         }
     }
+}
+
+/// How often rules of one (operation, action) fired.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FiredCount {
+    pub operation: Operation,
+    pub action: FaultAction,
+    pub count: u64,
 }
 
 /// Draws the rule's probability; certain rules draw nothing so that they do

@@ -40,7 +40,7 @@ pub use api::REPLAYED_HEADER;
 pub use client::{AdminClient, AdminError};
 pub use config::{Config, WebhookTarget, parse_duration};
 pub use control::{ActiveFault, Control};
-pub use faults::{FaultAction, FaultRule, Operation};
+pub use faults::{FaultAction, FaultRule, FiredCount, Operation};
 pub use ledger::{Effects, Ledger, LedgerCharge, LedgerRefund};
 pub use model::{CaptureMethod, Charge, ChargeStatus, Refund, RefundStatus};
 pub use trace::SeenRequest;

@@ -7,7 +7,7 @@
 //! brute-force, and a slow password hash per request would only cost latency.
 
 use chrono::{DateTime, Utc};
-use cobro_core::AccountId;
+use cobro_core::{AccountId, TokenId};
 use cobro_store::Store;
 use rand::RngCore;
 
@@ -37,17 +37,31 @@ impl NewToken {
 /// presented bearer token with.
 pub use cobro_api::token_hash;
 
-/// Generates a token for `account`, stores its hash, returns the secret.
+/// A token just stored: its id (for `tokens list` and `tokens revoke`) and
+/// the secret to show once.
+pub struct Issued {
+    pub id: TokenId,
+    pub secret: String,
+}
+
+/// Generates a token for `account` (refused from `expires_at` on, if set),
+/// stores its hash, returns its id and secret.
 pub async fn issue(
     store: &Store,
     account: AccountId,
     label: &str,
     now: DateTime<Utc>,
-) -> cobro_store::Result<String> {
+    expires_at: Option<DateTime<Utc>>,
+) -> cobro_store::Result<Issued> {
     let token = NewToken::generate();
-    let id = store.create_token(account, label, &token.hash, now).await?;
+    let id = store
+        .create_token_expiring(account, label, &token.hash, now, expires_at)
+        .await?;
     tracing::info!(token_id = %id, account_id = %account, label, "API token created");
-    Ok(token.secret)
+    Ok(Issued {
+        id,
+        secret: token.secret,
+    })
 }
 
 #[cfg(test)]

@@ -3,18 +3,17 @@
 //! its stdout, stderr, exit status, HTTP answers and the database file.
 //! (PostgreSQL runs of the same binary live in the workspace's tests crate.)
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+mod common;
+
+use common::Server;
+use nix::sys::signal::Signal;
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, Row, SqliteConnection};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 use tempfile::TempDir;
 
-const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A temporary working directory with the embedded data dir inside.
@@ -96,81 +95,9 @@ impl Workdir {
     }
 }
 
-/// A running `cobro serve`, its stdout read line by line on a thread.
-struct Server {
-    child: Child,
-    lines: Receiver<String>,
-    stdout: Vec<String>,
-}
-
-impl Server {
-    fn start(workdir: &Workdir, args: &[&str], stderr: &Path) -> Self {
-        let stderr = std::fs::File::create(stderr).expect("stderr file");
-        let mut child = workdir
-            .cobro(args)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("cobro serve starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            stdout: Vec::new(),
-        }
-    }
-
-    /// Reads stdout until a line starts with `prefix`; the rest of it.
-    fn wait_for_line(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.stdout.push(line.clone());
-                    if let Some(rest) = line.strip_prefix(prefix) {
-                        return rest.to_owned();
-                    }
-                }
-                Err(e) => panic!(
-                    "no line `{prefix}...` on stdout ({e}); saw {:?}",
-                    self.stdout
-                ),
-            }
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"));
-        kill(pid, signal).expect("signal delivered");
-    }
-
-    fn wait_for_exit(&mut self, deadline: Duration) -> ExitStatus {
-        let deadline = Instant::now() + deadline;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "cobro did not exit in time");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Never leave a server behind when a test fails half-way.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `cobro ARGS` in `workdir`, running, its stderr in the file `stderr`.
+fn start_server(workdir: &Workdir, args: &[&str], stderr: &Path) -> Server {
+    Server::spawn(workdir.cobro(args), stderr)
 }
 
 fn sha256_hex(text: &str) -> String {
@@ -187,7 +114,7 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 fn serve_on_the_embedded_default_prints_url_and_token_answers_health_and_exits_on_sigterm() {
     let workdir = Workdir::new();
     let stderr_file = workdir.dir.path().join("stderr.log");
-    let mut server = Server::start(
+    let mut server = start_server(
         &workdir,
         &["serve", "--listen", "127.0.0.1:0"],
         &stderr_file,
@@ -263,7 +190,7 @@ fn serve_on_the_embedded_default_prints_url_and_token_answers_health_and_exits_o
 /// Starts `cobro serve` on the embedded default; its dev token and URL.
 fn serve_demo(workdir: &Workdir, name: &str) -> (Server, String, String) {
     let stderr_file = workdir.dir.path().join(format!("stderr-{name}.log"));
-    let mut server = Server::start(workdir, &["serve", "--listen", "127.0.0.1:0"], &stderr_file);
+    let mut server = start_server(workdir, &["serve", "--listen", "127.0.0.1:0"], &stderr_file);
     let token = server.wait_for_line("dev token: ");
     let url = server.wait_for_line("cobro listening on ");
     (server, token, url)
@@ -647,7 +574,7 @@ fn tokens_expire_are_listed_without_their_secret_and_revoked_through_the_real_ap
     );
 
     let stderr_file = workdir.dir.path().join("serve.log");
-    let mut server = Server::start(
+    let mut server = start_server(
         &workdir,
         &["serve", "--listen", "127.0.0.1:0"],
         &stderr_file,

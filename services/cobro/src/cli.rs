@@ -31,7 +31,8 @@ Results go to stdout (--json: one JSON document), logs to stderr.";
 #[derive(Debug, Parser)]
 #[command(name = "cobro", version, propagate_version = true, after_help = EXIT_CODES)]
 pub struct Cli {
-    #[command(flatten)]
+    // Under their own heading, so each command's help shows its own flags first.
+    #[command(flatten, next_help_heading = "Global options (every command)")]
     pub global: GlobalSettings,
 
     #[command(subcommand)]

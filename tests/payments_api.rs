@@ -259,14 +259,14 @@ async fn revoked_and_expired_tokens_are_401_and_change_nothing(backend: Backend)
         ("live", now + Duration::hours(1)),
     ] {
         let token = format!("test_{label}_{}", uuid::Uuid::new_v4().simple());
+        let row = cobro_store::accounts::NewTokenRow {
+            label,
+            token_hash: &cobro_api::token_hash(&token),
+            prefix: "",
+            expires_at: Some(expires),
+        };
         store
-            .create_token_expiring(
-                app.account,
-                label,
-                &cobro_api::token_hash(&token),
-                now - Duration::hours(2),
-                Some(expires),
-            )
+            .create_token_expiring(app.account, &row, now - Duration::hours(2))
             .await
             .expect("token");
         tokens.push(token);

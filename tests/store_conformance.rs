@@ -561,9 +561,15 @@ async fn a_token_is_refused_from_its_expiry_on_and_once_revoked(backend: Backend
     let a = db.store.create_account("a", t0()).await.expect("account");
     let b = db.store.create_account("b", t0()).await.expect("account");
     let expires = t0() + Duration::hours(1);
+    let token = cobro_store::accounts::NewTokenRow {
+        label: "ci",
+        token_hash: "hash-expiring",
+        prefix: "cobro_1a2b3c4d",
+        expires_at: Some(expires),
+    };
     let expiring = db
         .store
-        .create_token_expiring(a, "ci", "hash-expiring", t0(), Some(expires))
+        .create_token_expiring(a, &token, t0())
         .await
         .expect("token");
     let forever = db
@@ -604,6 +610,8 @@ async fn a_token_is_refused_from_its_expiry_on_and_once_revoked(backend: Backend
     let ids: Vec<_> = listed.iter().map(|t| t.id.0).collect();
     assert_eq!(ids, vec![expiring.as_uuid(), forever.as_uuid()]);
     assert_eq!(listed[0].account_name, "a");
+    assert_eq!(listed[0].prefix, "cobro_1a2b3c4d");
+    assert_eq!(listed[1].prefix, "", "create_token stores no prefix");
     assert_eq!(listed[0].expires_at.map(|t| t.0), Some(expires));
     assert_eq!(listed[0].revoked_at, None);
     assert_eq!(

@@ -11,10 +11,25 @@ pub struct TokenRow {
     pub account_id: DbId,
     pub account_name: String,
     pub label: String,
+    /// The token's first characters (empty for tokens made before 0007).
+    pub prefix: String,
     pub created_at: DbTime,
     /// `None`: never expires.
     pub expires_at: Option<DbTime>,
     pub revoked_at: Option<DbTime>,
+}
+
+/// A token about to be stored: never its secret.
+#[derive(Clone, Copy, Debug)]
+pub struct NewTokenRow<'a> {
+    /// What it is for, e.g. `checkout-prod`.
+    pub label: &'a str,
+    /// SHA-256 of the token, lowercase hex: the lookup key.
+    pub token_hash: &'a str,
+    /// Its first characters, for display (a few of its 256 bits).
+    pub prefix: &'a str,
+    /// Refused from then on; `None`: never expires.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -59,30 +74,34 @@ impl Store {
         token_hash: &str,
         now: DateTime<Utc>,
     ) -> Result<TokenId> {
-        self.create_token_expiring(account, label, token_hash, now, None)
-            .await
+        let token = NewTokenRow {
+            label,
+            token_hash,
+            prefix: "",
+            expires_at: None,
+        };
+        self.create_token_expiring(account, &token, now).await
     }
 
     /// Stores a token by its hash only, refused by the lookup from
-    /// `expires_at` on (`None`: never).
+    /// `token.expires_at` on (`None`: never).
     pub async fn create_token_expiring(
         &self,
         account: AccountId,
-        label: &str,
-        token_hash: &str,
+        token: &NewTokenRow<'_>,
         now: DateTime<Utc>,
-        expires_at: Option<DateTime<Utc>>,
     ) -> Result<TokenId> {
         let id = TokenId::new();
-        let sql = "INSERT INTO api_tokens (id, account_id, token_hash, label, created_at, expires_at) \
-                   VALUES ($1, $2, $3, $4, $5, $6)";
+        let sql = "INSERT INTO api_tokens (id, account_id, token_hash, label, prefix, created_at, expires_at) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7)";
         on_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(DbId::from(account))
-            .bind(token_hash)
-            .bind(label)
+            .bind(token.token_hash)
+            .bind(token.label)
+            .bind(token.prefix)
             .bind(DbTime(now))
-            .bind(expires_at.map(DbTime))
+            .bind(token.expires_at.map(DbTime))
             .execute(pool)
             .await?
             .rows_affected());
@@ -117,7 +136,7 @@ impl Store {
     /// Every token (of `account`, or of all accounts), oldest first; never
     /// the hash, which is as good as the token for a lookup.
     pub async fn list_tokens(&self, account: Option<AccountId>) -> Result<Vec<TokenRow>> {
-        let sql = "SELECT t.id, t.account_id, a.name AS account_name, t.label, t.created_at, \
+        let sql = "SELECT t.id, t.account_id, a.name AS account_name, t.label, t.prefix, t.created_at, \
                    t.expires_at, t.revoked_at FROM api_tokens t JOIN accounts a ON a.id = t.account_id \
                    WHERE ($1 IS NULL OR t.account_id = $1) ORDER BY t.created_at, t.id";
         Ok(on_pool!(self, pool => sqlx::query_as(sql)

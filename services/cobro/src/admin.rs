@@ -66,8 +66,9 @@ pub enum TokensCommand {
         #[command(flatten)]
         output: JsonFlag,
     },
-    /// List tokens (never their secret or hash): id, account, label,
-    /// created, expires, revoked, and whether the API accepts it now.
+    /// List tokens (never their secret or hash): id, prefix (`cobro_` and
+    /// 8 hex digits), account, label, created, expires, revoked, and whether
+    /// the API accepts it now.
     List {
         /// Only this account's, by name or id.
         #[arg(long, value_name = "NAME_OR_ID")]
@@ -251,6 +252,7 @@ fn token_json(t: &TokenRow, now: DateTime<Utc>) -> serde_json::Value {
         "account_id": t.account_id.0.to_string(),
         "account": t.account_name,
         "label": t.label,
+        "prefix": t.prefix,
         "created_at": instant(t.created_at.0),
         "expires_at": t.expires_at.map(|e| instant(e.0)),
         "revoked_at": t.revoked_at.map(|e| instant(e.0)),
@@ -281,6 +283,7 @@ async fn list_tokens(
     for t in &tokens {
         table.add_row([
             t.id.0.to_string(),
+            or_dash((!t.prefix.is_empty()).then(|| format!("{}...", t.prefix))),
             t.account_name.clone(),
             t.label.clone(),
             instant(t.created_at.0),

@@ -14,6 +14,11 @@ use rand::RngCore;
 /// The visible prefix: lets secret scanners and humans recognise a token.
 pub const TOKEN_PREFIX: &str = "cobro_";
 
+/// How many characters of a token `tokens list` shows: the prefix and 8
+/// hex digits (32 of its 256 bits), enough to tell tokens apart, far too
+/// few to guess the rest.
+pub const DISPLAY_LEN: usize = TOKEN_PREFIX.len() + 8;
+
 /// A freshly generated token: the secret to show once, and what to store.
 pub struct NewToken {
     /// The bearer token; never logged, never stored.
@@ -54,9 +59,13 @@ pub async fn issue(
     expires_at: Option<DateTime<Utc>>,
 ) -> cobro_store::Result<Issued> {
     let token = NewToken::generate();
-    let id = store
-        .create_token_expiring(account, label, &token.hash, now, expires_at)
-        .await?;
+    let row = cobro_store::accounts::NewTokenRow {
+        label,
+        token_hash: &token.hash,
+        prefix: &token.secret[..DISPLAY_LEN],
+        expires_at,
+    };
+    let id = store.create_token_expiring(account, &row, now).await?;
     tracing::info!(token_id = %id, account_id = %account, label, "API token created");
     Ok(Issued {
         id,

@@ -572,6 +572,15 @@ fn tokens_expire_are_listed_without_their_secret_and_revoked_through_the_real_ap
         states,
         vec![("forever", "live"), ("hour", "live"), ("gone", "expired")]
     );
+    let rows = listed["tokens"].as_array().expect("tokens");
+    for (row, token) in rows.iter().zip([&forever, &hour, &gone]) {
+        assert_eq!(row["id"], token["id"]);
+        assert_eq!(
+            row["prefix"],
+            secret(token)[..14],
+            "the prefix tells tokens apart"
+        );
+    }
 
     let stderr_file = workdir.dir.path().join("serve.log");
     let mut server = start_server(

@@ -550,3 +550,42 @@ async fn payments_list_filters_by_status_and_time_and_show_prints_no_debug_forma
     );
     assert!(text.contains("adopt_succeeded"), "the audit trail: {text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reconcile_draws_a_progress_bar_on_a_terminal_and_nothing_extra_when_piped() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    for order in ["o-bar-1", "o-bar-2", "o-bar-3"] {
+        setup.uncertain_payment(order, false).await;
+    }
+    // `script` runs the command on a pseudo-terminal and copies what it
+    // drew (stdout and stderr) to its own stdout.
+    let command = setup.cobro(&[]);
+    let program = env!("CARGO_BIN_EXE_cobro");
+    let mut script = Command::new("script");
+    script
+        .args([
+            "-qec",
+            &format!("{program} reconcile --all --dry-run"),
+            "/dev/null",
+        ])
+        .envs(command.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .current_dir(setup.dir.path())
+        .stdin(Stdio::null());
+    let drawn = tokio::task::spawn_blocking(move || script.output().expect("script runs"))
+        .await
+        .expect("join");
+    let drawn = String::from_utf8_lossy(&drawn.stdout);
+    // Draws are rate-limited, so which counts show is timing; the bar is not.
+    assert!(
+        drawn.contains(" attempts ") && drawn.contains(['\u{2588}', '\u{2591}']),
+        "a progress bar: {drawn}"
+    );
+    let piped = setup.run(&["reconcile", "--all", "--dry-run"]).await;
+    assert!(
+        piped.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&piped.stdout).contains(" attempts "));
+}

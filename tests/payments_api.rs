@@ -14,6 +14,7 @@ on_both_backends!(
     the_structured_field_form_of_a_key_is_the_same_key,
     a_missing_or_invalid_key_is_400_and_nothing_is_stored,
     requests_without_a_valid_token_are_401_and_change_nothing,
+    revoked_and_expired_tokens_are_401_and_change_nothing,
     invalid_bodies_list_every_field_and_leave_the_key_free,
     a_body_over_16_kib_is_413,
     a_second_active_payment_for_an_order_is_422_and_not_stored_against_the_key,
@@ -245,6 +246,76 @@ async fn requests_without_a_valid_token_are_401_and_change_nothing(backend: Back
         .await
         .expect("send");
     assert_eq!(health.status(), StatusCode::OK);
+}
+
+async fn revoked_and_expired_tokens_are_401_and_change_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    // The API's lookup reads the system clock (its extractor passes no
+    // time), so expiry is set around the real now: no sleeping.
+    let now = chrono::Utc::now();
+    let store = &app.db.store;
+    let mut tokens = Vec::new();
+    for (label, expires) in [
+        ("expired", now - Duration::minutes(1)),
+        ("live", now + Duration::hours(1)),
+    ] {
+        let token = format!("test_{label}_{}", uuid::Uuid::new_v4().simple());
+        let row = cobro_store::accounts::NewTokenRow {
+            label,
+            token_hash: &cobro_api::token_hash(&token),
+            prefix: "",
+            expires_at: Some(expires),
+        };
+        store
+            .create_token_expiring(app.account, &row, now - Duration::hours(2))
+            .await
+            .expect("token");
+        tokens.push(token);
+    }
+    let (expired, live) = (&tokens[0], &tokens[1]);
+    let get = |token: &str| {
+        app.client
+            .get(format!("{}/v1/payments", app.url))
+            .bearer_auth(token)
+            .send()
+    };
+    assert_eq!(get(live).await.expect("send").status(), StatusCode::OK);
+    assert_eq!(
+        get(&app.token).await.expect("send").status(),
+        StatusCode::OK
+    );
+    assert_problem(get(expired).await.expect("send"), 401, "unauthenticated").await;
+    let created = app
+        .post_as(expired, "/v1/payments", Some("k-expired"))
+        .json(&payment_body("o-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_problem(created, 401, "unauthenticated").await;
+
+    // Revoke the app's own token (as `cobro tokens revoke` does).
+    let listed = store.list_tokens(Some(app.account)).await.expect("list");
+    let own = listed
+        .iter()
+        .find(|t| t.label == "test")
+        .expect("the app's token");
+    assert!(
+        store
+            .revoke_token(cobro_core::TokenId::from_uuid(own.id.0), now)
+            .await
+            .expect("revoke")
+    );
+    assert_problem(get(&app.token).await.expect("send"), 401, "unauthenticated").await;
+    let created = app
+        .post("/v1/payments", Some("k-revoked"))
+        .json(&payment_body("o-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_problem(created, 401, "unauthenticated").await;
+    assert_eq!(get(live).await.expect("send").status(), StatusCode::OK);
+    assert_eq!(effects(&app).await, (0, 0, 0), "nothing was created");
+    assert_eq!(app.db.count("idempotency_records").await, 0);
 }
 
 async fn invalid_bodies_list_every_field_and_leave_the_key_free(backend: Backend) {

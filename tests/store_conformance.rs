@@ -20,6 +20,7 @@ on_both_backends!(
     a_leased_row_is_not_claimed_again_until_its_lease_expires,
     compaction_keeps_scope_key_fingerprint_and_resource,
     the_same_key_in_another_account_is_another_record,
+    a_token_is_refused_from_its_expiry_on_and_once_revoked,
 );
 
 fn new_payment(account: AccountId, order: &str) -> NewPayment {
@@ -553,4 +554,72 @@ async fn the_same_key_in_another_account_is_another_record(backend: Backend) {
         .expect("read")
         .expect("b");
     assert_ne!(ra.resource_id, rb.resource_id);
+}
+
+async fn a_token_is_refused_from_its_expiry_on_and_once_revoked(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let a = db.store.create_account("a", t0()).await.expect("account");
+    let b = db.store.create_account("b", t0()).await.expect("account");
+    let expires = t0() + Duration::hours(1);
+    let token = cobro_store::accounts::NewTokenRow {
+        label: "ci",
+        token_hash: "hash-expiring",
+        prefix: "cobro_1a2b3c4d",
+        expires_at: Some(expires),
+    };
+    let expiring = db
+        .store
+        .create_token_expiring(a, &token, t0())
+        .await
+        .expect("token");
+    let forever = db
+        .store
+        .create_token(b, "", "hash-forever", t0())
+        .await
+        .expect("token");
+    let at = |hash: &'static str, when| db.store.account_for_token_at(hash, when);
+    assert_eq!(at("hash-expiring", t0()).await.expect("lookup"), Some(a));
+    let just_before = expires - Duration::microseconds(1);
+    assert_eq!(
+        at("hash-expiring", just_before).await.expect("lookup"),
+        Some(a)
+    );
+    assert_eq!(
+        at("hash-expiring", expires).await.expect("lookup"),
+        None,
+        "expired at expires_at"
+    );
+    let far = t0() + Duration::days(3650);
+    assert_eq!(at("hash-forever", far).await.expect("lookup"), Some(b));
+
+    let later = t0() + Duration::minutes(5);
+    assert!(db.store.revoke_token(forever, later).await.expect("revoke"));
+    assert!(
+        !db.store.revoke_token(forever, far).await.expect("revoke"),
+        "a second revocation changes nothing"
+    );
+    assert_eq!(at("hash-forever", later).await.expect("lookup"), None);
+    assert!(
+        !db.store
+            .revoke_token(cobro_core::TokenId::new(), later)
+            .await
+            .expect("revoke")
+    );
+
+    let listed = db.store.list_tokens(None).await.expect("list");
+    let ids: Vec<_> = listed.iter().map(|t| t.id.0).collect();
+    assert_eq!(ids, vec![expiring.as_uuid(), forever.as_uuid()]);
+    assert_eq!(listed[0].account_name, "a");
+    assert_eq!(listed[0].prefix, "cobro_1a2b3c4d");
+    assert_eq!(listed[1].prefix, "", "create_token stores no prefix");
+    assert_eq!(listed[0].expires_at.map(|t| t.0), Some(expires));
+    assert_eq!(listed[0].revoked_at, None);
+    assert_eq!(
+        listed[1].revoked_at.map(|t| t.0),
+        Some(later),
+        "the first revocation is kept"
+    );
+    let only_b = db.store.list_tokens(Some(b)).await.expect("list");
+    assert_eq!(only_b.len(), 1);
+    assert_eq!(only_b[0].id.0, forever.as_uuid());
 }

@@ -54,32 +54,55 @@ impl Store {
             .await?))
     }
 
-    /// Payments in the given states that changed state before `before`,
-    /// oldest first (the operators' view of what is uncertain and how old).
-    pub async fn payments_in_states(
-        &self,
-        states: &[&str],
-        before: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<PaymentRow>> {
-        // States are our own constants, never user text: the placeholders
+    /// The operators' view (`cobro payments list`): payments matching
+    /// `query`, longest in their status first. With no status filter it
+    /// reads the whole table (bounded by the time filters and the limit);
+    /// with the unsettled statuses it starts from their partial index.
+    pub async fn operator_payments(&self, query: &OperatorQuery<'_>) -> Result<Vec<PaymentRow>> {
+        // Statuses are checked names, never free text: the placeholders
         // are generated, the values bound.
-        let placeholders = (0..states.len())
-            .map(|i| format!("${}", i + 3))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let status_clause = match query.statuses {
+            Some(states) => {
+                let placeholders = (0..states.len())
+                    .map(|i| format!("${}", i + 5))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!("status IN ({placeholders}) AND ")
+            }
+            None => String::new(),
+        };
         let sql = format!(
-            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE status IN ({placeholders}) \
-             AND status_changed_at < $1 ORDER BY status_changed_at LIMIT $2"
+            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE {status_clause}\
+             ($1 IS NULL OR created_at >= $1) AND ($2 IS NULL OR created_at < $2) \
+             AND ($3 IS NULL OR status_changed_at < $3) \
+             ORDER BY status_changed_at, id LIMIT $4"
         );
         on_pool!(self, pool => {
-            let mut q = sqlx::query_as(&sql).bind(DbTime(before)).bind(i64::from(limit));
-            for s in states {
+            let mut q = sqlx::query_as(&sql)
+                .bind(query.created_from.map(DbTime))
+                .bind(query.created_until.map(DbTime))
+                .bind(query.in_status_before.map(DbTime))
+                .bind(i64::from(query.limit));
+            for s in query.statuses.unwrap_or_default() {
                 q = q.bind(*s);
             }
             Ok(q.fetch_all(pool).await?)
         })
     }
+}
+
+/// What `cobro payments list` asks for.
+#[derive(Clone, Debug, Default)]
+pub struct OperatorQuery<'a> {
+    /// Only these statuses; `None`: every status.
+    pub statuses: Option<&'a [&'a str]>,
+    /// Created at or after this.
+    pub created_from: Option<DateTime<Utc>>,
+    /// Created before this.
+    pub created_until: Option<DateTime<Utc>>,
+    /// In their current status since before this.
+    pub in_status_before: Option<DateTime<Utc>>,
+    pub limit: u32,
 }
 
 /// How many payments sit in an unsettled status, and since when the oldest

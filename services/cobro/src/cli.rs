@@ -1,31 +1,39 @@
 //! The command line: one binary, one subcommand per job.
 //!
 //! Layout:
-//! - [`Cli`]: global settings plus the subcommand.
+//! - [`Cli`]: the settings every subcommand shares (database, logging)
+//!   plus the subcommand.
 //! - [`Command`]: `serve`, `worker`, `reconcile`, `payments`, `migrate`,
-//!   `accounts`, `tokens`, `purge`.
+//!   `accounts`, `tokens`, `purge`. Each command's own arguments live in the
+//!   module that runs it (`serve::ServeArgs`, `worker::WorkerArgs`,
+//!   `reconcile::ReconcileArgs`, `admin::TokensCommand`, ...), so a flag is
+//!   accepted only by the commands that use it.
 //! - [`run`]: dispatches a parsed command to its module.
+//! - [`EXIT_CODES`]: the exit status contract, shown by `cobro --help`.
 
-use crate::settings::{
-    DEFAULT_PURGE_BATCH, GlobalSettings, ProviderSettings, ReconcileSettings, RetentionSettings,
-    ServeSettings, WorkerSettings,
-};
+use crate::settings::GlobalSettings;
 use crate::{admin, reconcile, serve, worker};
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
+
+/// The exit status of every command (also in ops/RUNBOOK.md).
+pub const EXIT_CODES: &str = "\
+Exit status (every command):
+  0  success
+  1  error: the message is on stderr
+  2  usage error: an unknown flag or a bad value (nothing ran)
+  3  reconcile: the run worked, but attempts are still unresolved
+     (unknown, in review, in conflict, or candidates left past --max)
+
+Results go to stdout (--json: one JSON document), logs to stderr.";
 
 /// cobro: payment orchestration. Settings come from flags or `COBRO_*`
 /// environment variables; logs go to stderr, results to stdout.
 #[derive(Debug, Parser)]
-#[command(name = "cobro", version, propagate_version = true)]
+#[command(name = "cobro", version, propagate_version = true, after_help = EXIT_CODES)]
 pub struct Cli {
-    #[command(flatten)]
+    // Under their own heading, so each command's help shows its own flags first.
+    #[command(flatten, next_help_heading = "Global options (every command)")]
     pub global: GlobalSettings,
-
-    #[command(flatten)]
-    pub provider: ProviderSettings,
-
-    #[command(flatten)]
-    pub reconcile: ReconcileSettings,
 
     #[command(subcommand)]
     pub command: Command,
@@ -35,108 +43,70 @@ pub struct Cli {
 pub enum Command {
     /// Serve the HTTP API (migrates first unless --no-migrate). Without a
     /// database URL: the embedded SQLite demo setup with a dev token.
-    Serve(ServeSettings),
+    Serve(serve::ServeArgs),
     /// Apply the database migrations of this binary.
-    Migrate,
+    Migrate(admin::MigrateArgs),
     /// Manage merchant accounts.
     #[command(subcommand)]
-    Accounts(AccountsCommand),
-    /// Manage API tokens.
+    Accounts(admin::AccountsCommand),
+    /// Manage API tokens: create (optionally expiring), list, revoke.
     #[command(subcommand)]
-    Tokens(TokensCommand),
+    Tokens(admin::TokensCommand),
     /// Apply the retention contract once: compact old idempotency records to
-    /// tombstones, delete expired tombstones and webhook event ids.
-    Purge(PurgeArgs),
+    /// tombstones, delete expired tombstones and webhook event ids
+    /// (--dry-run: count them, change nothing).
+    Purge(admin::PurgeArgs),
     /// Run the outbox worker alone (several may share one PostgreSQL):
     /// every provider call, with leases and fencing tokens.
-    Worker(WorkerArgs),
+    Worker(worker::WorkerArgs),
     /// Ask the provider about every uncertain attempt and apply what it
-    /// proves (audited). Exit code 0: nothing left unresolved; 2: some
+    /// proves (audited). Exit code 0: nothing left unresolved; 3: some
     /// attempts are still unknown or need review.
+    #[command(after_help = EXIT_CODES)]
     Reconcile(reconcile::ReconcileArgs),
-    /// Look at payments and resolve the ones in `needs_review` by hand.
+    /// Look at payments (any status, with their attempts and audit trail)
+    /// and resolve the ones in `needs_review` by hand.
     #[command(subcommand)]
     Payments(reconcile::PaymentsCommand),
 }
 
-#[derive(Debug, Subcommand)]
-pub enum AccountsCommand {
-    /// Create an account; prints its id on stdout.
-    Create {
-        /// The account's unique name, e.g. `acme`.
-        #[arg(long)]
-        name: String,
-    },
-    /// List accounts: id, name, creation time.
-    List,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum TokensCommand {
-    /// Create an API token; prints it ONCE on stdout (only its hash is stored).
-    Create {
-        /// The account, by name or id.
-        #[arg(long, value_name = "NAME_OR_ID")]
-        account: String,
-        /// What the token is for, e.g. `checkout-prod`.
-        #[arg(long, default_value = "")]
-        label: String,
-    },
-}
-
-#[derive(Debug, Args)]
-pub struct WorkerArgs {
-    #[command(flatten)]
-    pub worker: WorkerSettings,
-
-    #[command(flatten)]
-    pub schedule: crate::settings::ReconcileSchedule,
-
-    /// After SIGTERM or SIGINT, how long in-flight calls may run.
-    #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
-          value_parser = crate::settings::parse_duration)]
-    pub shutdown_grace: std::time::Duration,
-
-    /// Serve `GET /metrics` (this worker's provider calls, retries and
-    /// leases, and the database's view) on this address; port 0 picks one.
-    /// Without it a lone worker's counters are not exposed.
-    #[arg(long, env = "COBRO_METRICS_LISTEN")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-}
-
-#[derive(Debug, Args)]
-pub struct PurgeArgs {
-    /// Rows per batch; batches repeat until one comes back short.
-    #[arg(long, default_value_t = DEFAULT_PURGE_BATCH, value_parser = clap::value_parser!(u32).range(1..))]
-    pub batch: u32,
-
-    #[command(flatten)]
-    pub retention: RetentionSettings,
+impl Cli {
+    /// The log filter: `RUST_LOG` if set, else `--log`/`COBRO_LOG`, else by
+    /// command: the long-running processes log INFO (`-v`: DEBUG), the
+    /// operator commands only warnings (`-v`: INFO, `-vv`: DEBUG), so a
+    /// script reads results on stdout and a human sees only what matters.
+    pub fn log_filter(&self) -> String {
+        if let Ok(filter) = std::env::var("RUST_LOG")
+            && !filter.trim().is_empty()
+        {
+            return filter;
+        }
+        if let Some(filter) = &self.global.log_filter {
+            return filter.clone();
+        }
+        let long_running = matches!(self.command, Command::Serve(_) | Command::Worker(_));
+        let levels: &[&str] = if long_running {
+            &["info", "debug"]
+        } else {
+            &["warn", "info", "debug"]
+        };
+        let chosen = usize::from(self.global.verbose).min(levels.len() - 1);
+        levels[chosen].to_owned()
+    }
 }
 
 /// Runs the parsed command to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let global = &cli.global;
     match cli.command {
-        Command::Serve(settings) => {
-            serve::run(global, &cli.provider, &cli.reconcile, &settings).await
-        }
-        Command::Worker(args) => {
-            worker::run_alone(global, &cli.provider, &cli.reconcile, &args).await
-        }
-        Command::Migrate => admin::migrate(global).await,
-        Command::Accounts(AccountsCommand::Create { name }) => {
-            admin::create_account(global, &name).await
-        }
-        Command::Accounts(AccountsCommand::List) => admin::list_accounts(global).await,
-        Command::Tokens(TokensCommand::Create { account, label }) => {
-            admin::create_token(global, &account, &label).await
-        }
-        Command::Purge(args) => admin::purge(global, &args.retention, args.batch).await,
-        Command::Reconcile(args) => {
-            reconcile::run(global, &cli.provider, &cli.reconcile, &args).await
-        }
-        Command::Payments(command) => reconcile::payments(global, &cli.provider, command).await,
+        Command::Serve(args) => serve::run(global, &args).await,
+        Command::Worker(args) => worker::run_alone(global, &args).await,
+        Command::Migrate(args) => admin::migrate(global, &args).await,
+        Command::Accounts(command) => admin::accounts(global, command).await,
+        Command::Tokens(command) => admin::tokens(global, command).await,
+        Command::Purge(args) => admin::purge(global, &args).await,
+        Command::Reconcile(args) => reconcile::run(global, &args).await,
+        Command::Payments(command) => reconcile::payments(global, command).await,
     }
 }
 
@@ -148,5 +118,108 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("cobro").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn provider_and_reconcile_flags_belong_to_the_commands_that_use_them() {
+        for refused in [
+            &["migrate", "--provider-timeout", "5s"][..],
+            &[
+                "accounts",
+                "create",
+                "--name",
+                "a",
+                "--provider-url",
+                "http://p",
+            ],
+            &["tokens", "list", "--provider-search-lag", "1s"],
+            &["purge", "--reconcile-escalate-after", "1h"],
+            &["payments", "list", "--provider-url", "http://p"],
+            &["reconcile", "--worker-lease", "1s"],
+        ] {
+            let error = parse(refused).expect_err("refused");
+            assert_eq!(error.exit_code(), 2, "{refused:?}: a usage error");
+        }
+        for accepted in [
+            &[
+                "reconcile",
+                "--provider-timeout",
+                "5s",
+                "--provider-search-lag",
+                "1s",
+            ][..],
+            &[
+                "serve",
+                "--provider-key-retention",
+                "2h",
+                "--reconcile-no-retry",
+            ],
+            &[
+                "worker",
+                "--provider-url",
+                "http://p",
+                "--worker-lease",
+                "9s",
+            ],
+            &[
+                "payments",
+                "resolve",
+                "p",
+                "--attempt",
+                "a",
+                "--outcome",
+                "failed",
+                "--reason",
+                "r",
+                "--provider-url",
+                "http://p",
+            ],
+            &["migrate", "--json", "-v"],
+        ] {
+            parse(accepted).unwrap_or_else(|e| panic!("{accepted:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn accounts_create_help_lists_only_its_own_and_the_shared_options() {
+        let mut command = Cli::command();
+        let create = command
+            .find_subcommand_mut("accounts")
+            .and_then(|a| a.find_subcommand_mut("create"))
+            .expect("accounts create");
+        let help = create.render_long_help().to_string();
+        assert!(!help.contains("--provider"), "{help}");
+        assert!(!help.contains("--reconcile"), "{help}");
+        assert!(help.contains("--name") && help.contains("--json"), "{help}");
+    }
+
+    #[test]
+    fn the_help_documents_every_exit_code() {
+        let help = Cli::command().render_long_help().to_string();
+        for code in ["0  success", "1  error", "2  usage error", "3  reconcile"] {
+            assert!(help.contains(code), "{code}: {help}");
+        }
+    }
+
+    #[test]
+    fn operator_commands_log_warnings_only_unless_verbose() {
+        // A filter in the environment of the test run wins by design.
+        if std::env::var_os("RUST_LOG").is_some() || std::env::var_os("COBRO_LOG").is_some() {
+            return;
+        }
+        let filter = |args: &[&str]| parse(args).expect("parses").log_filter();
+        assert_eq!(filter(&["migrate"]), "warn");
+        assert_eq!(filter(&["-v", "migrate"]), "info");
+        assert_eq!(filter(&["tokens", "list", "-vv"]), "debug");
+        assert_eq!(filter(&["serve"]), "info");
+        assert_eq!(filter(&["serve", "-v"]), "debug");
+        assert_eq!(
+            filter(&["--log", "cobro=trace", "migrate", "-v"]),
+            "cobro=trace"
+        );
     }
 }

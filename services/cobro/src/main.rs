@@ -27,7 +27,8 @@ use std::process::ExitCode;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let outcome = match telemetry::init(&cli.global) {
+    let database_url = cli.global.database_url.clone();
+    let outcome = match telemetry::init(&cli.global, &cli.log_filter()) {
         Ok(telemetry) => {
             let outcome = cli::run(cli).await;
             telemetry.shutdown().await;
@@ -38,9 +39,11 @@ async fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("cobro: error: {error:#}");
+            // Whatever library wrote the message, no database secret leaves.
+            let message = settings::mask_secrets(&format!("{error:#}"), database_url.as_deref());
+            eprintln!("cobro: error: {message}");
             // Exit 3: the command worked, but uncertain payments remain
-            // (2 is clap's usage error, 1 any other error).
+            // (2 is clap's usage error, 1 any other error; cli::EXIT_CODES).
             match error.downcast_ref::<reconcile::Unresolved>() {
                 Some(_) => ExitCode::from(reconcile::EXIT_UNRESOLVED),
                 None => ExitCode::FAILURE,

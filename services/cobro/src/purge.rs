@@ -35,6 +35,49 @@ impl fmt::Display for PurgeReport {
     }
 }
 
+/// The three cutoffs of one purge as of `now`, fixed once.
+struct Cutoffs {
+    compact_before: DateTime<Utc>,
+    tombstones_before: DateTime<Utc>,
+    events_before: DateTime<Utc>,
+}
+
+impl Cutoffs {
+    fn new(retention: &RetentionSettings, now: DateTime<Utc>) -> anyhow::Result<Self> {
+        Ok(Self {
+            compact_before: cutoff(now, retention.idempotency_retention)?,
+            // A tombstone keeps its record's creation time, so its age is
+            // counted from the original request: both retentions together.
+            tombstones_before: cutoff(
+                now,
+                retention
+                    .idempotency_retention
+                    .saturating_add(retention.tombstone_retention),
+            )?,
+            events_before: cutoff(now, retention.webhook_event_retention)?,
+        })
+    }
+}
+
+/// What [`run`] would change as of `now`, counted and not changed
+/// (`cobro purge --dry-run`).
+pub async fn count(
+    store: &Store,
+    retention: &RetentionSettings,
+    now: DateTime<Utc>,
+) -> anyhow::Result<PurgeReport> {
+    let c = Cutoffs::new(retention, now)?;
+    let (compacted, tombstones_deleted, webhook_events_deleted) = store
+        .count_purgeable(c.compact_before, c.tombstones_before, c.events_before)
+        .await
+        .context("counting what the purge would change failed")?;
+    Ok(PurgeReport {
+        compacted,
+        tombstones_deleted,
+        webhook_events_deleted,
+    })
+}
+
 /// Runs one full purge as of `now`.
 #[tracing::instrument(name = "purge.run", skip_all, fields(batch = batch))]
 pub async fn run(
@@ -43,16 +86,11 @@ pub async fn run(
     now: DateTime<Utc>,
     batch: u32,
 ) -> anyhow::Result<PurgeReport> {
-    let compact_before = cutoff(now, retention.idempotency_retention)?;
-    // A tombstone keeps its record's creation time, so its age is counted
-    // from the original request: both retentions together.
-    let tombstones_before = cutoff(
-        now,
-        retention
-            .idempotency_retention
-            .saturating_add(retention.tombstone_retention),
-    )?;
-    let events_before = cutoff(now, retention.webhook_event_retention)?;
+    let Cutoffs {
+        compact_before,
+        tombstones_before,
+        events_before,
+    } = Cutoffs::new(retention, now)?;
 
     let report = PurgeReport {
         compacted: drain(batch, || {

@@ -1,12 +1,15 @@
 //! The operators' commands: `cobro reconcile` and `cobro payments
-//! list|show|resolve`. They talk to the database directly (and to the
-//! provider for `reconcile`), as operators do during an incident.
+//! list|show|resolve`, with their arguments. They talk to the database
+//! directly (and to the provider for `reconcile` and a verified `resolve`),
+//! as operators do during an incident. Every one prints a table for humans
+//! or, with `--json`, one JSON document.
 
+use crate::admin::JsonFlag;
 use crate::database::{self, SchemaPolicy};
-use crate::output::say;
+use crate::output::{instant, or_dash, say, say_json};
 use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings, parse_duration};
 use anyhow::{Context, bail};
-use chrono::SecondsFormat;
+use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, Subcommand, ValueEnum};
 use cobro_core::{Clock, PaymentId, SystemClock};
 use cobro_reconciler::{
@@ -39,26 +42,44 @@ pub struct ReconcileArgs {
     /// Machine-readable output on stdout.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub provider: ProviderSettings,
+    #[command(flatten)]
+    pub settings: ReconcileSettings,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum PaymentsCommand {
-    /// Payments in uncertain states, oldest first, with their age.
+    /// Payments longest in their status first, with their age (and the
+    /// open conflicts). Default: the unsettled ones.
     List {
-        /// Only this status (repeatable). Default: every unsettled status.
-        #[arg(long)]
+        /// `unsettled` (the default: every status someone must act on),
+        /// `all`, or a status such as `needs_review` or `captured`
+        /// (repeatable).
+        #[arg(long, value_name = "STATUS")]
         status: Vec<String>,
+        /// Only payments created since then: a duration ago (`1h`, `7d`)
+        /// or an RFC 3339 instant (`2026-12-01T09:00:00Z`).
+        #[arg(long, value_name = "WHEN", value_parser = parse_when)]
+        since: Option<When>,
+        /// Only payments created before then (same forms as --since).
+        #[arg(long, value_name = "WHEN", value_parser = parse_when)]
+        until: Option<When>,
         /// Only payments in their status for longer than this.
         #[arg(long, value_parser = parse_duration)]
         older_than: Option<Duration>,
-        #[arg(long)]
-        json: bool,
+        /// At most this many payments.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        limit: u32,
+        #[command(flatten)]
+        output: JsonFlag,
     },
-    /// One payment: state, attempts, audit history, late answers kept.
+    /// One payment: state, attempts, late answers kept (observations),
+    /// conflicts and the audit trail.
     Show {
         id: String,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        output: JsonFlag,
     },
     /// Resolve a payment in `needs_review` by hand (audited). Names the
     /// attempt it resolves (`payments show` lists them); refused while any
@@ -89,7 +110,39 @@ pub enum PaymentsCommand {
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
+        #[command(flatten)]
+        output: JsonFlag,
+        #[command(flatten)]
+        provider: ProviderSettings,
     },
+}
+
+/// A point in time on the command line: so long ago, or an instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    Ago(Duration),
+    At(DateTime<Utc>),
+}
+
+impl When {
+    fn resolve(self, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+        match self {
+            When::At(t) => Ok(t),
+            When::Ago(d) => chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| now.checked_sub_signed(d))
+                .with_context(|| format!("{d:?} ago is out of range")),
+        }
+    }
+}
+
+fn parse_when(text: &str) -> Result<When, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(text.trim()) {
+        return Ok(When::At(t.with_timezone(&Utc)));
+    }
+    parse_duration(text)
+        .map(When::Ago)
+        .map_err(|e| format!("{e}; or an RFC 3339 instant such as 2026-12-01T09:00:00Z"))
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -99,6 +152,18 @@ pub enum OutcomeArg {
     Declined,
     Failed,
     Canceled,
+}
+
+impl OutcomeArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            OutcomeArg::Authorized => "authorized",
+            OutcomeArg::Captured => "captured",
+            OutcomeArg::Declined => "declined",
+            OutcomeArg::Failed => "failed",
+            OutcomeArg::Canceled => "canceled",
+        }
+    }
 }
 
 /// `cobro reconcile`'s exit status when something is still unresolved
@@ -139,14 +204,10 @@ fn parse_payment(id: &str) -> anyhow::Result<PaymentId> {
 /// ([`Unresolved`]) when something is (still unknown, in review, a
 /// conflict, or candidates left past `--max`), 1 on an error, including a
 /// candidate whose examination failed.
-pub async fn run(
-    global: &GlobalSettings,
-    provider: &ProviderSettings,
-    settings: &ReconcileSettings,
-    args: &ReconcileArgs,
-) -> anyhow::Result<()> {
+pub async fn run(global: &GlobalSettings, args: &ReconcileArgs) -> anyhow::Result<()> {
+    let (provider, settings) = (&args.provider, &args.settings);
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
-    let handle = crate::worker::provider(provider, false).await?;
+    let handle = crate::worker::provider(provider, None).await?;
     let actor = format!(
         "operator:{}",
         std::env::var("USER").unwrap_or_else(|_| "cli".into())
@@ -185,7 +246,7 @@ pub async fn run(
     }
     store.close().await;
     if args.json {
-        say(serde_json::to_string_pretty(&summary)?)?;
+        say_json(&serde_json::to_value(&summary)?)?;
     } else {
         print_summary(&summary)?;
     }
@@ -275,19 +336,27 @@ fn print_summary(s: &Summary) -> anyhow::Result<()> {
 }
 
 /// `cobro payments ...`.
-pub async fn payments(
-    global: &GlobalSettings,
-    provider: &ProviderSettings,
-    command: PaymentsCommand,
-) -> anyhow::Result<()> {
+pub async fn payments(global: &GlobalSettings, command: PaymentsCommand) -> anyhow::Result<()> {
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
     let result = match command {
         PaymentsCommand::List {
             status,
+            since,
+            until,
             older_than,
-            json,
-        } => list(&store, status, older_than, json).await,
-        PaymentsCommand::Show { id, json } => show(&store, &id, json).await,
+            limit,
+            output,
+        } => {
+            let filter = ListFilter {
+                status,
+                since,
+                until,
+                older_than,
+                limit,
+            };
+            list(&store, filter, output).await
+        }
+        PaymentsCommand::Show { id, output } => show(&store, &id, output).await,
         PaymentsCommand::Resolve {
             id,
             attempt,
@@ -297,6 +366,8 @@ pub async fn payments(
             reason,
             operator,
             yes,
+            output,
+            provider,
         } => {
             let request = ResolveRequest {
                 id,
@@ -308,86 +379,175 @@ pub async fn payments(
                 operator,
                 yes,
             };
-            resolve(&store, provider, request).await
+            resolve(&store, &provider, request, output).await
         }
     };
     store.close().await;
     result
 }
 
-async fn list(
-    store: &Store,
+/// The filters of `cobro payments list`.
+struct ListFilter {
     status: Vec<String>,
+    since: Option<When>,
+    until: Option<When>,
     older_than: Option<Duration>,
-    json: bool,
-) -> anyhow::Result<()> {
-    let now = SystemClock.now();
-    let states: Vec<&str> = if status.is_empty() {
-        UNSETTLED.to_vec()
-    } else {
-        for s in &status {
-            if cobro_core::PaymentStatus::parse(s).is_none() {
-                bail!("unknown payment status `{s}`");
-            }
+    limit: u32,
+}
+
+/// The statuses `--status` names: `None` for `all`.
+fn statuses(given: &[String]) -> anyhow::Result<Option<Vec<&str>>> {
+    if given.is_empty() || given.iter().any(|s| s == "unsettled") {
+        let mut states = UNSETTLED.to_vec();
+        states.extend(
+            given
+                .iter()
+                .map(String::as_str)
+                .filter(|s| *s != "unsettled"),
+        );
+        return checked(states).map(Some);
+    }
+    if given.iter().any(|s| s == "all") {
+        return Ok(None);
+    }
+    checked(given.iter().map(String::as_str).collect()).map(Some)
+}
+
+fn checked(states: Vec<&str>) -> anyhow::Result<Vec<&str>> {
+    for s in &states {
+        if cobro_core::PaymentStatus::parse(s).is_none() {
+            let known: Vec<_> = cobro_core::PaymentStatus::ALL
+                .iter()
+                .map(|s| s.as_str())
+                .collect();
+            bail!(
+                "unknown payment status `{s}`: use all, unsettled or one of {}",
+                known.join(", ")
+            );
         }
-        status.iter().map(String::as_str).collect()
+    }
+    Ok(states)
+}
+
+/// A duration as on-call reads it: `3d04h`, `2h05m`, `4m07s`, `12s`.
+fn age(d: chrono::Duration) -> String {
+    let s = d.num_seconds().max(0);
+    let (days, hours, minutes, seconds) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (days, hours, minutes) {
+        (0, 0, 0) => format!("{seconds}s"),
+        (0, 0, _) => format!("{minutes}m{seconds:02}s"),
+        (0, _, _) => format!("{hours}h{minutes:02}m"),
+        _ => format!("{days}d{hours:02}h"),
+    }
+}
+
+/// An amount in minor units, as the API takes it, with its currency.
+fn amount(minor: i64, currency: &str) -> String {
+    format!("{minor} {currency}")
+}
+
+async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Result<()> {
+    let now = SystemClock.now();
+    let states = statuses(&filter.status)?;
+    let in_status_before = filter
+        .older_than
+        .map(|d| When::Ago(d).resolve(now))
+        .transpose()?;
+    let query = cobro_store::reconcile::OperatorQuery {
+        statuses: states.as_deref(),
+        created_from: filter.since.map(|w| w.resolve(now)).transpose()?,
+        created_until: filter.until.map(|w| w.resolve(now)).transpose()?,
+        in_status_before,
+        limit: filter.limit,
     };
-    let before =
-        now - chrono::Duration::from_std(older_than.unwrap_or_default()).unwrap_or_default();
-    let rows = store.payments_in_states(&states, before, 1000).await?;
+    let rows = store.operator_payments(&query).await?;
+    let truncated = rows.len() == filter.limit as usize;
     let conflicts = store.open_conflicts(1000).await?;
-    if json {
+    let which = states
+        .as_ref()
+        .map_or_else(|| "all".to_owned(), |s| s.join(", "));
+    if output.json {
         let list: Vec<_> = rows
             .iter()
             .map(|p| {
                 serde_json::json!({
-                    "id": p.id.0.to_string(), "intent": p.intent, "status": p.status,
+                    "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(),
+                    "order_ref": p.order_ref, "intent": p.intent, "status": p.status,
                     "amount": p.amount, "currency": p.currency, "provider_ref": p.provider_ref,
-                    "in_status_since": p.status_changed_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
+                    "created_at": instant(p.created_at.0),
+                    "in_status_since": instant(p.status_changed_at.0),
                     "age_seconds": (now - p.status_changed_at.0).num_seconds(),
                     "review_reason": p.review_reason,
                 })
             })
             .collect();
         let open: Vec<_> = conflicts.iter().map(conflict_json).collect();
-        let both = serde_json::json!({ "payments": list, "open_conflicts": open });
-        return say(serde_json::to_string_pretty(&both)?);
+        return say_json(&serde_json::json!({
+            "statuses": states, "truncated": truncated,
+            "payments": list, "open_conflicts": open,
+        }));
     }
     let mut table = Table::new();
-    table.set_header(["id", "intent", "status", "amount", "in status for"]);
+    table.set_header([
+        "id",
+        "intent",
+        "status",
+        "amount",
+        "provider ref",
+        "created",
+        "in status for",
+    ]);
     for p in &rows {
-        let age = now - p.status_changed_at.0;
         table.add_row([
             p.id.0.to_string(),
             p.intent.clone(),
             p.status.clone(),
-            format!("{} {}", p.amount, p.currency),
-            format!("{}m{:02}s", age.num_minutes(), age.num_seconds() % 60),
+            amount(p.amount, &p.currency),
+            or_dash(p.provider_ref.as_deref()),
+            instant(p.created_at.0),
+            age(now - p.status_changed_at.0),
         ]);
     }
-    say(table)?;
-    say(format_args!("{} payment(s)", rows.len()))?;
-    if !conflicts.is_empty() {
-        let mut table = Table::new();
-        table.set_header(["found", "payment", "kind", "source", "detail"]);
-        for c in &conflicts {
-            table.add_row([
-                c.found_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
-                c.payment_id
-                    .map(|p| p.0.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                c.kind.clone(),
-                c.source.clone(),
-                c.detail.clone(),
-            ]);
-        }
+    if !rows.is_empty() {
         say(table)?;
+    }
+    say(format_args!(
+        "{} payment(s) with status {which}",
+        rows.len()
+    ))?;
+    if truncated {
+        say(format_args!(
+            "limit of {} reached: more may match (narrow with --since/--status, or raise --limit)",
+            filter.limit
+        ))?;
+    }
+    if states.is_some() && filter.status.is_empty() {
+        say("(the unsettled ones; --status all lists every payment)")?;
+    }
+    if !conflicts.is_empty() {
+        say(conflicts_table(&conflicts))?;
         say(format_args!(
             "{} open conflict(s): provider evidence cobro kept but did not adopt",
             conflicts.len()
         ))?;
     }
     Ok(())
+}
+
+fn conflicts_table(conflicts: &[cobro_store::conflicts::ConflictRow]) -> Table {
+    let mut table = Table::new();
+    table.set_header(["found", "payment", "kind", "source", "detail", "resolved"]);
+    for c in conflicts {
+        table.add_row([
+            instant(c.found_at.0),
+            or_dash(c.payment_id.map(|p| p.0)),
+            c.kind.clone(),
+            c.source.clone(),
+            c.detail.clone(),
+            or_dash(c.resolved_at.map(|t| instant(t.0))),
+        ]);
+    }
+    table
 }
 
 fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
@@ -402,60 +562,93 @@ fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
     })
 }
 
-async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
+async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     let id = parse_payment(id)?;
     let Some(p) = store.payment_unscoped(id).await? else {
         bail!("no payment {id}");
     };
     let attempts = store.attempts_for_payment(id).await?;
     let decisions = store.decisions_for(id).await?;
+    let conflicts = store.conflicts_for(id).await?;
     let mut observations = Vec::new();
     for a in &attempts {
         for (token, outcome, detail) in store
             .observations_for(cobro_core::AttemptId::from_uuid(a.id.0))
             .await?
         {
-            observations.push(serde_json::json!({"attempt_id": a.id.0.to_string(), "lease_token": token, "outcome": outcome, "detail": detail}));
+            observations.push((a.id.0, token, outcome, detail));
         }
     }
     let time = |t: &cobro_store::DbTime| t.0.to_rfc3339_opts(SecondsFormat::Millis, true);
-    let view = serde_json::json!({
-        "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(), "intent": p.intent,
-        "status": p.status, "amount": p.amount, "currency": p.currency,
-        "amount_captured": p.amount_captured, "amount_refunded": p.amount_refunded,
-        "provider_ref": p.provider_ref, "failure_code": p.failure_code,
-        "cancel_requested": p.cancel_requested_at.is_some(),
-        "review_reason": p.review_reason,
-        "conflicts": store.conflicts_for(id).await?.iter().map(conflict_json).collect::<Vec<_>>(),
-        "in_status_since": time(&p.status_changed_at),
-        // The provider key is an operator's tool during an incident (to
-        // look the attempt up at the provider); the merchant API never shows it.
-        "attempts": attempts.iter().map(|a| serde_json::json!({
-            "id": a.id.0.to_string(), "operation": a.operation, "reference": a.reference,
-            "provider_key": a.provider_key, "state": a.state, "sends": a.send_count,
-            "first_send_at": a.first_send_at.as_ref().map(time), "last_send_at": a.last_send_at.as_ref().map(time),
-            "provider_ref": a.provider_ref, "last_error": a.last_error,
-        })).collect::<Vec<_>>(),
-        "late_answers_kept": observations,
-        "audit": decisions.iter().map(|d| serde_json::json!({
-            "at": time(&d.decided_at), "actor": d.actor, "decision": d.decision,
-            "before": d.state_before, "after": d.state_after, "reason": d.reason,
-            "provider_said": serde_json::from_str::<serde_json::Value>(&d.provider_said).unwrap_or_default(),
-        })).collect::<Vec<_>>(),
-    });
-    if json {
-        return say(serde_json::to_string_pretty(&view)?);
+    if output.json {
+        return say_json(&serde_json::json!({
+            "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(),
+            "order_ref": p.order_ref, "intent": p.intent,
+            "status": p.status, "amount": p.amount, "currency": p.currency,
+            "capture_method": p.capture_method,
+            "amount_captured": p.amount_captured, "amount_refunded": p.amount_refunded,
+            "provider_ref": p.provider_ref, "failure_code": p.failure_code,
+            "failure_message": p.failure_message,
+            "cancel_requested": p.cancel_requested_at.is_some(),
+            "review_reason": p.review_reason,
+            "conflicts": conflicts.iter().map(conflict_json).collect::<Vec<_>>(),
+            "created_at": time(&p.created_at),
+            "in_status_since": time(&p.status_changed_at),
+            // The provider key is an operator's tool during an incident (to
+            // look the attempt up at the provider); the merchant API never shows it.
+            "attempts": attempts.iter().map(|a| serde_json::json!({
+                "id": a.id.0.to_string(), "operation": a.operation, "reference": a.reference,
+                "provider_key": a.provider_key, "state": a.state, "sends": a.send_count,
+                "first_send_at": a.first_send_at.as_ref().map(time), "last_send_at": a.last_send_at.as_ref().map(time),
+                "provider_ref": a.provider_ref, "last_error": a.last_error,
+            })).collect::<Vec<_>>(),
+            "late_answers_kept": observations.iter().map(|(attempt, token, outcome, detail)| serde_json::json!({
+                "attempt_id": attempt.to_string(), "lease_token": token, "outcome": outcome, "detail": detail,
+            })).collect::<Vec<_>>(),
+            "audit": decisions.iter().map(|d| serde_json::json!({
+                "at": time(&d.decided_at), "actor": d.actor, "decision": d.decision,
+                "before": d.state_before, "after": d.state_after, "reason": d.reason,
+                "provider_said": serde_json::from_str::<serde_json::Value>(&d.provider_said).unwrap_or_default(),
+            })).collect::<Vec<_>>(),
+        }));
     }
-    say(format_args!("payment {} ({})", view["id"], view["intent"]))?;
-    say(format_args!(
-        "  status {} since {}",
-        p.status,
-        time(&p.status_changed_at)
-    ))?;
-    say(format_args!(
-        "  amount {} {}, provider_ref {:?}",
-        p.amount, p.currency, p.provider_ref
-    ))?;
+    let rows: [(&str, String); 10] = [
+        ("payment", p.id.0.to_string()),
+        ("intent", p.intent.clone()),
+        (
+            "status",
+            format!("{} since {}", p.status, time(&p.status_changed_at)),
+        ),
+        (
+            "amount",
+            format!(
+                "{} ({} capture)",
+                amount(p.amount, &p.currency),
+                p.capture_method
+            ),
+        ),
+        (
+            "captured / refunded",
+            format!("{} / {}", p.amount_captured, p.amount_refunded),
+        ),
+        ("provider ref", or_dash(p.provider_ref.as_deref())),
+        (
+            "failure",
+            or_dash(p.failure_code.as_deref().map(|c| match &p.failure_message {
+                Some(m) => format!("{c}: {m}"),
+                None => c.to_owned(),
+            })),
+        ),
+        (
+            "cancel requested",
+            or_dash(p.cancel_requested_at.as_ref().map(time)),
+        ),
+        ("review reason", or_dash(p.review_reason.as_deref())),
+        ("created", time(&p.created_at)),
+    ];
+    for (name, value) in rows {
+        say(format_args!("{name:>20}  {value}"))?;
+    }
     let mut table = Table::new();
     table.set_header([
         "attempt",
@@ -463,7 +656,9 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
         "state",
         "sends",
         "last send",
+        "provider ref",
         "provider key",
+        "last error",
     ]);
     for a in &attempts {
         table.add_row([
@@ -471,11 +666,32 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
             a.operation.clone(),
             a.state.clone(),
             a.send_count.to_string(),
-            a.last_send_at.as_ref().map(time).unwrap_or_default(),
+            or_dash(a.last_send_at.as_ref().map(time)),
+            or_dash(a.provider_ref.as_deref()),
             a.provider_key.clone(),
+            or_dash(a.last_error.as_deref()),
         ]);
     }
+    say(format_args!("\nattempts ({})", attempts.len()))?;
     say(table)?;
+    if !observations.is_empty() {
+        let mut late = Table::new();
+        late.set_header(["attempt", "lease token", "outcome", "detail"]);
+        for (attempt, token, outcome, detail) in &observations {
+            late.add_row([
+                attempt.to_string(),
+                token.to_string(),
+                outcome.clone(),
+                detail.clone(),
+            ]);
+        }
+        say(format_args!("\nlate answers kept ({})", observations.len()))?;
+        say(late)?;
+    }
+    if !conflicts.is_empty() {
+        say(format_args!("\nconflicts ({})", conflicts.len()))?;
+        say(conflicts_table(&conflicts))?;
+    }
     let mut audit = Table::new();
     audit.set_header(["at", "actor", "decision", "before -> after", "reason"]);
     for d in &decisions {
@@ -484,9 +700,10 @@ async fn show(store: &Store, id: &str, json: bool) -> anyhow::Result<()> {
             d.actor.clone(),
             d.decision.clone(),
             format!("{} -> {}", d.state_before, d.state_after),
-            d.reason.clone().unwrap_or_default(),
+            or_dash(d.reason.as_deref()),
         ]);
     }
+    say(format_args!("\naudit trail ({})", decisions.len()))?;
     say(audit)
 }
 
@@ -518,7 +735,7 @@ async fn verify_charge(
         .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
     let operation = cobro_core::Operation::parse(&named.operation)
         .with_context(|| format!("attempt operation {}", named.operation))?;
-    let client = crate::worker::provider(provider, false)
+    let client = crate::worker::provider(provider, None)
         .await
         .context("looking the charge up needs the provider (or --unverified)")?
         .client;
@@ -552,6 +769,7 @@ async fn resolve(
     store: &Store,
     provider: &ProviderSettings,
     r: ResolveRequest,
+    output: JsonFlag,
 ) -> anyhow::Result<()> {
     let id = parse_payment(&r.id)?;
     let attempt: cobro_core::AttemptId = r
@@ -571,7 +789,9 @@ async fn resolve(
     }
     if !r.yes {
         eprint!(
-            "resolve attempt {attempt} of payment {id} as {outcome:?} (provider_ref {provider_ref:?})? [y/N] "
+            "resolve attempt {attempt} of payment {id} as {} (provider ref {})? [y/N] ",
+            outcome.as_str(),
+            or_dash(provider_ref.as_deref())
         );
         let mut answer = String::new();
         std::io::stdin()
@@ -602,5 +822,12 @@ async fn resolve(
     let after = cobro_reconciler::resolve_by_hand(store, &resolution, SystemClock.now())
         .await
         .context("could not resolve the payment")?;
+    if output.json {
+        return say_json(&serde_json::json!({
+            "payment_id": id.to_string(), "attempt_id": attempt.to_string(),
+            "outcome": outcome.as_str(), "provider_ref": resolution.provider_ref,
+            "status": after.to_string(),
+        }));
+    }
     say(format_args!("payment {id} resolved: {after}"))
 }

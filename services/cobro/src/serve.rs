@@ -13,7 +13,8 @@
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
 use crate::settings::{
-    GlobalSettings, ProviderSettings, ReconcileSettings, RetentionSettings, ServeSettings,
+    GlobalSettings, ProviderSettings, ReconcileSettings, RetentionSettings, SenderSettings,
+    ServeSettings,
 };
 use crate::{demo, purge};
 use anyhow::Context;
@@ -28,13 +29,24 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Mutex, watch};
 use tokio_cron_scheduler::{Job, JobScheduler};
 
+/// The arguments of `cobro serve`: the server's own, and those of the
+/// worker and reconciler it runs.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub settings: ServeSettings,
+    #[command(flatten)]
+    pub sender: SenderSettings,
+}
+
 /// Runs the server until a shutdown signal.
-pub async fn run(
-    global: &GlobalSettings,
-    provider: &ProviderSettings,
-    reconcile: &ReconcileSettings,
-    settings: &ServeSettings,
-) -> anyhow::Result<()> {
+pub async fn run(global: &GlobalSettings, args: &ServeArgs) -> anyhow::Result<()> {
+    let settings = &args.settings;
+    let SenderSettings {
+        provider,
+        key_window,
+        reconcile,
+    } = &args.sender;
     let policy = if settings.no_migrate {
         SchemaPolicy::Require
     } else {
@@ -44,7 +56,7 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
 
     let demo_setup = match target.embedded_file() {
-        Some(file) => Some((file, demo::prepare(&store, clock.now()).await?)),
+        Some(file) => Some((file, demo::prepare(&store, global, clock.now()).await?)),
         None => None,
     };
 
@@ -96,8 +108,8 @@ pub async fn run(
     let (provider_handle, worker) = if settings.no_worker {
         (None, None)
     } else {
-        let config = crate::worker::worker_config(provider, &settings.worker)?;
-        let handle = crate::worker::provider(provider, true).await?;
+        let config = crate::worker::worker_config(key_window, &settings.worker)?;
+        let handle = crate::worker::provider(provider, Some(key_window)).await?;
         let task = crate::worker::spawn(
             store.clone(),
             handle.client.clone(),
@@ -115,7 +127,7 @@ pub async fn run(
     let reconciler_provider = match &provider_handle {
         Some(handle) => Some(handle.client.clone()),
         None if provider.provider_url.is_some() => {
-            Some(crate::worker::provider(provider, false).await?.client)
+            Some(crate::worker::provider(provider, None).await?.client)
         }
         None => None,
     };

@@ -53,9 +53,17 @@ pub struct GlobalSettings {
     #[arg(long, env = "COBRO_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
 
-    /// Log filter in `RUST_LOG` syntax, e.g. `info` or `cobro=debug,sqlx=warn`.
-    #[arg(long = "log", env = "COBRO_LOG", default_value = "info", global = true)]
-    pub log_filter: String,
+    /// Log filter in `RUST_LOG` syntax, e.g. `info` or `cobro=debug,sqlx=warn`
+    /// (`RUST_LOG`, when set, wins). Unset: `info` for `serve` and `worker`;
+    /// warnings only for the operator commands, unless `-v`.
+    #[arg(long = "log", env = "COBRO_LOG", global = true)]
+    pub log_filter: Option<String>,
+
+    /// More logs on stderr from the operator commands: `-v` INFO, `-vv`
+    /// DEBUG (they log warnings only by default; `serve` and `worker` log
+    /// INFO, and DEBUG with `-v`).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
 
     /// Database pool size. PostgreSQL on 2 cores peaks around 8 to 16
     /// connections; SQLite is capped at 4 by the store.
@@ -165,12 +173,14 @@ pub struct ReconcileSchedule {
     pub no_reconciler: bool,
 }
 
-/// The payment provider and how the worker talks to it.
+/// The payment provider: where it is and how long a call may take. Only
+/// the commands that call it (`serve`, `worker`, `reconcile`, `payments
+/// resolve`) take these.
 #[derive(Args, Clone, Debug)]
 pub struct ProviderSettings {
     /// The provider's base URL. Unset: `serve` starts the embedded fake
-    /// provider on loopback (no real money moves); `worker` refuses to start.
-    #[arg(long, env = "COBRO_PROVIDER_URL", global = true)]
+    /// provider on loopback (no real money moves); the other commands refuse.
+    #[arg(long, env = "COBRO_PROVIDER_URL")]
     pub provider_url: Option<String>,
 
     /// cobro's API key at the provider (scopes its idempotency keys).
@@ -178,31 +188,47 @@ pub struct ProviderSettings {
         long,
         env = "COBRO_PROVIDER_API_KEY",
         default_value = "sk_test_cobro",
-        hide_env_values = true,
-        global = true
+        hide_env_values = true
     )]
     pub provider_api_key: String,
 
-    /// How long the provider remembers an idempotency key. The worker never
-    /// sends an attempt later than first send + this - the safety margin.
-    #[arg(long, env = "COBRO_PROVIDER_KEY_RETENTION", default_value = "24h",
-          value_parser = parse_duration, global = true)]
-    pub provider_key_retention: Duration,
-
-    /// Margin kept before the end of the provider's key window.
-    #[arg(long, env = "COBRO_PROVIDER_KEY_SAFETY_MARGIN", default_value = "1h",
-          value_parser = parse_duration, global = true)]
-    pub provider_key_safety_margin: Duration,
-
     /// Connect timeout of a provider call (a failure here proves nothing was sent).
     #[arg(long, env = "COBRO_PROVIDER_CONNECT_TIMEOUT", default_value = "2s",
-          value_parser = parse_duration, global = true)]
+          value_parser = parse_duration)]
     pub provider_connect_timeout: Duration,
 
     /// Total timeout of a provider call (after it the outcome is unknown).
     #[arg(long, env = "COBRO_PROVIDER_TIMEOUT", default_value = "10s",
-          value_parser = parse_duration, global = true)]
+          value_parser = parse_duration)]
     pub provider_timeout: Duration,
+}
+
+/// What every process that sends to the provider (`serve`, `worker`)
+/// takes: the provider, its key window, and the scheduled reconciler's rules.
+#[derive(Args, Clone, Debug)]
+pub struct SenderSettings {
+    #[command(flatten)]
+    pub provider: ProviderSettings,
+    #[command(flatten)]
+    pub key_window: KeyWindowSettings,
+    #[command(flatten)]
+    pub reconcile: ReconcileSettings,
+}
+
+/// The provider's idempotency key window, which bounds every resend: only
+/// the processes that send (`serve` and `worker`) take these.
+#[derive(Args, Clone, Debug)]
+pub struct KeyWindowSettings {
+    /// How long the provider remembers an idempotency key. The worker never
+    /// sends an attempt later than first send + this - the safety margin.
+    #[arg(long, env = "COBRO_PROVIDER_KEY_RETENTION", default_value = "24h",
+          value_parser = parse_duration)]
+    pub provider_key_retention: Duration,
+
+    /// Margin kept before the end of the provider's key window.
+    #[arg(long, env = "COBRO_PROVIDER_KEY_SAFETY_MARGIN", default_value = "1h",
+          value_parser = parse_duration)]
+    pub provider_key_safety_margin: Duration,
 }
 
 /// How the reconciler decides (shared by `serve`'s schedule and `cobro reconcile`).
@@ -210,21 +236,21 @@ pub struct ProviderSettings {
 pub struct ReconcileSettings {
     /// The provider's documented search consistency delay: "not found" is
     /// proof of no effect only once this long has passed since the last send.
-    #[arg(long, env = "COBRO_PROVIDER_SEARCH_LAG", default_value = "60s", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "COBRO_PROVIDER_SEARCH_LAG", default_value = "60s", value_parser = parse_duration)]
     pub provider_search_lag: Duration,
 
     /// Unknown attempts not sent for this long, and captures, voids and
     /// refunds waiting this long, are examined too.
-    #[arg(long, env = "COBRO_RECONCILE_STUCK_AFTER", default_value = "5m", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "COBRO_RECONCILE_STUCK_AFTER", default_value = "5m", value_parser = parse_duration)]
     pub reconcile_stuck_after: Duration,
 
     /// Unresolved this long after the first send: `needs_review`.
-    #[arg(long, env = "COBRO_RECONCILE_ESCALATE_AFTER", default_value = "24h", value_parser = parse_duration, global = true)]
+    #[arg(long, env = "COBRO_RECONCILE_ESCALATE_AFTER", default_value = "24h", value_parser = parse_duration)]
     pub reconcile_escalate_after: Duration,
 
     /// After proof of no effect, fail the payment instead of scheduling a
     /// new attempt with a new provider key.
-    #[arg(long, env = "COBRO_RECONCILE_NO_RETRY", global = true)]
+    #[arg(long, env = "COBRO_RECONCILE_NO_RETRY")]
     pub reconcile_no_retry: bool,
 }
 
@@ -377,17 +403,139 @@ impl GlobalSettings {
     }
 }
 
-/// `url` with its password (if any) replaced by `***`.
-fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            // Only fails for URLs that cannot have a password, which this one has.
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(_) => url.to_owned(),
-        Err(_) => "<unparsable URL>".to_owned(),
+/// Query parameters (URL form) and keywords (libpq's `key=value` form)
+/// whose values are secrets.
+const SECRET_KEYS: &[&str] = &["password", "sslpassword"];
+
+/// `url` with every secret in it replaced by `***`: the password of the
+/// user info (`postgres://u:secret@h/db`), secret query parameters
+/// (`?password=secret`), and secret keywords of the `key=value` form
+/// (`host=h password=secret`). Safe for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    if !url.contains("://") {
+        return redact_conninfo(url);
     }
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "<unparsable URL>".to_owned();
+    };
+    if parsed.password().is_some() {
+        // Only fails for URLs that cannot have a password, which this one has.
+        let _ = parsed.set_password(Some("***"));
+    }
+    let pairs: Vec<(String, String)> = parsed.query_pairs().into_owned().collect();
+    if pairs.iter().any(|(k, _)| is_secret_key(k)) {
+        let masked = pairs.iter().map(|(k, v)| {
+            let v = if is_secret_key(k) { "***" } else { v.as_str() };
+            (k.as_str(), v)
+        });
+        parsed.query_pairs_mut().clear().extend_pairs(masked);
+    }
+    parsed.to_string()
+}
+
+/// Every secret `url` carries (as written and percent-decoded), for
+/// [`mask_secrets`].
+fn secrets_of(url: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Ok(parsed) = url::Url::parse(url) {
+        if let Some(password) = parsed.password() {
+            found.push(password.to_owned());
+            found.push(percent_decoded(password));
+        }
+        for (key, value) in parsed.query_pairs() {
+            if is_secret_key(&key) {
+                found.push(value.into_owned());
+            }
+        }
+        // As written, too (percent-encoded).
+        for pair in parsed.query().unwrap_or_default().split('&') {
+            if let Some((key, value)) = pair.split_once('=')
+                && is_secret_key(key)
+            {
+                found.push(value.to_owned());
+            }
+        }
+    }
+    found.extend(conninfo_secrets(url).into_iter().map(|(_, v)| v.to_owned()));
+    found.retain(|s| !s.is_empty() && s != "***");
+    found
+}
+
+/// `text` with every secret of `url` replaced by `***`: the last pass over
+/// an error message, whatever library wrote it.
+pub fn mask_secrets(text: &str, url: Option<&str>) -> String {
+    let mut text = text.to_owned();
+    for secret in url.map(secrets_of).unwrap_or_default() {
+        text = text.replace(&secret, "***");
+    }
+    text
+}
+
+fn is_secret_key(key: &str) -> bool {
+    SECRET_KEYS
+        .iter()
+        .any(|k| k.eq_ignore_ascii_case(key.trim()))
+}
+
+/// `text` percent-decoded (as the URL's user info is written).
+fn percent_decoded(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={text}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// The byte ranges of secret values in a libpq `key=value` string (values
+/// bare, or single-quoted with backslash escapes).
+fn conninfo_secrets(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    let bytes = text.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let key_start = i;
+        while i < bytes.len() && !bytes[i].is_ascii_whitespace() && bytes[i] != b'=' {
+            i += 1;
+        }
+        let key = &text[key_start..i];
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= bytes.len() || bytes[i] != b'=' {
+            continue;
+        }
+        i += 1;
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let value_start = i;
+        if i < bytes.len() && bytes[i] == b'\'' {
+            i += 1;
+            while i < bytes.len() && bytes[i] != b'\'' {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+            i = (i + 1).min(bytes.len());
+        } else {
+            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+        }
+        if is_secret_key(key) {
+            let value = &text[value_start..i];
+            found.push((value_start..i, value.trim_matches('\'')));
+        }
+    }
+    found
+}
+
+fn redact_conninfo(text: &str) -> String {
+    let mut out = text.to_owned();
+    for (range, _) in conninfo_secrets(text).into_iter().rev() {
+        out.replace_range(range, "***");
+    }
+    out
 }
 
 /// Parses `90s`, `10m`, `24h`, `30d` (and `500ms`): one whole number and a
@@ -486,7 +634,50 @@ mod tests {
             redact_url("sqlite://./data/cobro.db"),
             "sqlite://./data/cobro.db"
         );
-        assert_eq!(redact_url("not a url"), "<unparsable URL>");
+        assert_eq!(
+            redact_url("postgres://u:x@db:notaport/c"),
+            "<unparsable URL>"
+        );
+    }
+
+    #[test]
+    fn query_and_keyword_passwords_are_redacted_too() {
+        assert_eq!(
+            redact_url("postgres://db/cobro?user=cobro&password=s3cret&sslmode=require"),
+            "postgres://db/cobro?user=cobro&password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("host=db user=cobro password=s3cret dbname=cobro"),
+            "host=db user=cobro password=*** dbname=cobro"
+        );
+        assert_eq!(
+            redact_url("host=db password = 'with space\\' q' sslpassword=k2"),
+            "host=db password = *** sslpassword=***"
+        );
+    }
+
+    #[test]
+    fn every_form_of_secret_is_masked_in_any_text() {
+        // Each secret as a library might echo it: as written, and decoded.
+        for (url, forms) in [
+            (
+                "postgres://cobro:s3cr%40t@db/cobro",
+                &["s3cr%40t", "s3cr@t"][..],
+            ),
+            (
+                "postgres://db/cobro?password=s3cr%40t",
+                &["s3cr%40t", "s3cr@t"],
+            ),
+            ("host=db password=s3cr@t", &["s3cr@t"]),
+            ("host=db password='s3cr @t'", &["s3cr @t"]),
+        ] {
+            for form in forms {
+                let text = format!("could not connect: password {form} refused");
+                let masked = mask_secrets(&text, Some(url));
+                assert_eq!(masked, "could not connect: password *** refused", "{url}");
+            }
+        }
+        assert_eq!(mask_secrets("nothing", None), "nothing");
     }
 
     fn settings(database_url: Option<&str>) -> GlobalSettings {
@@ -494,7 +685,8 @@ mod tests {
             database_url: database_url.map(str::to_owned),
             data_dir: PathBuf::from("/tmp/cobro-data"),
             log_format: LogFormat::Plain,
-            log_filter: "info".to_owned(),
+            log_filter: None,
+            verbose: 0,
             db_max_connections: 10,
             lock_timeout: Duration::from_secs(2),
         }

@@ -1,7 +1,7 @@
 //! Logs, traces and metrics, set up once per process.
 //!
-//! - Logs: `tracing` events to stderr, plain or JSON, filtered by `COBRO_LOG`
-//!   (`RUST_LOG` syntax).
+//! - Logs: `tracing` events to stderr, plain or JSON, filtered by
+//!   `RUST_LOG`, else `COBRO_LOG`, else by command and `-v` (`Cli::log_filter`).
 //! - Traces: OTLP over HTTP/protobuf, configured by the standard
 //!   environment variables (`OTEL_EXPORTER_OTLP_ENDPOINT` or
 //!   `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_SERVICE_NAME`,
@@ -100,14 +100,12 @@ fn tracer_provider() -> anyhow::Result<SdkTracerProvider> {
         .build())
 }
 
-/// Installs the global subscriber (logs, and traces when configured) and
-/// the metrics recorder. Fails on an invalid filter or exporter setting.
-pub fn init(global: &GlobalSettings) -> anyhow::Result<Telemetry> {
-    let filter = EnvFilter::try_new(&global.log_filter).with_context(|| {
-        format!(
-            "COBRO_LOG (--log) is not a valid filter: `{}`",
-            global.log_filter
-        )
+/// Installs the global subscriber (logs filtered by `log_filter`, and
+/// traces when configured) and the metrics recorder. Fails on an invalid
+/// filter or exporter setting.
+pub fn init(global: &GlobalSettings, log_filter: &str) -> anyhow::Result<Telemetry> {
+    let filter = EnvFilter::try_new(log_filter).with_context(|| {
+        format!("the log filter (RUST_LOG, COBRO_LOG or --log) is not valid: `{log_filter}`")
     })?;
     let logs: Box<dyn Layer<Registry> + Send + Sync> = {
         let layer = tracing_subscriber::fmt::layer()

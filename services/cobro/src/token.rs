@@ -7,12 +7,17 @@
 //! brute-force, and a slow password hash per request would only cost latency.
 
 use chrono::{DateTime, Utc};
-use cobro_core::AccountId;
+use cobro_core::{AccountId, TokenId};
 use cobro_store::Store;
 use rand::RngCore;
 
 /// The visible prefix: lets secret scanners and humans recognise a token.
 pub const TOKEN_PREFIX: &str = "cobro_";
+
+/// How many characters of a token `tokens list` shows: the prefix and 8
+/// hex digits (32 of its 256 bits), enough to tell tokens apart, far too
+/// few to guess the rest.
+pub const DISPLAY_LEN: usize = TOKEN_PREFIX.len() + 8;
 
 /// A freshly generated token: the secret to show once, and what to store.
 pub struct NewToken {
@@ -37,17 +42,35 @@ impl NewToken {
 /// presented bearer token with.
 pub use cobro_api::token_hash;
 
-/// Generates a token for `account`, stores its hash, returns the secret.
+/// A token just stored: its id (for `tokens list` and `tokens revoke`) and
+/// the secret to show once.
+pub struct Issued {
+    pub id: TokenId,
+    pub secret: String,
+}
+
+/// Generates a token for `account` (refused from `expires_at` on, if set),
+/// stores its hash, returns its id and secret.
 pub async fn issue(
     store: &Store,
     account: AccountId,
     label: &str,
     now: DateTime<Utc>,
-) -> cobro_store::Result<String> {
+    expires_at: Option<DateTime<Utc>>,
+) -> cobro_store::Result<Issued> {
     let token = NewToken::generate();
-    let id = store.create_token(account, label, &token.hash, now).await?;
+    let row = cobro_store::accounts::NewTokenRow {
+        label,
+        token_hash: &token.hash,
+        prefix: &token.secret[..DISPLAY_LEN],
+        expires_at,
+    };
+    let id = store.create_token_expiring(account, &row, now).await?;
     tracing::info!(token_id = %id, account_id = %account, label, "API token created");
-    Ok(token.secret)
+    Ok(Issued {
+        id,
+        secret: token.secret,
+    })
 }
 
 #[cfg(test)]

@@ -2,10 +2,12 @@
 //! Also where the provider is chosen: the configured URL, or (for `serve`
 //! without one) the embedded fake provider on loopback.
 
-use crate::cli::WorkerArgs;
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
-use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings, WorkerSettings};
+use crate::settings::{
+    GlobalSettings, KeyWindowSettings, ProviderSettings, ReconcileSchedule, SenderSettings,
+    WorkerSettings, parse_duration,
+};
 use anyhow::Context;
 use cobro_core::{Clock, SystemClock};
 use cobro_provider::{HttpProvider, HttpProviderConfig};
@@ -16,6 +18,30 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio_cron_scheduler::JobScheduler;
 
+/// The arguments of `cobro worker`.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub worker: WorkerSettings,
+
+    #[command(flatten)]
+    pub sender: SenderSettings,
+
+    #[command(flatten)]
+    pub schedule: ReconcileSchedule,
+
+    /// After SIGTERM or SIGINT, how long in-flight calls may run.
+    #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Serve `GET /metrics` (this worker's provider calls, retries and
+    /// leases, and the database's view) on this address; port 0 picks one.
+    /// Without it a lone worker's counters are not exposed.
+    #[arg(long, env = "COBRO_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+}
+
 /// The provider the worker calls, and the embedded fake one if we started it
 /// (kept alive as long as this value).
 pub struct ProviderHandle {
@@ -23,17 +49,17 @@ pub struct ProviderHandle {
     pub embedded: Option<fake_provider::Running>,
 }
 
-/// Connects to the configured provider, or starts the embedded fake one
-/// when `allow_embedded` and no URL is set.
+/// Connects to the configured provider, or, when no URL is set and
+/// `embedded` gives its key window, starts the embedded fake one.
 pub async fn provider(
     settings: &ProviderSettings,
-    allow_embedded: bool,
+    embedded: Option<&KeyWindowSettings>,
 ) -> anyhow::Result<ProviderHandle> {
-    let (url, embedded) = match &settings.provider_url {
-        Some(url) => (url.clone(), None),
-        None if allow_embedded => {
+    let (url, embedded) = match (&settings.provider_url, embedded) {
+        (Some(url), _) => (url.clone(), None),
+        (None, Some(window)) => {
             let running = fake_provider::start(fake_provider::Config {
-                retention: settings.provider_key_retention,
+                retention: window.provider_key_retention,
                 admin: true,
                 ..Default::default()
             })
@@ -45,7 +71,9 @@ pub async fn provider(
             );
             (running.url(), Some(running))
         }
-        None => anyhow::bail!("no provider configured: set COBRO_PROVIDER_URL (or --provider-url)"),
+        (None, None) => {
+            anyhow::bail!("no provider configured: set COBRO_PROVIDER_URL (or --provider-url)")
+        }
     };
     let mut config = HttpProviderConfig::new(url, settings.provider_api_key.clone());
     config.connect_timeout = settings.provider_connect_timeout;
@@ -55,7 +83,7 @@ pub async fn provider(
 }
 
 pub fn worker_config(
-    provider: &ProviderSettings,
+    provider: &KeyWindowSettings,
     worker: &WorkerSettings,
 ) -> anyhow::Result<WorkerConfig> {
     if worker.worker_heartbeat >= worker.worker_lease {
@@ -90,15 +118,11 @@ pub fn spawn(
 }
 
 /// `cobro worker`: the worker alone, until SIGTERM or SIGINT.
-pub async fn run_alone(
-    global: &GlobalSettings,
-    provider_settings: &ProviderSettings,
-    reconcile: &ReconcileSettings,
-    args: &WorkerArgs,
-) -> anyhow::Result<()> {
-    let config = worker_config(provider_settings, &args.worker)?;
+pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Result<()> {
+    let (provider_settings, reconcile) = (&args.sender.provider, &args.sender.reconcile);
+    let config = worker_config(&args.sender.key_window, &args.worker)?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
-    let handle = provider(provider_settings, false).await?;
+    let handle = provider(provider_settings, None).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut scheduler = JobScheduler::new()
         .await

@@ -3,18 +3,17 @@
 //! its stdout, stderr, exit status, HTTP answers and the database file.
 //! (PostgreSQL runs of the same binary live in the workspace's tests crate.)
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+mod common;
+
+use common::Server;
+use nix::sys::signal::Signal;
 use sha2::{Digest, Sha256};
 use sqlx::{Connection, Row, SqliteConnection};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 use tempfile::TempDir;
 
-const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A temporary working directory with the embedded data dir inside.
@@ -96,81 +95,9 @@ impl Workdir {
     }
 }
 
-/// A running `cobro serve`, its stdout read line by line on a thread.
-struct Server {
-    child: Child,
-    lines: Receiver<String>,
-    stdout: Vec<String>,
-}
-
-impl Server {
-    fn start(workdir: &Workdir, args: &[&str], stderr: &Path) -> Self {
-        let stderr = std::fs::File::create(stderr).expect("stderr file");
-        let mut child = workdir
-            .cobro(args)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("cobro serve starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            stdout: Vec::new(),
-        }
-    }
-
-    /// Reads stdout until a line starts with `prefix`; the rest of it.
-    fn wait_for_line(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + STARTUP_DEADLINE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.stdout.push(line.clone());
-                    if let Some(rest) = line.strip_prefix(prefix) {
-                        return rest.to_owned();
-                    }
-                }
-                Err(e) => panic!(
-                    "no line `{prefix}...` on stdout ({e}); saw {:?}",
-                    self.stdout
-                ),
-            }
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"));
-        kill(pid, signal).expect("signal delivered");
-    }
-
-    fn wait_for_exit(&mut self, deadline: Duration) -> ExitStatus {
-        let deadline = Instant::now() + deadline;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "cobro did not exit in time");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Never leave a server behind when a test fails half-way.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `cobro ARGS` in `workdir`, running, its stderr in the file `stderr`.
+fn start_server(workdir: &Workdir, args: &[&str], stderr: &Path) -> Server {
+    Server::spawn(workdir.cobro(args), stderr)
 }
 
 fn sha256_hex(text: &str) -> String {
@@ -187,7 +114,7 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 fn serve_on_the_embedded_default_prints_url_and_token_answers_health_and_exits_on_sigterm() {
     let workdir = Workdir::new();
     let stderr_file = workdir.dir.path().join("stderr.log");
-    let mut server = Server::start(
+    let mut server = start_server(
         &workdir,
         &["serve", "--listen", "127.0.0.1:0"],
         &stderr_file,
@@ -260,25 +187,63 @@ fn serve_on_the_embedded_default_prints_url_and_token_answers_health_and_exits_o
     });
 }
 
+/// Starts `cobro serve` on the embedded default; its dev token and URL.
+fn serve_demo(workdir: &Workdir, name: &str) -> (Server, String, String) {
+    let stderr_file = workdir.dir.path().join(format!("stderr-{name}.log"));
+    let mut server = start_server(workdir, &["serve", "--listen", "127.0.0.1:0"], &stderr_file);
+    let token = server.wait_for_line("dev token: ");
+    let url = server.wait_for_line("cobro listening on ");
+    (server, token, url)
+}
+
+fn stop(mut server: Server) {
+    server.signal(Signal::SIGINT);
+    assert!(server.wait_for_exit(SHUTDOWN_DEADLINE).success());
+}
+
+/// The status of `GET /v1/payments` with `token`.
+fn list_status(url: &str, token: &str) -> u16 {
+    reqwest::blocking::Client::new()
+        .get(format!("{url}/v1/payments"))
+        .bearer_auth(token)
+        .send()
+        .expect("answered")
+        .status()
+        .as_u16()
+}
+
 #[test]
-fn a_second_embedded_start_reuses_the_demo_account_with_a_fresh_token() {
+fn the_embedded_demo_reuses_its_dev_token_across_restarts_until_it_is_revoked() {
     let workdir = Workdir::new();
-    let mut tokens = Vec::new();
-    for run in 0..2 {
-        let stderr_file = workdir.dir.path().join(format!("stderr-{run}.log"));
-        let mut server = Server::start(
-            &workdir,
-            &["serve", "--listen", "127.0.0.1:0"],
-            &stderr_file,
-        );
-        tokens.push(server.wait_for_line("dev token: "));
-        server.wait_for_line("cobro listening on ");
-        server.signal(Signal::SIGINT);
-        assert!(server.wait_for_exit(SHUTDOWN_DEADLINE).success());
-    }
-    assert_ne!(tokens[0], tokens[1]);
+    let (first, token, _) = serve_demo(&workdir, "first");
+    stop(first);
+    let (second, again, url) = serve_demo(&workdir, "second");
+    assert_eq!(again, token, "the same dev token on the second start");
+    assert_eq!(list_status(&url, &token), 200, "and it still works");
+    stop(second);
     let accounts = workdir.run_ok(&["accounts", "list"]);
     assert_eq!(accounts.matches("\tdemo\t").count(), 1, "{accounts}");
+    let tokens: serde_json::Value =
+        serde_json::from_str(&workdir.run_ok(&["tokens", "list", "--json"])).expect("json");
+    assert_eq!(
+        tokens["tokens"].as_array().map(Vec::len),
+        Some(1),
+        "{tokens}"
+    );
+    let kept = workdir.data_dir().join("demo-token");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&kept).expect("kept").permissions(),
+    );
+    assert_eq!(mode & 0o077, 0, "only its owner reads the kept token");
+
+    // Revoked (here by its text, as for a leaked token): the next start
+    // issues a fresh one, and the revoked one is refused.
+    workdir.run_ok(&["tokens", "revoke", &token]);
+    let (third, fresh, url) = serve_demo(&workdir, "third");
+    assert_ne!(fresh, token);
+    assert_eq!(list_status(&url, &fresh), 200);
+    assert_eq!(list_status(&url, &token), 401);
+    stop(third);
 }
 
 #[test]
@@ -486,6 +451,34 @@ fn purge_compacts_and_deletes_only_what_is_past_retention_batch_by_batch() {
         db.close().await.expect("close");
     });
 
+    // The dry run counts exactly what the purge then does, and changes nothing.
+    let dry: serde_json::Value =
+        serde_json::from_str(&workdir.run_ok(&["purge", "--dry-run", "--json"])).expect("json");
+    assert_eq!(
+        dry,
+        serde_json::json!({"dry_run": true, "compacted": 3, "tombstones_deleted": 1, "webhook_events_deleted": 1})
+    );
+    let dry_text = workdir.run_ok(&["purge", "--dry-run"]);
+    assert!(
+        dry_text.starts_with("dry run, nothing changed"),
+        "{dry_text}"
+    );
+    rt.block_on(async {
+        let mut db = workdir.connect_db().await;
+        let tombstones: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idempotency_records WHERE state = 'tombstone'",
+        )
+        .fetch_one(&mut db)
+        .await
+        .expect("count");
+        assert_eq!(tombstones, 2, "the dry run compacted nothing");
+        let events: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM webhook_events")
+            .fetch_one(&mut db)
+            .await
+            .expect("count");
+        assert_eq!(events, 2, "the dry run deleted nothing");
+    });
+
     // Batches of 2 over 3 compactable records: a full batch, then a short one.
     let report = workdir.run_ok(&["purge", "--batch", "2"]);
     assert_eq!(
@@ -528,4 +521,165 @@ fn purge_compacts_and_deletes_only_what_is_past_retention_batch_by_batch() {
         "compacted 0 idempotency records, deleted 0 tombstones, deleted 0 webhook events",
         "a second purge finds nothing"
     );
+}
+
+fn json_of(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not one JSON document ({e}): {stdout}"))
+}
+
+#[test]
+fn tokens_expire_are_listed_without_their_secret_and_revoked_through_the_real_api() {
+    let workdir = Workdir::new();
+    workdir.migrated_with_account("acme");
+    let create = |extra: &[&str]| {
+        let mut args = vec!["tokens", "create", "--account", "acme", "--json"];
+        args.extend_from_slice(extra);
+        json_of(&workdir.run_ok(&args))
+    };
+    let forever = create(&["--label", "forever"]);
+    let hour = create(&["--label", "hour", "--expires-in", "1h"]);
+    // Expires at its creation instant: refused from the first request on,
+    // which tests expiry through the API without waiting.
+    let gone = create(&["--label", "gone", "--expires-in", "0s"]);
+    assert!(forever["expires_at"].is_null());
+    assert!(hour["expires_at"].is_string());
+    let secret = |t: &serde_json::Value| t["token"].as_str().expect("token").to_owned();
+
+    let listed = workdir.run_ok(&["tokens", "list", "--json"]);
+    let table = workdir.run_ok(&["tokens", "list", "--account", "acme"]);
+    for token in [&forever, &hour, &gone] {
+        for text in [&listed, &table] {
+            assert!(!text.contains(&secret(token)), "no secret listed: {text}");
+            assert!(
+                !text.contains(&sha256_hex(&secret(token))),
+                "no hash listed"
+            );
+        }
+    }
+    let listed = json_of(&listed);
+    let states: Vec<(&str, &str)> = listed["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| {
+            (
+                t["label"].as_str().expect("label"),
+                t["state"].as_str().expect("state"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        vec![("forever", "live"), ("hour", "live"), ("gone", "expired")]
+    );
+    let rows = listed["tokens"].as_array().expect("tokens");
+    for (row, token) in rows.iter().zip([&forever, &hour, &gone]) {
+        assert_eq!(row["id"], token["id"]);
+        assert_eq!(
+            row["prefix"],
+            secret(token)[..14],
+            "the prefix tells tokens apart"
+        );
+    }
+
+    let stderr_file = workdir.dir.path().join("serve.log");
+    let mut server = start_server(
+        &workdir,
+        &["serve", "--listen", "127.0.0.1:0"],
+        &stderr_file,
+    );
+    let url = server.wait_for_line("cobro listening on ");
+    assert_eq!(list_status(&url, &secret(&forever)), 200);
+    assert_eq!(list_status(&url, &secret(&hour)), 200);
+    assert_eq!(list_status(&url, &secret(&gone)), 401, "expired");
+
+    let id = forever["id"].as_str().expect("id");
+    let revoked = json_of(&workdir.run_ok(&["tokens", "revoke", id, "--json"]));
+    assert_eq!(revoked["state"], "revoked");
+    assert_eq!(revoked["already_revoked"], false);
+    assert_eq!(list_status(&url, &secret(&forever)), 401, "revoked at once");
+    assert_eq!(
+        list_status(&url, &secret(&hour)),
+        200,
+        "the others still work"
+    );
+    let again = json_of(&workdir.run_ok(&["tokens", "revoke", id, "--json"]));
+    assert_eq!(again["already_revoked"], true);
+    assert_eq!(
+        again["revoked_at"], revoked["revoked_at"],
+        "the first time is kept"
+    );
+    let unknown = workdir.run(&["tokens", "revoke", "cobro_not_a_token"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    stop(server);
+}
+
+#[test]
+fn operator_commands_log_only_warnings_unless_verbose() {
+    let workdir = Workdir::new();
+    let quiet = workdir.run(&["migrate"]);
+    assert!(quiet.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&quiet.stderr),
+        "",
+        "nothing on stderr"
+    );
+    let verbose = workdir.run(&["-v", "accounts", "list"]);
+    assert!(String::from_utf8_lossy(&verbose.stderr).contains("database ready"));
+    let rust_log = workdir
+        .cobro(&["accounts", "list"])
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("runs");
+    assert!(
+        String::from_utf8_lossy(&rust_log.stderr).contains("database ready"),
+        "RUST_LOG wins"
+    );
+}
+
+#[test]
+fn exit_codes_are_0_ok_1_error_2_usage_and_documented_in_the_help() {
+    let workdir = Workdir::new();
+    assert_eq!(workdir.run(&["migrate"]).status.code(), Some(0));
+    assert_eq!(
+        workdir
+            .run(&["tokens", "create", "--account", "nobody"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        workdir
+            .run(&["migrate", "--provider-timeout", "5s"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        workdir.run(&["payments", "list", "--status"]).status.code(),
+        Some(2)
+    );
+    let help = workdir.run_ok(&["--help"]);
+    for line in ["0  success", "1  error", "2  usage error", "3  reconcile"] {
+        assert!(help.contains(line), "{line}: {help}");
+    }
+}
+
+#[test]
+fn database_passwords_never_reach_stderr_in_any_url_form() {
+    let workdir = Workdir::new();
+    for url in [
+        "postgres://cobro:hunter2@127.0.0.1:1/cobro",
+        "postgres://cobro@127.0.0.1:1/cobro?password=hunter2&sslmode=disable",
+        "host=127.0.0.1 port=1 user=cobro password=hunter2",
+    ] {
+        let output = workdir
+            .cobro(&["-vv", "migrate"])
+            .env("COBRO_DATABASE_URL", url)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+    }
 }

@@ -66,6 +66,28 @@ impl Setup {
             .expect("connect")
     }
 
+    /// Every search at the provider fails from now on: nothing can be proven.
+    fn fail_searches(&self) {
+        self.provider
+            .control()
+            .add_fault(fake_provider::FaultRule::new(
+                fake_provider::Operation::Search,
+                fake_provider::FaultAction::FailBeforeEffect,
+            ));
+    }
+
+    /// `cobro reconcile` past the escalation horizon: exit 3, one payment
+    /// escalated to `needs_review`.
+    fn escalate_one(&self) {
+        let escalate = self
+            .cobro(&["reconcile", "--json"])
+            .env("COBRO_RECONCILE_ESCALATE_AFTER", "1m")
+            .output()
+            .expect("runs");
+        assert_eq!(escalate.status.code(), Some(3));
+        assert_eq!(stdout_json(&escalate)["escalated"], 1);
+    }
+
     /// A payment whose authorisation the worker handed to reconciliation:
     /// `charged` says whether the provider really made the charge.
     async fn uncertain_payment(&self, order: &str, charged: bool) -> PaymentId {
@@ -141,6 +163,31 @@ impl Setup {
     }
 }
 
+/// `payments resolve ID --attempt A --outcome captured --provider-ref
+/// CHARGE --reason ...` and `extra`.
+fn resolve_captured<'a>(
+    id: &'a str,
+    attempt: &'a str,
+    charge: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "payments",
+        "resolve",
+        id,
+        "--attempt",
+        attempt,
+        "--outcome",
+        "captured",
+        "--provider-ref",
+        charge,
+        "--reason",
+        "seen in dashboard",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 fn stdout_json(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
@@ -166,6 +213,11 @@ async fn reconcile_dry_run_changes_nothing_then_a_real_run_adopts_the_charge() {
     assert_eq!(summary["items"][0]["verdict"], "resolved");
     assert_eq!(summary["items"][0]["applied"], false);
     assert_eq!(dry.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&dry.stderr),
+        "",
+        "piped: no progress bar, no log lines below a warning"
+    );
     let listed = stdout_json(&setup.run(&["payments", "list", "--json"]).await);
     assert_eq!(
         listed["payments"][0]["status"], "requires_reconciliation",
@@ -198,13 +250,7 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
     let setup = Setup::new().await;
     assert!(setup.run(&["migrate"]).await.status.success());
     let id = setup.uncertain_payment("o-2", true).await;
-    setup
-        .provider
-        .control()
-        .add_fault(fake_provider::FaultRule::new(
-            fake_provider::Operation::Search,
-            fake_provider::FaultAction::FailBeforeEffect,
-        ));
+    setup.fail_searches();
 
     let run = setup.run(&["reconcile", "--json"]).await;
     assert_eq!(run.status.code(), Some(3), "something is left unresolved");
@@ -241,13 +287,7 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
     assert!(String::from_utf8_lossy(&early.stderr).contains("needs_review"));
 
     // Past the horizon it escalates.
-    let escalate = setup
-        .cobro(&["reconcile", "--json"])
-        .env("COBRO_RECONCILE_ESCALATE_AFTER", "1m")
-        .output()
-        .expect("runs");
-    assert_eq!(escalate.status.code(), Some(3));
-    assert_eq!(stdout_json(&escalate)["escalated"], 1);
+    setup.escalate_one();
     let listed = stdout_json(
         &setup
             .run(&["payments", "list", "--status", "needs_review", "--json"])
@@ -298,20 +338,12 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
         .await;
     assert!(!unconfirmed.status.success());
     let confirmed = setup
-        .run(&[
-            "payments",
-            "resolve",
+        .run(&resolve_captured(
             &id.to_string(),
-            "--attempt",
             &attempt,
-            "--outcome",
-            "captured",
-            "--provider-ref",
             &charge,
-            "--reason",
-            "seen in dashboard",
-            "--yes",
-        ])
+            &["--yes"],
+        ))
         .await;
     assert!(
         confirmed.status.success(),
@@ -332,4 +364,228 @@ async fn an_unresolvable_payment_exits_3_and_a_resolve_needs_review_state_the_at
     assert_eq!(manual["actor"], "operator:alice");
     assert_eq!(manual["reason"], "seen in dashboard");
     assert_eq!(setup.provider.control().ledger().totals.charges, 1);
+}
+
+/// Runs `cobro ARGS`, requires `code`, returns stdout as JSON.
+async fn json_run(setup: &Setup, args: &[&str], code: i32) -> Value {
+    let output = setup.run(args).await;
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "cobro {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout_json(&output)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_printing_command_prints_one_json_document_with_json() {
+    let setup = Setup::new().await;
+    let migrated = json_run(&setup, &["migrate", "--json"], 0).await;
+    assert_eq!(migrated["backend"], "sqlite");
+    assert!(migrated["schema_version"].as_i64().is_some_and(|v| v >= 7));
+    let account = json_run(
+        &setup,
+        &["accounts", "create", "--name", "acme", "--json"],
+        0,
+    )
+    .await;
+    let accounts = json_run(&setup, &["accounts", "list", "--json"], 0).await;
+    assert_eq!(accounts["accounts"][0]["id"], account["id"]);
+    let token = json_run(
+        &setup,
+        &[
+            "tokens",
+            "create",
+            "--account",
+            "acme",
+            "--expires-in",
+            "30d",
+            "--json",
+        ],
+        0,
+    )
+    .await;
+    assert!(
+        token["token"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("cobro_"))
+    );
+    let tokens = json_run(&setup, &["tokens", "list", "--json"], 0).await;
+    assert_eq!(tokens["tokens"][0]["id"], token["id"]);
+    assert_eq!(tokens["tokens"][0]["expires_at"], token["expires_at"]);
+    let id = token["id"].as_str().expect("id");
+    let revoked = json_run(&setup, &["tokens", "revoke", id, "--json"], 0).await;
+    assert_eq!(revoked["state"], "revoked");
+    let dry = json_run(&setup, &["purge", "--dry-run", "--json"], 0).await;
+    assert_eq!(dry["dry_run"], true);
+    let purged = json_run(&setup, &["purge", "--json"], 0).await;
+    assert_eq!(purged["dry_run"], false);
+
+    let payment = setup.uncertain_payment("o-json", true).await.to_string();
+    let listed = json_run(&setup, &["payments", "list", "--json"], 0).await;
+    assert_eq!(listed["payments"][0]["id"], payment.as_str());
+    let shown = json_run(&setup, &["payments", "show", &payment, "--json"], 0).await;
+    assert_eq!(shown["status"], "requires_reconciliation");
+    let attempt = shown["attempts"][0]["id"]
+        .as_str()
+        .expect("attempt")
+        .to_owned();
+    for key in ["attempts", "late_answers_kept", "audit", "conflicts"] {
+        assert!(shown[key].is_array(), "{key}: {shown}");
+    }
+    let dry = json_run(&setup, &["reconcile", "--dry-run", "--json"], 0).await;
+    assert_eq!(dry["examined"], 1);
+    // The provider's search fails: the payment stays unknown, then escalates.
+    setup.fail_searches();
+    setup.escalate_one();
+    let charge = setup.provider.control().ledger().charges[0].id.clone();
+    let resolved = json_run(
+        &setup,
+        &resolve_captured(&payment, &attempt, &charge, &["--yes", "--json"]),
+        0,
+    )
+    .await;
+    assert_eq!(resolved["status"], "captured");
+    assert_eq!(resolved["attempt_id"], attempt.as_str());
+    let shown = json_run(&setup, &["payments", "show", &payment, "--json"], 0).await;
+    assert_eq!(shown["status"], "captured");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn payments_list_filters_by_status_and_time_and_show_prints_no_debug_formatting() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    let uncertain = setup
+        .uncertain_payment("o-unsettled", true)
+        .await
+        .to_string();
+    let settled = setup.uncertain_payment("o-settled", true).await.to_string();
+    let reconciled = setup
+        .run(&["reconcile", "--payment", &settled, "--json"])
+        .await;
+    assert_eq!(reconciled.status.code(), Some(0));
+
+    let ids = |v: &Value| -> Vec<String> {
+        v["payments"]
+            .as_array()
+            .expect("payments")
+            .iter()
+            .map(|p| p["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    let list = |args: &'static [&'static str]| {
+        let setup = &setup;
+        async move {
+            let mut all = vec!["payments", "list", "--json"];
+            all.extend_from_slice(args);
+            json_run(setup, &all, 0).await
+        }
+    };
+    assert_eq!(
+        ids(&list(&[]).await),
+        vec![uncertain.clone()],
+        "unsettled by default"
+    );
+    assert_eq!(
+        ids(&list(&["--status", "unsettled"]).await),
+        vec![uncertain.clone()]
+    );
+    let all = ids(&list(&["--status", "all"]).await);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all.contains(&settled) && all.contains(&uncertain));
+    assert_eq!(
+        ids(&list(&["--status", "captured"]).await),
+        vec![settled.clone()]
+    );
+    // Both were created an hour ago (the helper backdates them).
+    assert_eq!(
+        ids(&list(&["--status", "all", "--since", "30m"]).await),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        ids(&list(&["--status", "all", "--since", "2h"]).await).len(),
+        2
+    );
+    assert_eq!(
+        ids(&list(&["--status", "all", "--until", "30m"]).await).len(),
+        2
+    );
+    assert_eq!(
+        ids(&list(&["--status", "all", "--until", "2000-01-01T00:00:00Z"]).await),
+        Vec::<String>::new()
+    );
+    let limited = list(&["--status", "all", "--limit", "1"]).await;
+    assert_eq!(ids(&limited).len(), 1);
+    assert_eq!(limited["truncated"], true);
+    let unknown = setup
+        .run(&["payments", "list", "--status", "nonsense"])
+        .await;
+    assert_eq!(unknown.status.code(), Some(1));
+
+    let table = setup.run(&["payments", "list", "--status", "all"]).await;
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains(&settled) && text.contains("captured"),
+        "{text}"
+    );
+    for id in [&settled, &uncertain] {
+        let shown = setup.run(&["payments", "show", id]).await;
+        assert!(shown.status.success());
+        let text = String::from_utf8_lossy(&shown.stdout);
+        for debug in ["Some(", "None", "\"", "DbTime", "DbId"] {
+            assert!(!text.contains(debug), "`{debug}` in: {text}");
+        }
+        for section in ["attempts (1)", "audit trail"] {
+            assert!(text.contains(section), "{section}: {text}");
+        }
+    }
+    let shown = setup.run(&["payments", "show", &settled]).await;
+    let text = String::from_utf8_lossy(&shown.stdout);
+    let json = json_run(&setup, &["payments", "show", &settled, "--json"], 0).await;
+    let charge = json["provider_ref"].as_str().expect("adopted charge");
+    assert!(
+        text.contains(charge),
+        "the provider ref is shown plainly: {text}"
+    );
+    assert!(text.contains("adopt_succeeded"), "the audit trail: {text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reconcile_draws_a_progress_bar_on_a_terminal_and_nothing_extra_when_piped() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    for order in ["o-bar-1", "o-bar-2", "o-bar-3"] {
+        setup.uncertain_payment(order, false).await;
+    }
+    // `script` runs the command on a pseudo-terminal and copies what it
+    // drew (stdout and stderr) to its own stdout.
+    let command = setup.cobro(&[]);
+    let program = env!("CARGO_BIN_EXE_cobro");
+    let mut script = Command::new("script");
+    script
+        .args([
+            "-qec",
+            &format!("{program} reconcile --all --dry-run"),
+            "/dev/null",
+        ])
+        .envs(command.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .current_dir(setup.dir.path())
+        .stdin(Stdio::null());
+    let drawn = tokio::task::spawn_blocking(move || script.output().expect("script runs"))
+        .await
+        .expect("join");
+    let drawn = String::from_utf8_lossy(&drawn.stdout);
+    // Draws are rate-limited, so which counts show is timing; the bar is not.
+    assert!(
+        drawn.contains(" attempts ") && drawn.contains(['\u{2588}', '\u{2591}']),
+        "a progress bar: {drawn}"
+    );
+    let piped = setup.run(&["reconcile", "--all", "--dry-run"]).await;
+    assert!(
+        piped.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&piped.stdout).contains(" attempts "));
 }

@@ -688,7 +688,9 @@ async fn chaos_two_accounts_every_fault_and_kills_each_payment_matches_its_own_c
         chance(FOp::Refund, FaultAction::FailBeforeEffect, 0.1),
         chance(FOp::Refund, FaultAction::FailAfterEffect, 0.1),
         chance(FOp::Refund, FaultAction::DropResponseAfterEffect, 0.1),
-        chance(FOp::Search, FaultAction::FailBeforeEffect, 0.1),
+        // Searches are few (only attempts handed to the reconciler need
+        // one): half of them fail, so the run certainly sees some fail.
+        chance(FOp::Search, FaultAction::FailBeforeEffect, 0.5),
         chance(FOp::Webhook, FaultAction::Duplicate, 0.2),
         chance(FOp::Webhook, FaultAction::Reorder, 0.2),
         chance(FOp::Webhook, FaultAction::DropThenRedeliver, 0.1),

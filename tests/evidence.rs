@@ -23,6 +23,7 @@ on_both_backends!(
     a_refused_void_ends_with_the_providers_truth_once,
     a_recovered_provider_is_drained_without_new_traffic,
     a_charge_for_an_attempt_recorded_no_effect_stops_the_line,
+    a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconciler_sees_it,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
     a_run_pages_through_every_candidate,
@@ -374,6 +375,82 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(backend: Back
     let steps = rig.drain(2).await;
     assert_eq!(steps, [Step::Blocked]);
     assert_eq!(rig.ledger().totals.charges, 0);
+}
+
+/// Found by the chaos run (two reconcilers at once): capture A1 is
+/// recorded no effect (its charge still authorized), its retry A2 captures
+/// the charge, and a second reconciler that asked about A1 before that
+/// decision reads "captured" for A1. A charge's state names no attempt, and
+/// a charge is captured once whoever asked: that is A2's effect, not
+/// conflicting evidence. The same late proof for an authorisation recorded
+/// no effect stays a conflict (the test above).
+async fn a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconciler_sees_it(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let p = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "authorized");
+    // The capture is never executed (503 on every send) until the window
+    // closes: the reconciler proves no effect and retries with a new key.
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Capture, FaultAction::FailBeforeEffect));
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{id}/capture"), Some("cap-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 202);
+    rig.drain(1).await;
+    pass_the_window(&rig).await;
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    rig.provider.control().clear_faults();
+    rig.drain(3).await;
+    let captured = rig.payment(&id).await;
+    assert_eq!(captured["status"], "captured");
+    let first_capture = rig
+        .attempts(&id)
+        .await
+        .into_iter()
+        .find(|a| a.operation == "payment.capture")
+        .expect("the first capture");
+    assert_eq!(first_capture.state, "no_effect");
+
+    // The late reconciler's reading of A1: the charge, captured.
+    let charge_id = captured["provider_ref"]
+        .as_str()
+        .expect("charge")
+        .to_owned();
+    let mut tx = rig.app.db.store.begin().await.expect("begin");
+    let proof = Proof::Succeeded {
+        provider_ref: charge_id.clone(),
+        captured: true,
+    };
+    let source = Source {
+        name: "reconciler:late",
+        said: r#"{"status":"captured"}"#,
+    };
+    let applied = apply_proof(
+        &mut tx,
+        &first_capture,
+        &proof,
+        &source,
+        rig.app.clock.now(),
+    )
+    .await
+    .expect("apply");
+    tx.commit().await.expect("commit");
+    assert!(matches!(applied, Applied::AlreadySettled), "{applied:?}");
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.app.db.count("evidence_conflicts").await, 0);
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.captures), (1, 1));
+    assert_eq!(charge(&rig, &charge_id).amount_captured, 1999);
 }
 
 async fn the_reconciler_reads_what_a_stale_worker_kept(backend: Backend) {

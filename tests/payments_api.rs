@@ -250,14 +250,14 @@ async fn requests_without_a_valid_token_are_401_and_change_nothing(backend: Back
 
 async fn revoked_and_expired_tokens_are_401_and_change_nothing(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    // The API's lookup reads the system clock (its extractor passes no
-    // time), so expiry is set around the real now: no sleeping.
-    let now = chrono::Utc::now();
+    // Expiry is judged on the API's injected clock: a token expiring in an
+    // hour is live now and refused once the clock has moved two hours.
+    let now = cobro_core::Clock::now(&app.clock);
     let store = &app.db.store;
     let mut tokens = Vec::new();
     for (label, expires) in [
-        ("expired", now - Duration::minutes(1)),
-        ("live", now + Duration::hours(1)),
+        ("expiring", now + Duration::hours(1)),
+        ("live", now + Duration::days(1)),
     ] {
         let token = format!("test_{label}_{}", uuid::Uuid::new_v4().simple());
         let row = cobro_store::accounts::NewTokenRow {
@@ -279,6 +279,13 @@ async fn revoked_and_expired_tokens_are_401_and_change_nothing(backend: Backend)
             .bearer_auth(token)
             .send()
     };
+    assert_eq!(
+        get(expired).await.expect("send").status(),
+        StatusCode::OK,
+        "not yet expired"
+    );
+    app.clock.advance(Duration::hours(2));
+    let now = cobro_core::Clock::now(&app.clock);
     assert_eq!(get(live).await.expect("send").status(), StatusCode::OK);
     assert_eq!(
         get(&app.token).await.expect("send").status(),

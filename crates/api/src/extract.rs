@@ -32,7 +32,7 @@ impl FromRequestParts<AppState> for Account {
         // slow password hash per request.
         let account = state
             .store
-            .account_for_token(&token_hash(token))
+            .account_for_token_at(&token_hash(token), state.clock.now())
             .await?
             .ok_or(ApiError::Unauthenticated)?;
         tracing::Span::current().record("account_id", tracing::field::display(account));

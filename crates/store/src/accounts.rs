@@ -108,13 +108,6 @@ impl Store {
         Ok(id)
     }
 
-    /// The account a live token belongs to, as of the system clock. Kept
-    /// for callers without a clock of their own (the API's extractor today);
-    /// [`Store::account_for_token_at`] is the same lookup at an injected time.
-    pub async fn account_for_token(&self, token_hash: &str) -> Result<Option<AccountId>> {
-        self.account_for_token_at(token_hash, Utc::now()).await
-    }
-
     /// The account a token belongs to if it is live at `now`: not revoked
     /// and not expired (a token expires AT `expires_at`). One indexed
     /// lookup by hash.

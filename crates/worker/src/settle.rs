@@ -195,6 +195,39 @@ fn contradiction(recorded: &AttemptRow, proof: &Proof) -> Option<(ConflictKind, 
     }
 }
 
+/// Whether a capture's or void's success, offered for an attempt recorded
+/// with no effect, belongs to a later attempt of the same operation.
+///
+/// A charge's state carries no attempt identity: once "no effect" of
+/// capture A1 was recorded, its retry A2 (a new key) captures the charge,
+/// and a reconciler that asked about A1 before that decision (two run at
+/// once) then reads "captured" for A1. That is A2's effect, not a
+/// contradiction: a charge is captured or voided at most once, whichever
+/// attempt asked, so nothing can have moved twice. Authorisations and
+/// refunds carry their attempt's own identity, so for them it stays a
+/// conflict.
+async fn retried_since(
+    tx: &mut WriteTx,
+    recorded: &AttemptRow,
+    proof: &Proof,
+) -> Result<bool, StoreError> {
+    let charge_state = recorded.operation == Operation::Capture.as_str()
+        || recorded.operation == Operation::Cancel.as_str();
+    if !charge_state || !matches!(proof, Proof::Succeeded { .. }) {
+        return Ok(false);
+    }
+    let later = tx
+        .attempts_of(PaymentId::from_uuid(recorded.payment_id.0))
+        .await?
+        .into_iter()
+        .any(|a| {
+            a.operation == recorded.operation
+                && a.id != recorded.id
+                && (a.created_at.0, a.id.0) > (recorded.created_at.0, recorded.id.0)
+        });
+    Ok(later)
+}
+
 /// Applies `proof` to `attempt` and to its payment or refund: the ONE path
 /// for the worker, the reconciler, webhooks and operators. In span
 /// `settle.apply_proof`; a proof of what was already recorded counts as a
@@ -267,6 +300,7 @@ async fn apply_proof_in_span(
             .await?
             .ok_or_else(|| corrupt("attempt vanished"))?;
         return match contradiction(&recorded, proof) {
+            Some(_) if retried_since(tx, &recorded, proof).await? => Ok(Applied::AlreadySettled),
             Some((kind, detail)) => refuse(tx, &recorded, kind, detail, source, now).await,
             None => Ok(Applied::AlreadySettled),
         };

@@ -43,9 +43,7 @@ use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
 use cobro_store::{AttemptRow, PaymentRow, StoreError, WriteTx};
 use cobro_worker::evidence::proof_from;
 use cobro_worker::{Applied, Fit, Source, apply_proof, fit, stop_the_line};
-use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Map, Value, json};
-use sha2::Sha256;
 use std::fmt;
 use std::time::Duration;
 
@@ -75,10 +73,6 @@ impl WebhookSecret {
     /// provider); never for logs.
     pub fn expose(&self) -> &str {
         &self.0
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
     }
 }
 
@@ -167,37 +161,16 @@ fn verify(
         (None, _) => return Err(invalid("header missing")),
         _ => return Err(invalid("more than one header")),
     };
-    let mut timestamp = None;
-    let mut signatures = Vec::new();
-    for part in header.split(',') {
-        match part.trim().split_once('=') {
-            Some(("t", t)) => timestamp = t.parse::<i64>().ok(),
-            Some(("v1", v1)) => signatures.push(v1),
-            // Other schemes (a future v2) are not ours to check.
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or_else(|| invalid("no timestamp"))?;
-    let age = now.timestamp().abs_diff(timestamp);
-    if age > tolerance.as_secs() {
-        return Err(invalid("timestamp outside the tolerance"));
-    }
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
-        .map_err(|_| invalid("unusable secret"))?;
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
     // Several v1 values are allowed (a provider rotating its secret signs
-    // with both); any one that verifies is enough. `verify_slice` compares
-    // in constant time.
-    let matched = signatures.iter().any(|candidate| {
-        hex::decode(candidate).is_ok_and(|bytes| mac.clone().verify_slice(&bytes).is_ok())
-    });
-    if matched {
-        Ok(())
-    } else {
-        Err(invalid("no signature matches"))
-    }
+    // with both); any one that verifies is enough, in constant time.
+    cobro_core::signature::verify(
+        header,
+        body,
+        &[secret.expose()],
+        now.timestamp(),
+        tolerance.as_secs(),
+    )
+    .map_err(|e| invalid(e.reason()))
 }
 
 /// What an event says happened.
@@ -539,10 +512,7 @@ mod tests {
     use axum::http::HeaderValue;
 
     fn sign(secret: &str, t: i64, body: &[u8]) -> String {
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("key");
-        mac.update(format!("{t}.").as_bytes());
-        mac.update(body);
-        format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+        cobro_core::signature::sign(&[secret], t, body)
     }
 
     fn headers(value: &str) -> HeaderMap {

@@ -22,6 +22,9 @@ on_both_backends!(
     every_status_change_has_its_event_and_the_last_event_is_the_final_state,
     a_rolled_back_change_and_a_lost_compare_and_set_write_no_event,
     the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers,
+    every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_cobros,
+    a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabled_until_replayed,
+    the_feed_filters_by_type_and_object_and_never_shows_another_accounts_events,
 );
 
 /// The payment as `GET /v1/payments/{id}` shows it, without `attempts`
@@ -64,15 +67,11 @@ async fn assert_events_match(rig: &Rig, payment_id: &str) -> Vec<String> {
         );
     }
     for (refund_id, data) in last_refund {
-        let shown: Value = rig
-            .app
-            .get(&format!("/v1/payments/{payment_id}/refunds/{refund_id}"))
-            .send()
-            .await
-            .expect("get refund")
-            .json()
-            .await
-            .expect("json");
+        let shown: Value = get_json(
+            rig,
+            &format!("/v1/payments/{payment_id}/refunds/{refund_id}"),
+        )
+        .await;
         assert_eq!(data, shown, "last event of refund {refund_id}");
     }
     // Consecutive payment events are status changes (or conflicts).
@@ -328,14 +327,18 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     let db = TestDb::with_config(backend, |c| {
         c.max_connections = 12;
         c.lock_timeout = std::time::Duration::from_secs(10);
+        // SQLite's pool has 4 connections and one writer: the reader may
+        // wait behind every writer's open transaction.
+        c.acquire_timeout = std::time::Duration::from_secs(30);
     })
     .await;
     let store = db.store.clone();
     let account = store.create_account("acme", t0()).await.expect("account");
-    const WRITERS: usize = 6;
+    // More writers than SQLite's pool would only queue for a connection.
+    let writers_n = if backend == Backend::Postgres { 6 } else { 3 };
     const EACH: usize = 15;
     let mut writers = Vec::new();
-    for w in 0..WRITERS {
+    for w in 0..writers_n {
         let store = store.clone();
         writers.push(tokio::spawn(async move {
             for i in 0..EACH {
@@ -366,7 +369,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
         tokio::spawn(async move {
             let mut seen: Vec<(i64, uuid::Uuid)> = Vec::new();
             let mut after = 0;
-            let total = WRITERS * EACH * 2;
+            let total = writers_n * EACH * 2;
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
             while seen.len() < total {
                 assert!(tokio::time::Instant::now() < deadline, "reader timed out");
@@ -409,7 +412,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
         )
         .await
         .expect("all");
-    assert_eq!(all.len(), WRITERS * EACH * 2);
+    assert_eq!(all.len(), writers_n * EACH * 2);
     let all: Vec<(i64, uuid::Uuid)> = all
         .iter()
         .map(|e| (e.feed_position.expect("pos"), e.id.0))
@@ -431,4 +434,710 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
         let before = last.insert(e.payment_id.0, e.sequence).unwrap_or(0);
         assert!(e.sequence > before, "sequence order kept in the feed");
     }
+}
+
+mod merchant {
+    //! A real merchant endpoint: an HTTP server on a port of its own whose
+    //! answers are scripted, that verifies each delivery's signature and
+    //! applies it with `cobro-client`'s inbox (dedup by id, apply by
+    //! sequence) into its own table, as a merchant would.
+
+    use cobro_client::webhook::{Decision, EventInbox, WebhookEvent, verify_event};
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper::{Request, Response};
+    use std::collections::{BTreeMap, VecDeque};
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// How the endpoint answers one request.
+    #[derive(Clone, Copy, Debug)]
+    pub enum Answer {
+        /// Apply, then answer 500 (cobro must send it again).
+        Fail500,
+        /// Apply, then hang past the dispatcher's timeout.
+        Hang,
+        /// Close the connection without an answer, before applying.
+        Close,
+        /// Apply and answer 200 after a pause shorter than the timeout.
+        Slow,
+    }
+
+    pub struct Received {
+        pub event: WebhookEvent,
+        pub raw: Bytes,
+        pub decision: Option<Decision>,
+    }
+
+    pub struct Merchant {
+        pub addr: SocketAddr,
+        pub url: String,
+        script: Arc<Mutex<VecDeque<Answer>>>,
+        pub received: Arc<Mutex<Vec<Received>>>,
+        /// Applied events per object, in the order applied.
+        pub applied: Arc<Mutex<BTreeMap<String, Vec<i64>>>>,
+        pub secrets: Arc<Mutex<Vec<String>>>,
+        pub inbox: EventInbox,
+        server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+        clock: cobro_core::ManualClock,
+        hang: Duration,
+    }
+
+    impl Merchant {
+        pub async fn start(clock: cobro_core::ManualClock, hang: Duration) -> Arc<Self> {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect("sqlite::memory:")
+                .await
+                .expect("merchant db");
+            sqlx::query(
+                "CREATE TABLE shop_objects (object_id TEXT PRIMARY KEY, data TEXT NOT NULL)",
+            )
+            .execute(&pool)
+            .await
+            .expect("table");
+            let merchant = Arc::new(Merchant {
+                addr,
+                url: format!("http://{addr}/cobro-events"),
+                script: Arc::default(),
+                received: Arc::default(),
+                applied: Arc::default(),
+                secrets: Arc::default(),
+                inbox: EventInbox::open(pool).await.expect("inbox"),
+                server: Mutex::new(None),
+                clock,
+                hang,
+            });
+            merchant.serve(listener);
+            merchant
+        }
+
+        pub fn script(&self, answers: &[Answer]) {
+            self.script
+                .lock()
+                .expect("lock")
+                .extend(answers.iter().copied());
+        }
+
+        fn serve(self: &Arc<Self>, listener: tokio::net::TcpListener) {
+            let me = Arc::clone(self);
+            let task = tokio::spawn(async move {
+                // Connections live in this set: stopping the server drops
+                // them all, so "down" really refuses and resets.
+                let mut connections = tokio::task::JoinSet::new();
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        break;
+                    };
+                    let me = Arc::clone(&me);
+                    connections.spawn(async move {
+                        let service = hyper::service::service_fn(move |req| {
+                            let me = Arc::clone(&me);
+                            async move { me.handle(req).await }
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            });
+            *self.server.lock().expect("lock") = Some(task);
+        }
+
+        /// The endpoint goes down: the port refuses connections.
+        pub fn go_down(&self) {
+            if let Some(task) = self.server.lock().expect("lock").take() {
+                task.abort();
+            }
+        }
+
+        /// Back up on the same port.
+        pub async fn come_back(self: &Arc<Self>) {
+            let listener = tokio::net::TcpListener::bind(self.addr)
+                .await
+                .expect("rebind");
+            self.serve(listener);
+        }
+
+        async fn handle(
+            &self,
+            req: Request<hyper::body::Incoming>,
+        ) -> Result<Response<Full<Bytes>>, std::io::Error> {
+            let answer = self.script.lock().expect("lock").pop_front();
+            if let Some(Answer::Close) = answer {
+                return Err(std::io::Error::other("closed by the script"));
+            }
+            let signature = req
+                .headers()
+                .get("cobro-signature")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map_err(std::io::Error::other)?
+                .to_bytes();
+            let secrets = self.secrets.lock().expect("lock").clone();
+            let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+            use cobro_core::Clock;
+            let event = match verify_event(
+                &signature,
+                &body,
+                &secrets,
+                self.clock.now(),
+                Duration::from_secs(300),
+            ) {
+                Ok(event) => event,
+                Err(_) => return Ok(status(400)),
+            };
+            let applied = Arc::clone(&self.applied);
+            let decision = self
+                .inbox
+                .apply(&event, async |tx, event| {
+                    applied
+                        .lock()
+                        .expect("lock")
+                        .entry(event.object_id.clone())
+                        .or_default()
+                        .push(event.sequence);
+                    sqlx::query(
+                        "INSERT INTO shop_objects (object_id, data) VALUES (?, ?) \
+                         ON CONFLICT (object_id) DO UPDATE SET data = excluded.data",
+                    )
+                    .bind(&event.object_id)
+                    .bind(event.data.to_string())
+                    .execute(&mut *tx)
+                    .await
+                    .map(|_| ())
+                })
+                .await
+                .ok();
+            self.received.lock().expect("lock").push(Received {
+                event,
+                raw: body,
+                decision,
+            });
+            match answer {
+                Some(Answer::Fail500) => Ok(status(500)),
+                Some(Answer::Hang) => {
+                    tokio::time::sleep(self.hang).await;
+                    Ok(status(200))
+                }
+                Some(Answer::Slow) => {
+                    tokio::time::sleep(self.hang / 4).await;
+                    Ok(status(200))
+                }
+                _ => Ok(status(200)),
+            }
+        }
+
+        /// What the merchant holds for each object (the last applied data).
+        pub async fn state(&self) -> BTreeMap<String, serde_json::Value> {
+            let rows: Vec<(String, String)> =
+                sqlx::query_as("SELECT object_id, data FROM shop_objects")
+                    .fetch_all(self.inbox.pool())
+                    .await
+                    .expect("state");
+            rows.into_iter()
+                .map(|(id, data)| (id, serde_json::from_str(&data).expect("json")))
+                .collect()
+        }
+    }
+
+    fn status(code: u16) -> Response<Full<Bytes>> {
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = hyper::StatusCode::from_u16(code).expect("status");
+        r
+    }
+}
+
+use merchant::{Answer, Merchant};
+
+/// Registers an endpoint through the API; returns its id and secret.
+async fn register(rig: &Rig, url: &str) -> (String, String) {
+    let r = rig
+        .app
+        .post("/v1/event_endpoints", None)
+        .json(&json!({"url": url}))
+        .send()
+        .await
+        .expect("create endpoint");
+    assert_eq!(r.status().as_u16(), 201);
+    let body: Value = r.json().await.expect("json");
+    (
+        body["id"].as_str().expect("id").to_owned(),
+        body["secret"].as_str().expect("secret").to_owned(),
+    )
+}
+
+fn dispatcher(
+    rig: &Rig,
+    name: &str,
+    tweak: impl FnOnce(&mut cobro_worker::DispatcherConfig),
+) -> cobro_worker::Dispatcher {
+    let mut config = cobro_worker::DispatcherConfig {
+        owner: name.to_owned(),
+        request_timeout: std::time::Duration::from_millis(400),
+        backoff_base: std::time::Duration::from_secs(1),
+        backoff_cap: std::time::Duration::from_secs(60),
+        ..Default::default()
+    };
+    tweak(&mut config);
+    cobro_worker::Dispatcher::new(
+        rig.app.db.store.clone(),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        config,
+    )
+    .expect("dispatcher")
+}
+
+/// How many deliveries are in each state.
+async fn deliveries(rig: &Rig) -> BTreeMap<String, i64> {
+    rig.app
+        .db
+        .store
+        .delivery_counts()
+        .await
+        .expect("counts")
+        .into_iter()
+        .collect()
+}
+
+/// Rounds of every dispatcher at once, cobro's clock moving `step` after
+/// each, until no delivery is pending (bounded in real time).
+async fn dispatch_until_settled(
+    rig: &Rig,
+    dispatchers: &[cobro_worker::Dispatcher],
+    step: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let rounds = futures::future::join_all(dispatchers.iter().map(|d| d.run_once())).await;
+        for r in rounds {
+            r.expect("round");
+        }
+        rig.app
+            .db
+            .store
+            .sequence_events(rig.app.clock.now())
+            .await
+            .expect("sequence");
+        if deliveries(rig).await.get("pending").copied().unwrap_or(0) == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "deliveries never settled"
+        );
+        rig.app.clock.advance(step);
+    }
+}
+
+/// `GET path` with the rig's token, as JSON.
+async fn get_json(rig: &Rig, path: &str) -> Value {
+    let r = rig.app.get(path).send().await.expect("get");
+    r.json().await.expect("json")
+}
+
+/// Every event of the account, paging the feed from position 0.
+async fn whole_feed(rig: &Rig, after: i64) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after = after;
+    loop {
+        let page: Value = get_json(rig, &format!("/v1/events?after={after}&limit=7")).await;
+        let data = page["data"].as_array().expect("data").clone();
+        after = page["next_after"].as_i64().expect("next_after");
+        let more = page["has_more"].as_bool().expect("has_more");
+        all.extend(data);
+        if !more {
+            return all;
+        }
+    }
+}
+
+async fn post_ok(rig: &Rig, path: &str, key: &str, body: Value) {
+    let r = rig
+        .app
+        .post(path, Some(key))
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert!(r.status().is_success(), "{path}: {}", r.status());
+}
+
+use cobro_core::Clock;
+
+/// The issue's "done when": a merchant endpoint that answers 500, hangs
+/// past the timeout, closes the connection, answers slowly twice, and is
+/// down for ten (simulated) minutes while payments move, served by two
+/// dispatchers at once, ends with exactly cobro's state for every payment
+/// and refund (applied by sequence, deduplicated by id), which is also the
+/// provider's; every event reached it at least once, copies of one event
+/// are byte-identical, and the feed from any cursor has every later event.
+async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_cobros(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let merchant =
+        Merchant::start(rig.app.clock.clone(), std::time::Duration::from_millis(800)).await;
+    let (_, secret) = register(&rig, &merchant.url).await;
+    merchant.secrets.lock().expect("lock").push(secret);
+    merchant.script(&[
+        Answer::Fail500,
+        Answer::Hang,
+        Answer::Close,
+        Answer::Slow,
+        Answer::Slow,
+    ]);
+    let dispatchers = [
+        dispatcher(&rig, "d-1", |_| {}),
+        dispatcher(&rig, "d-2", |_| {}),
+    ];
+
+    let mut declined = payment_body("o-2");
+    declined["payment_method"] = json!("pm_card_declined");
+    let auto = rig.create_payment("k-1", &payment_body("o-1")).await;
+    rig.create_payment("k-2", &declined).await;
+    let manual = rig.create_payment("k-3", &manual_payment_body("o-3")).await;
+    rig.drain(5).await;
+    dispatch_until_settled(&rig, &dispatchers, Duration::seconds(30)).await;
+
+    // Down for ten minutes while payments move.
+    merchant.go_down();
+    let (auto, manual) = (
+        auto["id"].as_str().expect("id").to_owned(),
+        manual["id"].as_str().expect("id").to_owned(),
+    );
+    post_ok(
+        &rig,
+        &format!("/v1/payments/{manual}/capture"),
+        "cap-1",
+        json!({}),
+    )
+    .await;
+    rig.drain(5).await;
+    post_ok(
+        &rig,
+        &format!("/v1/payments/{manual}/refunds"),
+        "r-1",
+        json!({"amount": 500}),
+    )
+    .await;
+    post_ok(
+        &rig,
+        &format!("/v1/payments/{auto}/refunds"),
+        "r-2",
+        json!({"amount": 1999}),
+    )
+    .await;
+    rig.create_payment("k-4", &payment_body("o-4")).await;
+    rig.drain(5).await;
+    let received_before = merchant.received.lock().expect("lock").len();
+    for _ in 0..10 {
+        for d in &dispatchers {
+            d.run_once().await.expect("round");
+        }
+        rig.app.clock.advance(Duration::minutes(1));
+    }
+    assert_eq!(
+        merchant.received.lock().expect("lock").len(),
+        received_before,
+        "nothing reaches an endpoint that is down"
+    );
+    assert!(deliveries(&rig).await.get("pending").copied().unwrap_or(0) > 0);
+    merchant.come_back().await;
+    dispatch_until_settled(&rig, &dispatchers, Duration::minutes(1)).await;
+    assert_eq!(deliveries(&rig).await.get("dead"), None, "nothing died");
+
+    // At least once, and nothing that is not an event of cobro's.
+    let feed = whole_feed(&rig, 0).await;
+    let feed_ids: std::collections::BTreeSet<String> = feed
+        .iter()
+        .map(|e| e["id"].as_str().expect("id").to_owned())
+        .collect();
+    let mut copies: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    for r in merchant.received.lock().expect("lock").iter() {
+        copies
+            .entry(r.event.id.clone())
+            .or_default()
+            .push(r.raw.to_vec());
+    }
+    assert_eq!(
+        copies
+            .keys()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        feed_ids,
+        "every event reached the endpoint, and only events of cobro's"
+    );
+    assert!(
+        copies.values().any(|c| c.len() > 1),
+        "the faults caused redeliveries"
+    );
+    for (id, c) in &copies {
+        // The signature header differs per send; the body is the event.
+        assert!(c.windows(2).all(|w| w[0] == w[1]), "copies of {id} differ");
+    }
+    for (object, sequences) in merchant.applied.lock().expect("lock").iter() {
+        assert!(
+            sequences.windows(2).all(|w| w[0] < w[1]),
+            "{object} applied out of order: {sequences:?}"
+        );
+    }
+
+    // The merchant's state is cobro's, and cobro's is the provider's.
+    let state = merchant.state().await;
+    let ledger = rig.ledger();
+    let payments: Vec<Value> = get_json(&rig, "/v1/payments?limit=100").await["data"]
+        .as_array()
+        .expect("data")
+        .clone();
+    assert_eq!(payments.len(), 4);
+    for p in &payments {
+        let id = p["id"].as_str().expect("id");
+        assert_eq!(state.get(id), Some(p), "the merchant's view of {id}");
+        if let Some(charge_id) = p["provider_ref"].as_str() {
+            let charge = ledger
+                .charges
+                .iter()
+                .find(|c| c.id == charge_id)
+                .expect("charge");
+            assert_eq!(
+                charge.amount_captured,
+                p["amount_captured"].as_i64().expect("n")
+            );
+            assert_eq!(
+                charge.amount_refunded,
+                p["amount_refunded"].as_i64().expect("n")
+            );
+        } else {
+            assert_eq!(p["status"], "declined");
+        }
+        for refund in rig
+            .app
+            .db
+            .store
+            .refunds_for_payment(id.parse().expect("id"))
+            .await
+            .expect("refunds")
+        {
+            let rid = refund.id.0.to_string();
+            let shown: Value = get_json(&rig, &format!("/v1/payments/{id}/refunds/{rid}")).await;
+            assert_eq!(
+                state.get(&rid),
+                Some(&shown),
+                "the merchant's view of refund {rid}"
+            );
+            assert_eq!(shown["status"], "succeeded");
+        }
+    }
+    assert_eq!(ledger.refunds.len(), 2);
+
+    // From any cursor, every later event and nothing else.
+    let n = feed.len() as i64;
+    for cursor in 0..=n {
+        let later: Vec<i64> = whole_feed(&rig, cursor)
+            .await
+            .iter()
+            .map(|e| e["position"].as_i64().expect("position"))
+            .collect();
+        assert_eq!(later, ((cursor + 1)..=n).collect::<Vec<_>>());
+    }
+}
+
+/// A delivery retried for the whole retry period is dead; an endpoint that
+/// failed for the whole disable period is disabled with its reason and
+/// nothing is claimed for it; an operator enables it and replays the dead
+/// deliveries, which then arrive. A rotated secret signs alongside the old
+/// one: a receiver that knows either accepts.
+async fn a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabled_until_replayed(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let merchant =
+        Merchant::start(rig.app.clock.clone(), std::time::Duration::from_millis(800)).await;
+    let (endpoint, old_secret) = register(&rig, &merchant.url).await;
+    merchant.go_down();
+    let d = [dispatcher(&rig, "d-1", |c| {
+        c.retry_period = std::time::Duration::from_secs(3600);
+        c.disable_after = std::time::Duration::from_secs(3600);
+    })];
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    rig.drain(5).await;
+    dispatch_until_settled(&rig, &d, Duration::minutes(10)).await;
+    assert_eq!(
+        deliveries(&rig).await.get("dead"),
+        Some(&2),
+        "created and captured, both dead"
+    );
+    let endpoints: Value = get_json(&rig, "/v1/event_endpoints").await;
+    let listed = &endpoints["data"][0];
+    assert_eq!(listed["enabled"], false);
+    assert!(
+        listed["disabled_reason"]
+            .as_str()
+            .expect("reason")
+            .contains("failed"),
+        "{listed}"
+    );
+    assert!(
+        listed.get("secret").is_none(),
+        "a list never shows the secret"
+    );
+
+    // Rotated: the old secret still signs for a day.
+    let rotated: Value = rig
+        .app
+        .post(
+            &format!("/v1/event_endpoints/{endpoint}/rotate_secret"),
+            None,
+        )
+        .send()
+        .await
+        .expect("rotate")
+        .json()
+        .await
+        .expect("json");
+    let new_secret = rotated["secret"].as_str().expect("secret").to_owned();
+    assert_ne!(new_secret, old_secret);
+    merchant.secrets.lock().expect("lock").push(old_secret);
+
+    merchant.come_back().await;
+    let id: cobro_core::EndpointId = endpoint.parse().expect("id");
+    assert!(
+        rig.app
+            .db
+            .store
+            .enable_endpoint(None, id, rig.app.clock.now())
+            .await
+            .expect("enable")
+    );
+    assert_eq!(
+        rig.app
+            .db
+            .store
+            .replay_dead_deliveries(None, rig.app.clock.now())
+            .await
+            .expect("replay"),
+        2
+    );
+    dispatch_until_settled(&rig, &d, Duration::seconds(30)).await;
+    assert_eq!(deliveries(&rig).await.get("delivered"), Some(&2));
+    let id = p["id"].as_str().expect("id");
+    assert_eq!(
+        merchant.state().await.get(id),
+        Some(&without_attempts(rig.payment(id).await))
+    );
+
+    // A receiver that knows only the new secret accepts a resend too.
+    *merchant.secrets.lock().expect("lock") = vec![new_secret];
+    let event = whole_feed(&rig, 0).await[0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let resent = rig
+        .app
+        .db
+        .store
+        .resend_event(None, event.parse().expect("id"), rig.app.clock.now())
+        .await
+        .expect("resend");
+    assert_eq!(resent, Some(1));
+    let before = merchant.received.lock().expect("lock").len();
+    dispatch_until_settled(&rig, &d, Duration::seconds(30)).await;
+    let received = merchant.received.lock().expect("lock");
+    assert_eq!(received.len(), before + 1);
+    assert_eq!(received[before].event.id, event);
+    assert_eq!(
+        received[before].decision,
+        Some(cobro_client::webhook::Decision::Duplicate)
+    );
+}
+
+/// `GET /v1/events` filters by type and by object (a payment's filter also
+/// yields its refunds' events), `GET /v1/events/{id}` answers one, and
+/// another account sees none of them (404, empty feed), even with the
+/// same order refs.
+async fn the_feed_filters_by_type_and_object_and_never_shows_another_accounts_events(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let a = rig.create_payment("k-1", &payment_body("o-1")).await;
+    rig.create_payment("k-2", &payment_body("o-2")).await;
+    rig.drain(5).await;
+    let a = a["id"].as_str().expect("id");
+    post_ok(
+        &rig,
+        &format!("/v1/payments/{a}/refunds"),
+        "r-1",
+        json!({"amount": 100}),
+    )
+    .await;
+
+    let get = |path: String| {
+        let rig = &rig;
+        async move {
+            let r = rig.app.get(&path).send().await.expect("get");
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let (_, captured) = get("/v1/events?type=payment.captured".into()).await;
+    assert_eq!(captured["data"].as_array().expect("data").len(), 2);
+    let (_, of_a) = get(format!("/v1/events?object={a}")).await;
+    let types: Vec<&str> = of_a["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|e| e["type"].as_str().expect("type"))
+        .collect();
+    assert_eq!(
+        types,
+        ["payment.created", "payment.captured", "refund.created"]
+    );
+    let first = of_a["data"][0].clone();
+    let (status, one) = get(format!("/v1/events/{}", first["id"].as_str().expect("id"))).await;
+    assert_eq!(status, 200);
+    assert_eq!(one, first);
+    let (status, bad) = get("/v1/events?type=payment.nope&limit=0".into()).await;
+    assert_eq!(status, 400);
+    assert_eq!(bad["code"], "validation-error");
+
+    // Another account with the same order ref sees nothing of these.
+    let (_, other_token) = rig.app.new_account("other").await;
+    let r = rig
+        .app
+        .client
+        .get(format!(
+            "{}/v1/events/{}",
+            rig.app.url,
+            first["id"].as_str().expect("id")
+        ))
+        .bearer_auth(&other_token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status().as_u16(), 404);
+    let feed: Value = rig
+        .app
+        .client
+        .get(format!("{}/v1/events", rig.app.url))
+        .bearer_auth(&other_token)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(feed["data"], json!([]));
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod error;
+pub mod events;
 pub mod extract;
 mod health;
 mod keyed;
@@ -91,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .merge(openapi::routes())
         .merge(health::routes())
         .merge(webhooks::routes())
+        .merge(events::routes())
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(middleware::from_fn(request_context))
         .with_state(state)

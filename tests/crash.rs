@@ -1158,3 +1158,111 @@ async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge() 
         .expect("json");
     assert_eq!(b_now["provider_ref"], b_charge.as_str());
 }
+
+/// A merchant endpoint for the dispatcher's crash test: it records every
+/// delivery (the event id and body) and holds the FIRST one forever, so a
+/// dispatcher can be killed while its POST is in flight.
+async fn holding_endpoint() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let received: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let seen = received.clone();
+    let app = axum::Router::new().route(
+        "/events",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let event: Value = serde_json::from_slice(&body).expect("an event");
+                let first = {
+                    let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+                    seen.push(event);
+                    seen.len() == 1
+                };
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/events", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (url, received)
+}
+
+/// A dispatcher (`cobro worker`) SIGKILLed while its POST of an event is in
+/// flight leaves a lease that expires; another `cobro worker` sends the
+/// same event (same id, same body) again, and every event of the payment
+/// reaches the endpoint, in sequence order per payment once deduplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_killed_mid_delivery_is_finished_by_another_with_the_same_event_id() {
+    let site = Site::new().await;
+    let (endpoint, received) = holding_endpoint().await;
+    let (_api, url) = site.serve("serve", &["--no-dispatcher"], &[]).await;
+    let created = site
+        .http
+        .post(format!("{url}/v1/event_endpoints"))
+        .bearer_auth(&site.token)
+        .json(&serde_json::json!({"url": endpoint}))
+        .send()
+        .await
+        .expect("endpoint");
+    assert_eq!(created.status().as_u16(), 201);
+    let payment = site.create_payment(&url, "k-1", &payment_body("o-1")).await;
+    let payment = site.settled_payment(&url, &id_of(&payment)).await;
+    assert_eq!(payment["status"], "captured");
+    let dispatcher_env = [
+        ("COBRO_EVENTS_TIMEOUT", "2s"),
+        ("COBRO_EVENTS_POLL", "100ms"),
+        ("COBRO_NO_RECONCILER", "true"),
+    ];
+
+    let (mut a, _) = site.worker("dispatcher A", &dispatcher_env).await;
+    let held = wait_for("the endpoint holds A's first POST", SETTLE, async || {
+        let seen = received.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.first().cloned()
+    })
+    .await;
+    a.kill9();
+    let (_b, _) = site.worker("dispatcher B", &dispatcher_env).await;
+    let events = site.count("events").await as usize;
+    assert_eq!(events, 2, "payment.created and payment.captured");
+    wait_for("every delivery is delivered", SETTLE, async || {
+        (site
+            .count("event_deliveries WHERE state = 'delivered'")
+            .await as usize
+            == events)
+            .then_some(())
+    })
+    .await;
+    let seen = received
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let copies = seen.iter().filter(|e| e["id"] == held["id"]).count();
+    assert!(copies >= 2, "the held event was sent again: {seen:?}");
+    assert!(
+        seen.iter()
+            .filter(|e| e["id"] == held["id"])
+            .all(|e| *e == held),
+        "every copy is the same event"
+    );
+    let mut ids: Vec<&str> = seen.iter().map(|e| e["id"].as_str().expect("id")).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), events, "every event arrived");
+    // Deduplicated, the last applied state is the payment's.
+    let last = seen
+        .iter()
+        .max_by_key(|e| e["sequence"].as_i64().expect("sequence"))
+        .expect("an event");
+    let mut shown = payment.clone();
+    shown.as_object_mut().expect("object").remove("attempts");
+    assert_eq!(last["data"], shown);
+    assert_eq!(
+        cobro_test_support::for_intent(&site.ledger(), "o-1:authorize-v1").charges,
+        1,
+        "one charge at the provider"
+    );
+}

@@ -3,14 +3,14 @@
 //! Layout:
 //! - [`Cli`]: global settings plus the subcommand.
 //! - [`Command`]: `serve`, `worker`, `reconcile`, `payments`, `migrate`,
-//!   `accounts`, `tokens`, `purge`.
+//!   `accounts`, `tokens`, `purge`, `events`.
 //! - [`run`]: dispatches a parsed command to its module.
 
 use crate::settings::{
     DEFAULT_PURGE_BATCH, GlobalSettings, ProviderSettings, ReconcileSettings, RetentionSettings,
     ServeSettings, WorkerSettings,
 };
-use crate::{admin, reconcile, serve, worker};
+use crate::{admin, events, reconcile, serve, worker};
 use clap::{Args, Parser, Subcommand};
 
 /// cobro: payment orchestration. Settings come from flags or `COBRO_*`
@@ -57,6 +57,9 @@ pub enum Command {
     /// Look at payments and resolve the ones in `needs_review` by hand.
     #[command(subcommand)]
     Payments(reconcile::PaymentsCommand),
+    /// Events to merchants: list, resend, and the endpoints they go to.
+    #[command(subcommand)]
+    Events(events::EventsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +94,9 @@ pub struct WorkerArgs {
 
     #[command(flatten)]
     pub schedule: crate::settings::ReconcileSchedule,
+
+    #[command(flatten)]
+    pub dispatcher: events::DispatcherSettings,
 
     /// After SIGTERM or SIGINT, how long in-flight calls may run.
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
@@ -137,6 +143,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             reconcile::run(global, &cli.provider, &cli.reconcile, &args).await
         }
         Command::Payments(command) => reconcile::payments(global, &cli.provider, command).await,
+        Command::Events(command) => events::run(global, command).await,
     }
 }
 

@@ -109,6 +109,9 @@ pub async fn run(
         );
         (Some(handle), Some(task))
     };
+    // Events go out from every process unless told otherwise.
+    let _dispatcher =
+        crate::events::spawn_dispatcher(&store, &clock, &settings.dispatcher, shutdown.clone())?;
     // The reconciler runs on a schedule in every process that has a
     // provider (with or without its worker), asking the provider the
     // worker calls, unless told not to.

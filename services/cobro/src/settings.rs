@@ -142,6 +142,9 @@ pub struct ServeSettings {
 
     #[command(flatten)]
     pub schedule: ReconcileSchedule,
+
+    #[command(flatten)]
+    pub dispatcher: crate::events::DispatcherSettings,
 }
 
 /// The scheduled reconciler that every process with a provider runs

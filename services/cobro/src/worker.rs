@@ -125,6 +125,8 @@ pub async fn run_alone(
     if let Some(address) = args.metrics_listen {
         serve_metrics(address, &store, &clock, shutdown.clone()).await?;
     }
+    let _dispatcher =
+        crate::events::spawn_dispatcher(&store, &clock, &args.dispatcher, shutdown.clone())?;
     say(format_args!("cobro worker running as {}", config.owner))?;
     let task = spawn(
         store.clone(),

@@ -96,6 +96,18 @@ async fn assert_events_match(rig: &Rig, payment_id: &str) -> Vec<String> {
     events.iter().map(|e| e.event_type.clone()).collect()
 }
 
+/// Both clocks past the provider's search lag, then one reconciler run.
+async fn reconcile_past_the_search_lag(rig: &Rig) {
+    rig.app.clock.advance(Duration::minutes(10));
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(600));
+    rig.reconciler(|_| {})
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("reconcile");
+}
+
 /// Every way a payment changes status here (the API, the worker's answers,
 /// the reconciler's decision after a lost answer) leaves an event stream
 /// whose last element is the state the API shows, with no missing
@@ -160,12 +172,7 @@ async fn every_status_change_has_its_event_and_the_last_event_is_the_final_state
         rig.payment(&lost).await["status"],
         "requires_reconciliation"
     );
-    rig.app.clock.advance(Duration::minutes(10));
-    control.advance_clock(std::time::Duration::from_secs(600));
-    rig.reconciler(|_| {})
-        .run(&Scope::default(), false, "test", &|_, _| {})
-        .await
-        .expect("reconcile");
+    reconcile_past_the_search_lag(&rig).await;
 
     assert_eq!(
         assert_events_match(&rig, &auto).await,
@@ -778,7 +785,8 @@ use cobro_core::Clock;
 /// The "done when": a merchant endpoint that answers 500, hangs
 /// past the timeout, closes the connection, answers slowly twice, and is
 /// down for ten (simulated) minutes while payments move, served by two
-/// dispatchers at once, ends with exactly cobro's state for every payment
+/// dispatchers at once, with provider faults (a lost answer retried, an
+/// unknown outcome settled by the reconciler a day later), ends with exactly cobro's state for every payment
 /// and refund (applied by sequence, deduplicated by id), which is also the
 /// provider's; every event reached it at least once, copies of one event
 /// are byte-identical, and the feed from any cursor has every later event.
@@ -807,7 +815,26 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
     let auto = rig.create_payment("k-1", &payment_body("o-1")).await;
     rig.create_payment("k-2", &declined).await;
     let manual = rig.create_payment("k-3", &manual_payment_body("o-3")).await;
+    // Provider faults too: o-1's answer is lost once (the worker retries
+    // under the same key), o-5's outcome stays unknown until the
+    // reconciler adopts the charge, a day later.
+    let control = rig.provider.control();
+    control.add_fault(
+        FaultRule::new(FOp::Charge, FaultAction::DropResponseAfterEffect)
+            .with_reference("o-1:")
+            .with_next(1),
+    );
+    control.add_fault(
+        FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect).with_reference("o-5:"),
+    );
+    rig.create_payment("k-5", &payment_body("o-5")).await;
     rig.drain(5).await;
+    dispatch_until_settled(&rig, &dispatchers, Duration::seconds(30)).await;
+    rig.app
+        .clock
+        .advance(Duration::hours(23) + Duration::minutes(1));
+    rig.drain(5).await;
+    reconcile_past_the_search_lag(&rig).await;
     dispatch_until_settled(&rig, &dispatchers, Duration::seconds(30)).await;
 
     // Down for ten minutes while payments move.
@@ -900,7 +927,7 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
         .as_array()
         .expect("data")
         .clone();
-    assert_eq!(payments.len(), 4);
+    assert_eq!(payments.len(), 5);
     for p in &payments {
         let id = p["id"].as_str().expect("id");
         assert_eq!(state.get(id), Some(p), "the merchant's view of {id}");

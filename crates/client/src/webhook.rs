@@ -15,6 +15,40 @@
 //! merchant's change in the SAME transaction as the bookkeeping, so a crash
 //! can never record an event as applied without its effect, or the reverse.
 //!
+//! A runnable round trip (an event signed as cobro signs it, received
+//! twice, then an older one):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use cobro_client::webhook::{Decision, EventInbox, verify_event};
+//! let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+//!     .connect("sqlite::memory:").await?;
+//! let inbox = EventInbox::open(pool).await?;
+//! let event = |id: &str, sequence: i64, status: &str| serde_json::json!({
+//!     "id": id, "type": format!("payment.{status}"), "position": sequence,
+//!     "sequence": sequence, "object_type": "payment", "object_id": "p-1",
+//!     "payment_id": "p-1", "created_at": "2026-12-01T12:00:00.000000Z",
+//!     "data": {"id": "p-1", "status": status},
+//! }).to_string();
+//! let now = chrono::Utc::now();
+//! let receive = async |body: String| -> Result<Decision, Box<dyn std::error::Error>> {
+//!     // What cobro's dispatcher sends in the `Cobro-Signature` header.
+//!     let header = cobro_core::signature::sign(&["whsec_test"], now.timestamp(), body.as_bytes());
+//!     let event = verify_event(&header, body.as_bytes(), &["whsec_test"], now,
+//!         std::time::Duration::from_secs(300))?;
+//!     Ok(inbox.apply(&event, async |_tx, _event| Ok(())).await?)
+//! };
+//! assert_eq!(receive(event("e-2", 2, "captured")).await?, Decision::Applied);
+//! assert_eq!(receive(event("e-2", 2, "captured")).await?, Decision::Duplicate);
+//! assert_eq!(receive(event("e-1", 1, "processing")).await?, Decision::Stale);
+//! assert_eq!(inbox.applied_sequence("p-1").await?, Some(2));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! In a handler:
+//!
 //! ```no_run
 //! # async fn handler(headers: &std::collections::HashMap<String, String>, body: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
 //! use cobro_client::webhook::{EventInbox, verify_event};

@@ -172,6 +172,12 @@ impl EventInbox {
     /// Runs `apply` for `event` unless it is a duplicate or stale, in one
     /// transaction with the inbox's own bookkeeping: if `apply` fails,
     /// nothing is recorded and the event is applied when redelivered.
+    ///
+    /// Call it where it cannot be cancelled half-way (in a task of its own,
+    /// `tokio::spawn`): HTTP servers drop a handler's future when the client
+    /// disconnects (cobro gives up after its timeout), and a future dropped
+    /// inside a transaction can leave a pooled SQLite connection holding
+    /// it (a known sqlx 0.8 hazard), which stalls the next deliveries.
     pub async fn apply<F>(&self, event: &WebhookEvent, apply: F) -> Result<Decision, WebhookError>
     where
         F: AsyncFnOnce(&mut sqlx::SqliteConnection, &WebhookEvent) -> Result<(), sqlx::Error>,

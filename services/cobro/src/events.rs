@@ -39,6 +39,13 @@ pub struct DispatcherSettings {
     /// How often an idle dispatcher looks for due deliveries.
     #[arg(long, env = "COBRO_EVENTS_POLL", default_value = "1s", value_parser = parse_duration)]
     pub events_poll: Duration,
+
+    /// Retry backoff: a random delay up to base x 2^attempts, capped.
+    #[arg(long, env = "COBRO_EVENTS_BACKOFF_BASE", default_value = "5s", value_parser = parse_duration)]
+    pub events_backoff_base: Duration,
+
+    #[arg(long, env = "COBRO_EVENTS_BACKOFF_CAP", default_value = "1h", value_parser = parse_duration)]
+    pub events_backoff_cap: Duration,
 }
 
 /// Starts the dispatcher loop as a task, unless `--no-dispatcher`; it stops
@@ -62,6 +69,8 @@ pub fn spawn_dispatcher(
         retry_period: settings.events_retry_period,
         disable_after: settings.events_retry_period,
         poll_interval: settings.events_poll,
+        backoff_base: settings.events_backoff_base,
+        backoff_cap: settings.events_backoff_cap,
         ..Default::default()
     };
     let dispatcher = Dispatcher::new(store.clone(), Arc::clone(clock), config)

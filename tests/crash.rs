@@ -235,6 +235,31 @@ impl Site {
     }
 }
 
+impl Site {
+    /// Runs `cobro reconcile` until no payment is processing, unknown or
+    /// in flight (at most 2 minutes).
+    async fn reconcile_until_settled(&self, env: &[(&str, &str)]) {
+        let unsettled = "payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling')";
+        wait_for(
+            "every payment is settled",
+            Duration::from_secs(120),
+            async || {
+                let reconcile = self
+                    .command(&["reconcile", "--json"], env)
+                    .output()
+                    .expect("cobro reconcile runs");
+                assert!(
+                    matches!(reconcile.status.code(), Some(0 | 3)),
+                    "reconcile failed: {}",
+                    String::from_utf8_lossy(&reconcile.stderr)
+                );
+                (self.count(unsettled).await == 0).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
 fn replayed(response: &reqwest::Response) -> &str {
     response
         .headers()
@@ -1337,4 +1362,304 @@ async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge() 
         .await
         .expect("json");
     assert_eq!(b_now["provider_ref"], b_charge.as_str());
+}
+
+/// A merchant endpoint for the dispatcher's crash test: it records every
+/// delivery (the event id and body) and holds the FIRST one forever, so a
+/// dispatcher can be killed while its POST is in flight.
+async fn holding_endpoint() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let received: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let seen = received.clone();
+    let app = axum::Router::new().route(
+        "/events",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let event: Value = serde_json::from_slice(&body).expect("an event");
+                let first = {
+                    let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+                    seen.push(event);
+                    seen.len() == 1
+                };
+                if first {
+                    std::future::pending::<()>().await;
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/events", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (url, received)
+}
+
+/// A dispatcher (`cobro worker`) SIGKILLed while its POST of an event is in
+/// flight leaves a lease that expires; another `cobro worker` sends the
+/// same event (same id, same body) again, and every event of the payment
+/// reaches the endpoint, in sequence order per payment once deduplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dispatcher_killed_mid_delivery_is_finished_by_another_with_the_same_event_id() {
+    let site = Site::new().await;
+    let (endpoint, received) = holding_endpoint().await;
+    let (_api, url) = site.serve("serve", &["--no-dispatcher"], &[]).await;
+    let created = site
+        .http
+        .post(format!("{url}/v1/event_endpoints"))
+        .bearer_auth(&site.token)
+        .json(&serde_json::json!({"url": endpoint}))
+        .send()
+        .await
+        .expect("endpoint");
+    assert_eq!(created.status().as_u16(), 201);
+    let payment = site.create_payment(&url, "k-1", &payment_body("o-1")).await;
+    let payment = site.settled_payment(&url, &id_of(&payment)).await;
+    assert_eq!(payment["status"], "captured");
+    let dispatcher_env = [
+        ("COBRO_EVENTS_TIMEOUT", "2s"),
+        ("COBRO_EVENTS_POLL", "100ms"),
+        ("COBRO_NO_RECONCILER", "true"),
+    ];
+
+    let (mut a, _) = site.worker("dispatcher A", &dispatcher_env).await;
+    let held = wait_for("the endpoint holds A's first POST", SETTLE, async || {
+        let seen = received.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.first().cloned()
+    })
+    .await;
+    a.kill9();
+    let (_b, _) = site.worker("dispatcher B", &dispatcher_env).await;
+    let events = site.count("events").await as usize;
+    assert_eq!(events, 2, "payment.created and payment.captured");
+    wait_for("every delivery is delivered", SETTLE, async || {
+        (site
+            .count("event_deliveries WHERE state = 'delivered'")
+            .await as usize
+            == events)
+            .then_some(())
+    })
+    .await;
+    let seen = received
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let copies = seen.iter().filter(|e| e["id"] == held["id"]).count();
+    assert!(copies >= 2, "the held event was sent again: {seen:?}");
+    assert!(
+        seen.iter()
+            .filter(|e| e["id"] == held["id"])
+            .all(|e| *e == held),
+        "every copy is the same event"
+    );
+    let mut ids: Vec<&str> = seen.iter().map(|e| e["id"].as_str().expect("id")).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), events, "every event arrived");
+    // Deduplicated, the last applied state is the payment's.
+    let last = seen
+        .iter()
+        .max_by_key(|e| e["sequence"].as_i64().expect("sequence"))
+        .expect("an event");
+    let mut shown = payment.clone();
+    shown.as_object_mut().expect("object").remove("attempts");
+    assert_eq!(last["data"], shown);
+    assert_eq!(
+        cobro_test_support::for_intent(&site.ledger(), "o-1:authorize-v1").charges,
+        1,
+        "one charge at the provider"
+    );
+}
+
+#[path = "merchant.rs"]
+mod merchant;
+
+/// The "done when" at process level: a chaos run (provider faults,
+/// an 8 s key window, workers SIGKILLed and restarted, each with its
+/// dispatcher) with a merchant endpoint that misbehaves and is down for a
+/// while in the middle. Once quiet, the endpoint holds exactly cobro's
+/// final state for every payment (applied by sequence, deduplicated by id
+/// with `cobro-client`), which is the provider's; every event reached it,
+/// and the feed from its start has every event with no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_with_a_merchant_endpoint_down_for_a_while_ends_with_the_endpoint_equal_to_cobro() {
+    const PAYMENTS: usize = 150;
+    let site = Site::with_provider(fake_provider::Config {
+        admin: true,
+        seed: 18,
+        retention: Duration::from_secs(8),
+        ..Default::default()
+    })
+    .await;
+    let control = site.provider.control();
+    let chance = |op, action, p: f64| FaultRule::new(op, action).with_probability(p);
+    for rule in [
+        chance(FOp::Charge, FaultAction::FailBeforeEffect, 0.05),
+        chance(FOp::Charge, FaultAction::FailAfterEffect, 0.05),
+        chance(FOp::Charge, FaultAction::DropResponseAfterEffect, 0.05),
+        chance(FOp::Charge, FaultAction::SearchLag, 0.2).with_lag_seconds(2),
+    ] {
+        control.add_fault(rule);
+    }
+    let env: &[(&str, &str)] = &[
+        ("COBRO_PROVIDER_TIMEOUT", "1s"),
+        ("COBRO_PROVIDER_KEY_RETENTION", "8s"),
+        ("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "4s"),
+        ("COBRO_PROVIDER_SEARCH_LAG", "3s"),
+        ("COBRO_RECONCILE_STUCK_AFTER", "5s"),
+        ("COBRO_EVENTS_TIMEOUT", "1s"),
+        ("COBRO_EVENTS_POLL", "100ms"),
+        ("COBRO_EVENTS_BACKOFF_BASE", "100ms"),
+        ("COBRO_EVENTS_BACKOFF_CAP", "1s"),
+    ];
+    let merchant = merchant::Merchant::start(
+        Arc::new(cobro_core::SystemClock),
+        Duration::from_millis(1500),
+    )
+    .await;
+    merchant.script(&[
+        merchant::Answer::Fail500,
+        merchant::Answer::Hang,
+        merchant::Answer::Close,
+        merchant::Answer::Slow,
+        merchant::Answer::Slow,
+    ]);
+    let (_api, url) = site
+        .serve("api", &["--no-worker", "--no-dispatcher"], env)
+        .await;
+    let endpoint: Value = site
+        .http
+        .post(format!("{url}/v1/event_endpoints"))
+        .bearer_auth(&site.token)
+        .json(&serde_json::json!({"url": merchant.url}))
+        .send()
+        .await
+        .expect("endpoint")
+        .json()
+        .await
+        .expect("json");
+    merchant
+        .secrets
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(endpoint["secret"].as_str().expect("secret").to_owned());
+    let mut workers = Vec::new();
+    for i in 0..2 {
+        workers.push(site.worker(&format!("worker {i}"), env).await.0);
+    }
+
+    let mut created = Vec::new();
+    for i in 0..PAYMENTS {
+        let mut body = payment_body(&format!("chaos-{i}"));
+        if i % 10 == 0 {
+            body["payment_method"] = "pm_card_declined".into();
+        }
+        created.push(
+            site.create_payment(&url, &format!("chaos-key-{i}"), &body)
+                .await,
+        );
+        match i {
+            // Down for a while, with workers killed while it is.
+            50 => merchant.go_down(),
+            75 | 100 => {
+                let victim = i % 2;
+                workers[victim].kill9();
+                workers[victim] = site.worker(&format!("worker {victim} again"), env).await.0;
+            }
+            110 => merchant.come_back().await,
+            _ => {}
+        }
+    }
+
+    site.reconcile_until_settled(env).await;
+    let events = wait_for(
+        "every event is delivered",
+        Duration::from_secs(60),
+        async || {
+            let events = site.count("events").await;
+            let delivered = site
+                .count("event_deliveries WHERE state = 'delivered'")
+                .await;
+            (events > 0 && delivered == events).then_some(events)
+        },
+    )
+    .await;
+    assert_eq!(site.count("event_deliveries WHERE state = 'dead'").await, 0);
+    assert!(
+        site.count("event_deliveries WHERE attempts > 1").await > 0,
+        "the endpoint's faults and its downtime caused retries"
+    );
+
+    // Every event reached the endpoint; copies are the same event.
+    let feed: Vec<(i64, String)> =
+        sqlx::query_as("SELECT feed_position, id::text FROM events ORDER BY feed_position")
+            .fetch_all(&site.pg)
+            .await
+            .expect("feed");
+    assert_eq!(
+        feed.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        (1..=events).collect::<Vec<_>>(),
+        "the feed is dense"
+    );
+    let mut got: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+    for r in merchant
+        .received
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+    {
+        got.entry(r.event.id.clone())
+            .or_default()
+            .push(r.raw.to_vec());
+    }
+    assert_eq!(
+        got.keys().cloned().collect::<Vec<_>>(),
+        {
+            let mut ids: Vec<String> = feed.iter().map(|(_, id)| id.clone()).collect();
+            ids.sort();
+            ids
+        },
+        "every event, and only cobro's"
+    );
+    assert!(got.values().all(|c| c.windows(2).all(|w| w[0] == w[1])));
+    for (object, sequences) in &merchant.applied().await {
+        assert!(
+            sequences.windows(2).all(|w| w[0] < w[1]),
+            "{object}: {sequences:?}"
+        );
+    }
+
+    // The endpoint's state is cobro's, and cobro's is the provider's.
+    control.clear_faults();
+    let state = merchant.state().await;
+    let ledger = site.ledger();
+    for first in &created {
+        let mut payment = site.payment(&url, &id_of(first)).await;
+        payment.as_object_mut().expect("object").remove("attempts");
+        let id = id_of(&payment);
+        assert_eq!(
+            state.get(&id),
+            Some(&payment),
+            "the endpoint's view of {id}"
+        );
+        let reference = payment["intent"].as_str().expect("intent");
+        let effects = cobro_test_support::for_intent(&ledger, reference);
+        match payment["status"].as_str() {
+            Some("captured") => {
+                assert_eq!(effects.charges, 1, "{reference}");
+                let charge = ledger
+                    .charges
+                    .iter()
+                    .find(|c| payment["provider_ref"] == c.id.as_str())
+                    .expect("its charge");
+                assert_eq!(
+                    charge.amount_captured,
+                    payment["amount_captured"].as_i64().expect("n")
+                );
+            }
+            Some("declined") => assert_eq!(effects.charges, 0, "{reference}"),
+            other => panic!("{reference}: {other:?}"),
+        }
+    }
 }

@@ -15,7 +15,9 @@ on_both_backends!(
     an_invalid_key_is_never_echoed_and_a_valid_one_is_in_the_problem,
     bare_keys_may_start_with_a_quote,
     forged_webhooks_are_rate_limited_and_the_signed_ones_still_pass,
+    a_webhook_secret_rotation_refuses_no_delivery,
     what_the_fuzzer_found_stays_as_documented,
+    repeated_query_parameters_and_unusable_endpoint_urls_are_problems,
 );
 
 /// Every row a refused request could have written.
@@ -321,4 +323,103 @@ async fn what_the_fuzzer_found_stays_as_documented(backend: Backend) {
         .expect("send");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(app.db.count("payments").await, 1);
+}
+
+/// More schemathesis findings: a repeated query parameter was axum's plain
+/// text 400, and an endpoint URL the document allowed (`""`) was refused.
+/// Now every query rejection is a problem, and the URL grammar is the
+/// document's (no IPv6 literal, user, query or fragment).
+async fn repeated_query_parameters_and_unusable_endpoint_urls_are_problems(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    for path in [
+        "/v1/payments?status=captured&status=failed",
+        "/v1/events?type=a&type=b",
+        "/v1/payments?order_ref=ord%00x",
+        "/v1/events?object=%00",
+    ] {
+        let response = app.get(path).send().await.expect("send");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{path}"
+        );
+        let problem: Value = response.json().await.expect("json");
+        assert_eq!(problem["errors"][0]["field"], "query", "{path}: {problem}");
+    }
+    for url in [
+        "",
+        "https://127.0.0.256/hook",
+        "https://[::1]/",
+        "https://shop.example/?secret=1",
+        "https://u:p@shop.example/",
+    ] {
+        let response = app
+            .client
+            .post(format!("{}/v1/event_endpoints", app.url))
+            .bearer_auth(&app.token)
+            .json(&json!({"url": url}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{url}");
+    }
+    assert_eq!(app.db.count("event_endpoints").await, 0);
+    let response = app
+        .client
+        .post(format!("{}/v1/event_endpoints", app.url))
+        .bearer_auth(&app.token)
+        .json(&json!({"url": "https://shop.example/cobro"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(app.db.count("event_endpoints").await, 1);
+}
+
+/// ops/RUNBOOK.md's rotation: with the new secret current and the old one
+/// as `COBRO_WEBHOOK_SECRET_PREVIOUS`, deliveries signed with either are
+/// stored; any other secret is still refused.
+async fn a_webhook_secret_rotation_refuses_no_delivery(backend: Backend) {
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks("whsec_old", false).await;
+    let mut settings = cobro_api::ApiSettings::default();
+    settings
+        .webhook_secrets
+        .insert("fake".into(), cobro_api::WebhookSecret::new("whsec_new"));
+    settings
+        .webhook_previous_secrets
+        .insert("fake".into(), cobro_api::WebhookSecret::new("whsec_old"));
+    rig.app.serve_with(settings).await;
+    let t = cobro_core::Clock::now(&rig.app.clock).timestamp();
+    let mut statuses = Vec::new();
+    for (id, secret) in [
+        ("evt_old", "whsec_old"),
+        ("evt_new", "whsec_new"),
+        ("evt_other", "whsec_other"),
+    ] {
+        let body = serde_json::to_vec(&json!({
+            "id": id, "type": "charge.something_else", "created": "2026-11-30T12:00:00Z",
+            "sequence": 1,
+            "data": {"id": "ch_x", "object": "charge", "amount": 1999, "currency": "EUR",
+                     "reference": "ord-1:authorize-v1", "status": "captured", "sequence": 1},
+        }))
+        .expect("json");
+        let response = rig
+            .app
+            .client
+            .post(format!("{}/v1/webhooks/fake", rig.app.url))
+            .header("content-type", "application/json")
+            .header(
+                fake_provider::SIGNATURE_HEADER,
+                fake_provider::sign(secret, t, &body),
+            )
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 400]);
+    assert_eq!(rig.app.db.count("webhook_events").await, 2);
 }

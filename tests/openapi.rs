@@ -26,6 +26,12 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
     ("POST", "/v1/webhooks/{provider}"),
+    ("GET", "/v1/events"),
+    ("GET", "/v1/events/{id}"),
+    ("POST", "/v1/event_endpoints"),
+    ("GET", "/v1/event_endpoints"),
+    ("DELETE", "/v1/event_endpoints/{id}"),
+    ("POST", "/v1/event_endpoints/{id}/rotate_secret"),
 ];
 
 /// One of each `ApiError` variant.
@@ -333,7 +339,8 @@ async fn posts_document_the_key_and_every_answer_its_headers() {
         // Provider webhooks are authenticated by their signature and
         // deduplicated by their event id: no bearer, no key.
         let webhook = path.starts_with("/v1/webhooks/");
-        let is_post = method == "POST" && !webhook;
+        // Managing event endpoints moves no money: no key.
+        let is_post = method == "POST" && !webhook && !path.starts_with("/v1/event_endpoints");
         assert_eq!(
             parameters.contains(&"#/components/parameters/IdempotencyKey"),
             is_post,
@@ -419,6 +426,30 @@ async fn real_answers_match_the_documented_schemas_and_headers() {
     for item in list["data"].as_array().expect("data") {
         assert_matches_schema(&doc, "Payment", item);
         assert!(item.get("attempts").is_none(), "lists omit attempts");
+    }
+
+    let endpoint = app
+        .post("/v1/event_endpoints", None)
+        .json(&json!({"url": "http://127.0.0.1:9/events", "event_types": ["payment.captured"]}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(endpoint.status(), StatusCode::CREATED);
+    let endpoint: Value = endpoint.json().await.expect("json");
+    assert_matches_schema(&doc, "EventEndpoint", &endpoint);
+    let events: Value = app
+        .get("/v1/events")
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_matches_schema(&doc, "EventList", &events);
+    let types = &schema(&doc, "EventType")["enum"];
+    for event in events["data"].as_array().expect("data") {
+        assert_matches_schema(&doc, "Event", event);
+        assert!(types.as_array().expect("enum").contains(&event["type"]));
     }
 
     let refused = app

@@ -1,13 +1,10 @@
 //! The store's behaviour, one suite run against both backends.
 
 use chrono::Duration;
-use cobro_core::{
-    AccountId, Fingerprint, IdempotencyKey, IntentName, Operation, OrderRef, PaymentId,
-    PaymentStatus,
-};
+use cobro_core::{AccountId, Fingerprint, IdempotencyKey, Operation, PaymentId, PaymentStatus};
 use cobro_store::idempotency::ResourceType;
-use cobro_store::{KeyScope, NewAttempt, NewPayment, Reservation, SendMark, Store};
-use cobro_test_support::{Backend, TestDb, on_both_backends, t0};
+use cobro_store::{KeyScope, NewAttempt, Reservation, SendMark, Store};
+use cobro_test_support::{Backend, TestDb, new_payment, on_both_backends, t0};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::Barrier;
@@ -22,22 +19,6 @@ on_both_backends!(
     the_same_key_in_another_account_is_another_record,
     a_token_is_refused_from_its_expiry_on_and_once_revoked,
 );
-
-fn new_payment(account: AccountId, order: &str) -> NewPayment {
-    let order_ref = OrderRef::parse(order).expect("order ref");
-    NewPayment {
-        id: PaymentId::new(),
-        account,
-        intent: IntentName::new(&order_ref, Operation::Authorize, 1),
-        order_ref,
-        amount: 1999,
-        currency: "EUR".into(),
-        capture_method: "automatic".into(),
-        payment_method: "pm_card_visa".into(),
-        description: None,
-        metadata: "{}".into(),
-    }
-}
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
     KeyScope {

@@ -338,6 +338,23 @@ impl Drop for TestApp {
     }
 }
 
+/// A payment for the store's own tests (1999 EUR, automatic capture).
+pub fn new_payment(account: cobro_core::AccountId, order: &str) -> cobro_store::NewPayment {
+    let order_ref = cobro_core::OrderRef::parse(order).expect("order ref");
+    cobro_store::NewPayment {
+        id: cobro_core::PaymentId::new(),
+        account,
+        intent: cobro_core::IntentName::new(&order_ref, cobro_core::Operation::Authorize, 1),
+        order_ref,
+        amount: 1999,
+        currency: "EUR".into(),
+        capture_method: "automatic".into(),
+        payment_method: "pm_card_visa".into(),
+        description: None,
+        metadata: "{}".into(),
+    }
+}
+
 /// A valid create-payment body for `order_ref`.
 pub fn payment_body(order_ref: &str) -> serde_json::Value {
     serde_json::json!({

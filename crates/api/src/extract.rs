@@ -88,6 +88,33 @@ impl<S: Send + Sync> FromRequestParts<S> for KeyHeader {
     }
 }
 
+/// The query string, deserialized like axum's `Query`, with every
+/// rejection (a repeated parameter, a value of the wrong type) the API's
+/// own 400 problem rather than axum's plain text.
+#[derive(Debug)]
+pub struct Params<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // A NUL reaches no query either (a filter bound to a statement).
+        if parts.uri.query().is_some_and(|q| q.contains("%00")) {
+            return Err(ApiError::Validation(vec![FieldError::new(
+                "query",
+                "must not contain U+0000 (NUL)",
+            )]));
+        }
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Params(value)),
+            Err(rejection) => Err(ApiError::Validation(vec![FieldError::new(
+                "query",
+                rejection.body_text(),
+            )])),
+        }
+    }
+}
+
 /// A JSON object body, at most [`BODY_LIMIT`] bytes. An empty body reads as
 /// `{}` (capture and cancel take no fields).
 #[derive(Debug)]

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod error;
+pub mod events;
 pub mod extract;
 mod health;
 mod keyed;
@@ -37,6 +38,10 @@ pub struct ApiSettings {
     /// Signing secret of each provider whose webhooks are accepted, by the
     /// `{provider}` of `/v1/webhooks/{provider}`; any other provider is 404.
     pub webhook_secrets: std::collections::BTreeMap<String, WebhookSecret>,
+    /// A provider's previous secret while its secret is rotated: a
+    /// delivery signed with either is accepted, so a rotation refuses
+    /// nothing (ops/RUNBOOK.md). Only for providers in `webhook_secrets`.
+    pub webhook_previous_secrets: std::collections::BTreeMap<String, WebhookSecret>,
     /// How far a webhook signature's timestamp may be from now (either
     /// way) before it is refused as a possible replay.
     pub webhook_tolerance: Duration,
@@ -55,6 +60,7 @@ impl Default for ApiSettings {
             idempotency_retention: Duration::from_secs(24 * 3600),
             tombstone_retention: Duration::from_secs(30 * 24 * 3600),
             webhook_secrets: std::collections::BTreeMap::new(),
+            webhook_previous_secrets: std::collections::BTreeMap::new(),
             webhook_tolerance: Duration::from_secs(300),
             rate_limit: rate_limit::RateLimit::default(),
             request_timeout: Duration::from_secs(45),
@@ -105,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         .merge(openapi::routes())
         .merge(health::routes())
         .merge(webhooks::routes())
+        .merge(events::routes())
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.settings),

@@ -79,6 +79,12 @@ pub fn document(settings: &ApiSettings) -> Document {
         paths::metrics,
         paths::openapi_json,
         paths::receive_webhook,
+        paths::list_events,
+        paths::get_event,
+        paths::create_event_endpoint,
+        paths::list_event_endpoints,
+        paths::delete_event_endpoint,
+        paths::rotate_event_endpoint_secret,
     ),
     components(schemas(
         schemas::CreatePaymentRequest,
@@ -89,6 +95,12 @@ pub fn document(settings: &ApiSettings) -> Document {
         schemas::HealthStatus,
         schemas::WebhookEvent,
         schemas::WebhookReceipt,
+        schemas::Event,
+        schemas::EventList,
+        schemas::EventEndpoint,
+        schemas::EventEndpointList,
+        schemas::CreateEventEndpointRequest,
+        EventTypeSchema,
         crate::views::PaymentView,
         crate::views::RefundView,
         crate::views::AttemptView,
@@ -101,6 +113,7 @@ pub fn document(settings: &ApiSettings) -> Document {
         OperationSchema,
         CurrencySchema,
         CurrencyInputSchema,
+        EndpointUrlSchema,
         AmountSchema,
         ProblemCodeSchema,
     )),
@@ -109,6 +122,7 @@ pub fn document(settings: &ApiSettings) -> Document {
         (name = "refunds", description = "Refund captured payments."),
         (name = "operations", description = "Health, readiness and this document: no authentication, no idempotency."),
         (name = "webhooks", description = "Events from the payment provider: authenticated by their signature, deduplicated by event id."),
+        (name = "events", description = "Events to merchants. Every status change of a payment or refund (and conflicting evidence found about a payment) is an `Event`, written in the transaction of the change. They are pushed to the account's endpoints (POST, JSON body = the `Event`, at least once: deduplicate by `id`, apply by `sequence`) with the header `Cobro-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<raw body>\")>` (one `v1` per valid secret while a secret is rotated; refuse a `t` more than 5 minutes away), plus `Cobro-Event-Id` and `Cobro-Event-Type`. Any 2xx within 10 s is delivered; anything else is retried with capped exponential backoff and jitter for 3 days from the first attempt, then the delivery is dead (operators replay it). An endpoint failing every attempt for 3 days is disabled with a reason. They can also be pulled: `GET /v1/events?after=<position>` yields every later event, with no gap, from any position. Events are kept at least as long as deliveries are retried (today: not purged)."),
     ),
     modifiers(&Contract),
 )]
@@ -206,11 +220,12 @@ fn human(d: Duration) -> String {
 /// in `payments.rs` / `health.rs` does. Never called.
 #[allow(dead_code)]
 mod paths {
-    use super::PaymentStatusSchema;
     use super::schemas::{
-        CreatePaymentRequest, CreateRefundRequest, EmptyBody, HealthStatus, PaymentList,
-        WebhookEvent, WebhookReceipt,
+        CreateEventEndpointRequest, CreatePaymentRequest, CreateRefundRequest, EmptyBody, Event,
+        EventEndpoint, EventEndpointList, EventList, HealthStatus, PaymentList, WebhookEvent,
+        WebhookReceipt,
     };
+    use super::{EventTypeSchema, PaymentStatusSchema};
     use crate::views::{PaymentView, RefundView};
 
     /// Create (authorise) a payment
@@ -450,6 +465,92 @@ mod paths {
         ),
     )]
     pub fn receive_webhook() {}
+
+    /// List events
+    ///
+    /// The account's events in feed order (`position`, dense and
+    /// increasing), oldest first. A position becomes visible only once
+    /// every smaller one is: paging with `after` = the previous page's
+    /// `next_after` from any position yields every later event, with no
+    /// gap and no repeat.
+    #[utoipa::path(
+        get,
+        path = "/v1/events",
+        operation_id = "listEvents",
+        tag = "events",
+        params(
+            ("after" = Option<i64>, Query, minimum = 0, description = "Only events after this position; default 0 (from the start)."),
+            ("type" = Option<EventTypeSchema>, Query, description = "Only events of this type."),
+            ("object" = Option<String>, Query, format = Uuid, description = "Only events about this payment (its refunds' included) or refund."),
+            ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "Page size, 1 to 200; default 50."),
+        ),
+        responses((status = 200, description = "A page of events, oldest first.", body = EventList)),
+    )]
+    pub fn list_events() {}
+
+    /// Read an event
+    #[utoipa::path(
+        get,
+        path = "/v1/events/{id}",
+        operation_id = "getEvent",
+        tag = "events",
+        params(("id" = String, Path, format = Uuid, description = "The event id. Not a UUID, or another account's: 404.")),
+        responses((status = 200, description = "The event.", body = Event)),
+    )]
+    pub fn get_event() {}
+
+    /// Create an event endpoint
+    ///
+    /// Not money-moving, so no `Idempotency-Key`: a repeated request makes
+    /// a second endpoint (delete it). The answer carries the signing
+    /// `secret`, shown only here and in a rotation's answer. The endpoint
+    /// receives the events written from its creation on.
+    #[utoipa::path(
+        post,
+        path = "/v1/event_endpoints",
+        operation_id = "createEventEndpoint",
+        tag = "events",
+        request_body(content = CreateEventEndpointRequest, content_type = "application/json"),
+        responses((status = 201, description = "Created, with its secret.", body = EventEndpoint)),
+    )]
+    pub fn create_event_endpoint() {}
+
+    /// List event endpoints
+    #[utoipa::path(
+        get,
+        path = "/v1/event_endpoints",
+        operation_id = "listEventEndpoints",
+        tag = "events",
+        responses((status = 200, description = "The account's endpoints, without secrets.", body = EventEndpointList)),
+    )]
+    pub fn list_event_endpoints() {}
+
+    /// Delete an event endpoint
+    ///
+    /// Its pending deliveries are dropped; the events stay in the feed.
+    #[utoipa::path(
+        delete,
+        path = "/v1/event_endpoints/{id}",
+        operation_id = "deleteEventEndpoint",
+        tag = "events",
+        params(("id" = String, Path, format = Uuid, description = "The endpoint id.")),
+        responses((status = 204, description = "Deleted.")),
+    )]
+    pub fn delete_event_endpoint() {}
+
+    /// Rotate an endpoint's secret
+    ///
+    /// A new secret signs from now on; the previous one also signs (a
+    /// second `v1`) for 24 h, so a receiver can switch at its own pace.
+    #[utoipa::path(
+        post,
+        path = "/v1/event_endpoints/{id}/rotate_secret",
+        operation_id = "rotateEventEndpointSecret",
+        tag = "events",
+        params(("id" = String, Path, format = Uuid, description = "The endpoint id.")),
+        responses((status = 200, description = "The endpoint with its new secret.", body = EventEndpoint)),
+    )]
+    pub fn rotate_event_endpoint_secret() {}
 }
 
 /// Shapes that the code parses field by field (or builds as a JSON map),
@@ -457,7 +558,10 @@ mod paths {
 /// them with real answers.
 #[allow(dead_code)]
 pub(crate) mod schemas {
-    use super::{AmountSchema, CaptureMethodSchema, CurrencyInputSchema, ProblemCodeSchema};
+    use super::{
+        AmountSchema, CaptureMethodSchema, CurrencyInputSchema, EndpointUrlSchema,
+        ProblemCodeSchema,
+    };
     use crate::error::FieldError;
     use crate::views::PaymentView;
     use serde::Deserialize;
@@ -605,6 +709,83 @@ pub(crate) mod schemas {
         pub data: serde_json::Value,
     }
 
+    /// An event: what changed, about which object, and the object after
+    /// the change.
+    #[derive(serde::Serialize, ToSchema)]
+    pub struct Event {
+        /// Stable across redeliveries: deduplicate by it.
+        #[schema(format = Uuid)]
+        pub id: String,
+        #[serde(rename = "type")]
+        #[schema(value_type = super::EventTypeSchema)]
+        pub event_type: String,
+        /// The account's feed position: dense, increasing.
+        #[schema(minimum = 1)]
+        pub position: i64,
+        /// Strictly increasing per payment (its refunds share it): an event
+        /// with a sequence not above the last applied to its object is
+        /// older and must not overwrite it.
+        #[schema(minimum = 1)]
+        pub sequence: i64,
+        /// `payment` or `refund`.
+        pub object_type: String,
+        #[schema(format = Uuid)]
+        pub object_id: String,
+        #[schema(format = Uuid)]
+        pub payment_id: String,
+        #[schema(format = DateTime)]
+        pub created_at: String,
+        /// The `Payment` (without `attempts`) or `Refund` after the change.
+        #[schema(value_type = Object)]
+        pub data: serde_json::Value,
+    }
+
+    /// A page of events.
+    #[derive(ToSchema)]
+    pub struct EventList {
+        pub data: Vec<Event>,
+        /// Pass as `after` for the next page.
+        pub next_after: i64,
+        /// More events were already there when this page was read.
+        pub has_more: bool,
+    }
+
+    /// Where events are pushed.
+    #[derive(ToSchema)]
+    pub struct EventEndpoint {
+        #[schema(format = Uuid)]
+        pub id: String,
+        pub url: String,
+        /// `["*"]` for every type.
+        pub event_types: Vec<String>,
+        /// `false` once it failed every attempt for 3 days.
+        pub enabled: bool,
+        pub disabled_reason: Option<String>,
+        #[schema(format = DateTime)]
+        pub created_at: String,
+        /// The signing secret: only in the answers that create or rotate it.
+        #[schema(nullable = false)]
+        pub secret: Option<String>,
+    }
+
+    #[derive(ToSchema)]
+    pub struct EventEndpointList {
+        pub data: Vec<EventEndpoint>,
+    }
+
+    /// Body of `POST /v1/event_endpoints`.
+    #[derive(Deserialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct CreateEventEndpointRequest {
+        /// `http://` or `https://` with a host name or IPv4 address (no
+        /// IPv6 literal, user, query or fragment), at most 2048 characters.
+        #[schema(value_type = EndpointUrlSchema)]
+        pub url: String,
+        /// Event types to send; absent or `["*"]`: all.
+        #[schema(value_type = Option<Vec<super::EventTypeSchema>>)]
+        pub event_types: Option<Vec<String>>,
+    }
+
     /// The answer to a delivered event.
     #[derive(ToSchema)]
     pub struct WebhookReceipt {
@@ -655,6 +836,20 @@ requires_reconciliation -> any outcome the provider proves, or needs_review; aut
 authorized -> canceling -> canceled; captured -> partially_refunded | refunded. \
 declined, failed and canceled free the order for a new payment.",
     )
+);
+
+runtime_schema!(
+    /// `crate::events::event_types()`.
+    EventTypeSchema = "EventType",
+    {
+        let types = crate::events::event_types();
+        string_enum(
+            types.iter().map(String::as_str),
+            "payment.created, then payment.<status> for every status it moves to, payment.conflict_found \
+when evidence contradicting the record is kept (the payment goes to needs_review with its own event); \
+refund.created, then refund.<status>.",
+        )
+    }
 );
 
 runtime_schema!(
@@ -713,6 +908,17 @@ runtime_schema!(
         known_currencies().iter().map(String::as_str),
         "ISO 4217 alpha-3, upper case. Requests may use any case.",
     )
+);
+
+runtime_schema!(
+    /// `crate::events::ENDPOINT_URL_PATTERN`.
+    EndpointUrlSchema = "EndpointUrl",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .max_length(Some(2048))
+        .pattern(Some(crate::events::ENDPOINT_URL_PATTERN))
+        .examples([json!("https://shop.example/cobro")])
+        .into()
 );
 
 runtime_schema!(
@@ -1039,6 +1245,12 @@ fn refusals(operation_id: &str) -> Vec<Refusal> {
             ],
         ),
         "getRefund" => with(READ, &["not-found"]),
+        "listEvents" => with(READ, &["validation-error"]),
+        "getEvent" | "deleteEventEndpoint" | "rotateEventEndpointSecret" => {
+            with(READ, &["not-found"])
+        }
+        "listEventEndpoints" => with(READ, &[]),
+        "createEventEndpoint" => with(READ, &["body-too-large", "validation-error"]),
         "receiveWebhook" => pick(&[
             "not-found",
             "body-too-large",
@@ -1086,12 +1298,18 @@ impl Modify for Contract {
             // their signature authenticates them, their event id dedups.
             let webhook = path.starts_with("/v1/webhooks/");
             let secured = path.starts_with("/v1/") && !webhook;
-            // The router serves only GET and POST.
+            // Only money-moving POSTs take a key: managing event endpoints
+            // moves no money.
+            let keyed = !webhook && !path.starts_with("/v1/event_endpoints");
+            // The router serves GET and POST, and DELETE of an endpoint.
             if let Some(operation) = item.get.as_mut() {
                 complete_operation(operation, false, secured);
             }
             if let Some(operation) = item.post.as_mut() {
-                complete_operation(operation, !webhook, secured);
+                complete_operation(operation, keyed, secured);
+            }
+            if let Some(operation) = item.delete.as_mut() {
+                complete_operation(operation, false, secured);
             }
         }
     }

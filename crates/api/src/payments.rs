@@ -1,10 +1,10 @@
 //! The payments endpoints (payments-api.md section 6).
 
 use crate::error::ApiError;
-use crate::extract::{Account, Fields, JsonObject, KeyHeader};
+use crate::extract::{Account, Fields, JsonObject, KeyHeader, Params};
 use crate::keyed::{self, Begun, Keyed};
 use crate::{AppState, views};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -309,7 +309,7 @@ async fn get_payment(
     State(state): State<AppState>,
     account: Account,
     Path(id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    Params(query): Params<WaitQuery>,
 ) -> Result<Response, ApiError> {
     let id = parse_payment_id(&id)?;
     let wait = match query.wait.as_deref() {
@@ -369,7 +369,7 @@ struct PaymentList {
 async fn list_payments(
     State(state): State<AppState>,
     account: Account,
-    Query(q): Query<ListQuery>,
+    Params(q): Params<ListQuery>,
 ) -> Result<Json<PaymentList>, ApiError> {
     let mut errors = Vec::new();
     let mut bad =

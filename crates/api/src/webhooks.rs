@@ -43,9 +43,7 @@ use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
 use cobro_store::{AttemptRow, PaymentRow, StoreError, WriteTx};
 use cobro_worker::evidence::proof_from;
 use cobro_worker::{Applied, Fit, Source, apply_proof, fit, stop_the_line};
-use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Map, Value, json};
-use sha2::Sha256;
 use std::fmt;
 use std::time::Duration;
 
@@ -87,10 +85,6 @@ impl WebhookSecret {
     pub fn expose(&self) -> &str {
         &self.0
     }
-
-    fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
-    }
 }
 
 impl fmt::Debug for WebhookSecret {
@@ -118,6 +112,8 @@ async fn receive(
         .webhook_secrets
         .get(&provider)
         .ok_or(ApiError::NotFound)?;
+    let mut secrets = vec![secret];
+    secrets.extend(state.settings.webhook_previous_secrets.get(&provider));
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::BodyTooLarge {
@@ -131,7 +127,7 @@ async fn receive(
     if let Err(reason) = verify(
         &headers,
         &body,
-        secret,
+        &secrets,
         now,
         state.settings.webhook_tolerance,
     ) {
@@ -168,53 +164,31 @@ async fn receive(
     ))
 }
 
-/// Checks the signature header against `secret`; `Err`: why not, for the
-/// log line.
+/// Checks the signature header against `secrets` (any one that verifies
+/// is enough); `Err`: why not, for the log line.
 fn verify(
     headers: &HeaderMap,
     body: &[u8],
-    secret: &WebhookSecret,
+    secrets: &[&WebhookSecret],
     now: DateTime<Utc>,
     tolerance: Duration,
 ) -> Result<(), &'static str> {
-    let invalid = |why: &'static str| why;
     let mut values = headers.get_all(SIGNATURE_HEADER).iter();
     let header = match (values.next(), values.next()) {
-        (Some(one), None) => one.to_str().map_err(|_| invalid("header not ASCII"))?,
-        (None, _) => return Err(invalid("header missing")),
-        _ => return Err(invalid("more than one header")),
+        (Some(one), None) => one.to_str().map_err(|_| "header not ASCII")?,
+        (None, _) => return Err("header missing"),
+        _ => return Err("more than one header"),
     };
-    let mut timestamp = None;
-    let mut signatures = Vec::new();
-    for part in header.split(',') {
-        match part.trim().split_once('=') {
-            Some(("t", t)) => timestamp = t.parse::<i64>().ok(),
-            Some(("v1", v1)) => signatures.push(v1),
-            // Other schemes (a future v2) are not ours to check.
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or_else(|| invalid("no timestamp"))?;
-    let age = now.timestamp().abs_diff(timestamp);
-    if age > tolerance.as_secs() {
-        return Err(invalid("timestamp outside the tolerance"));
-    }
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
-        .map_err(|_| invalid("unusable secret"))?;
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
     // Several v1 values are allowed (a provider rotating its secret signs
-    // with both); any one that verifies is enough. `verify_slice` compares
-    // in constant time.
-    let matched = signatures.iter().any(|candidate| {
-        hex::decode(candidate).is_ok_and(|bytes| mac.clone().verify_slice(&bytes).is_ok())
-    });
-    if matched {
-        Ok(())
-    } else {
-        Err(invalid("no signature matches"))
-    }
+    // with both); any one that verifies is enough, in constant time.
+    cobro_core::signature::verify(
+        header,
+        body,
+        &secrets.iter().map(|s| s.expose()).collect::<Vec<_>>(),
+        now.timestamp(),
+        tolerance.as_secs(),
+    )
+    .map_err(|e| e.reason())
 }
 
 /// What an event says happened.
@@ -564,10 +538,7 @@ mod tests {
     use axum::http::HeaderValue;
 
     fn sign(secret: &str, t: i64, body: &[u8]) -> String {
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("key");
-        mac.update(format!("{t}.").as_bytes());
-        mac.update(body);
-        format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+        cobro_core::signature::sign(&[secret], t, body)
     }
 
     fn headers(value: &str) -> HeaderMap {
@@ -589,7 +560,7 @@ mod tests {
         verify(
             &headers(value),
             BODY,
-            &WebhookSecret::new("whsec_x"),
+            &[&WebhookSecret::new("whsec_x")],
             now(),
             Duration::from_secs(300),
         )
@@ -623,7 +594,7 @@ mod tests {
             verify(
                 &HeaderMap::new(),
                 BODY,
-                &WebhookSecret::new("whsec_x"),
+                &[&WebhookSecret::new("whsec_x")],
                 now(),
                 Duration::from_secs(300)
             ),

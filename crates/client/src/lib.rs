@@ -49,6 +49,7 @@
 //! | `retry` | [`RetryPolicy`] and which answers are retried |
 //! | `types` | requests and answers mirrored from `/openapi.json` |
 //! | `error` | [`Error`], [`ApiProblem`], [`Problem`], [`ProblemCode`] |
+//! | `webhook` | receiving cobro's events: [`webhook::verify_event`], [`webhook::EventInbox`] (dedup by id, apply by sequence) |
 
 /// Declares a string enum with an `Other` arm, (de)serialised as its string.
 macro_rules! string_enum {
@@ -103,6 +104,7 @@ mod journal;
 mod retry;
 mod sqlite;
 mod types;
+pub mod webhook;
 
 pub use client::{Answer, Client, Event, Resource, Resumed};
 pub use error::{ApiProblem, Error, FieldError, Problem, ProblemCode};

@@ -91,6 +91,15 @@ id_type!(
     /// One reconciler run, the unit of its audit trail.
     RunId
 );
+id_type!(
+    /// An event of a payment or refund, delivered to merchants: its id is
+    /// what a receiver deduplicates by. Written by the schema (v4).
+    EventId
+);
+id_type!(
+    /// A merchant's event endpoint (URL, secret, event types).
+    EndpointId
+);
 
 #[cfg(test)]
 mod tests {

@@ -6,11 +6,15 @@ pub mod ids;
 pub mod intent;
 pub mod key;
 pub mod money;
+pub mod signature;
 pub mod state;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use fingerprint::{CONTRACT_VERSION, Fingerprint};
-pub use ids::{AccountId, AttemptId, IntentId, OutboxId, PaymentId, RefundId, RunId, TokenId};
+pub use ids::{
+    AccountId, AttemptId, EndpointId, EventId, IntentId, OutboxId, PaymentId, RefundId, RunId,
+    TokenId,
+};
 pub use intent::{IntentName, Operation, OrderRef, OrderRefError, attempt_reference};
 pub use key::{IdempotencyKey, KeyError, KeyHash};
 pub use money::{Amount, AmountError, Currency, CurrencyError};

@@ -4,6 +4,7 @@ pub mod accounts;
 pub mod audit;
 pub mod conflicts;
 mod db_types;
+pub mod events;
 pub mod idempotency;
 pub mod observe;
 pub mod outbox;

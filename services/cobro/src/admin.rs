@@ -335,7 +335,7 @@ async fn revoke_token(
 }
 
 /// An account by id (if `name_or_id` is a UUID) or by name.
-async fn resolve_account(store: &Store, name_or_id: &str) -> anyhow::Result<AccountId> {
+pub(crate) async fn resolve_account(store: &Store, name_or_id: &str) -> anyhow::Result<AccountId> {
     if let Ok(id) = name_or_id.parse::<AccountId>() {
         // The store has no lookup by id; an admin command can afford the scan.
         let accounts = store.list_accounts().await?;

@@ -4,7 +4,7 @@
 //! - [`Cli`]: the settings every subcommand shares (database, logging)
 //!   plus the subcommand.
 //! - [`Command`]: `serve`, `worker`, `reconcile`, `payments`, `migrate`,
-//!   `accounts`, `tokens`, `purge`. Each command's own arguments live in the
+//!   `accounts`, `tokens`, `purge`, `events`. Each command's own arguments live in the
 //!   module that runs it (`serve::ServeArgs`, `worker::WorkerArgs`,
 //!   `reconcile::ReconcileArgs`, `admin::TokensCommand`, ...), so a flag is
 //!   accepted only by the commands that use it.
@@ -43,7 +43,7 @@ pub struct Cli {
 pub enum Command {
     /// Serve the HTTP API (migrates first unless --no-migrate). Without a
     /// database URL: the embedded SQLite demo setup with a dev token.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Apply the database migrations of this binary.
     Migrate(admin::MigrateArgs),
     /// Manage merchant accounts.
@@ -68,6 +68,9 @@ pub enum Command {
     /// and resolve the ones in `needs_review` by hand.
     #[command(subcommand)]
     Payments(reconcile::PaymentsCommand),
+    /// Events to merchants: list, resend, and the endpoints they go to.
+    #[command(subcommand)]
+    Events(crate::events::EventsCommand),
 }
 
 impl Cli {
@@ -107,6 +110,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Purge(args) => admin::purge(global, &args).await,
         Command::Reconcile(args) => reconcile::run(global, &args).await,
         Command::Payments(command) => reconcile::payments(global, command).await,
+        Command::Events(command) => crate::events::run(global, command).await,
     }
 }
 

@@ -5,13 +5,14 @@
 //! environment), `telemetry` (logs, traces, metrics), `database` (opening the store),
 //! `serve` (HTTP server, shutdown, scheduled purge), `demo` (the embedded
 //! default), `admin` (operator commands), `purge` (retention), `token` (API
-//! tokens), `worker` (the outbox worker and the provider), `output` (the
-//! stdout contract).
+//! tokens), `worker` (the outbox worker and the provider), `events` (the event
+//! dispatcher and `cobro events`), `output` (the stdout contract).
 
 mod admin;
 mod cli;
 mod database;
 mod demo;
+mod events;
 mod output;
 mod purge;
 mod reconcile;

@@ -102,6 +102,10 @@ pub async fn run(global: &GlobalSettings, args: &ServeArgs) -> anyhow::Result<()
         api.webhook_secrets
             .insert("fake".to_owned(), secret.clone());
     }
+    if let Some(previous) = &settings.webhook_secret_previous {
+        api.webhook_previous_secrets
+            .insert("fake".to_owned(), previous.clone());
+    }
     let state = AppState::new(store.clone(), Arc::clone(&clock), api);
     // The worker runs in this process unless told otherwise; the API wakes
     // it in memory after every commit that enqueued work.
@@ -121,6 +125,9 @@ pub async fn run(global: &GlobalSettings, args: &ServeArgs) -> anyhow::Result<()
         );
         (Some(handle), Some(task))
     };
+    // Events go out from every process unless told otherwise.
+    let _dispatcher =
+        crate::events::spawn_dispatcher(&store, &clock, &settings.dispatcher, shutdown.clone())?;
     // The reconciler runs on a schedule in every process that has a
     // provider (with or without its worker), asking the provider the
     // worker calls, unless told not to.

@@ -123,6 +123,14 @@ pub struct ServeSettings {
           value_parser = |s: &str| Ok::<_, String>(WebhookSecret::new(s)))]
     pub webhook_secret: Option<WebhookSecret>,
 
+    /// While rotating the webhook secret: the previous one, still accepted
+    /// next to `COBRO_WEBHOOK_SECRET` until the provider signs only with
+    /// the new one (then unset it). See ops/RUNBOOK.md.
+    #[arg(long, env = "COBRO_WEBHOOK_SECRET_PREVIOUS", hide_env_values = true,
+          requires = "webhook_secret",
+          value_parser = |s: &str| Ok::<_, String>(WebhookSecret::new(s)))]
+    pub webhook_secret_previous: Option<WebhookSecret>,
+
     /// How far a webhook signature's timestamp may be from now before the
     /// delivery is refused as a possible replay.
     #[arg(long, env = "COBRO_WEBHOOK_TOLERANCE", default_value = "300s", value_parser = parse_duration)]
@@ -153,6 +161,9 @@ pub struct ServeSettings {
 
     #[command(flatten)]
     pub schedule: ReconcileSchedule,
+
+    #[command(flatten)]
+    pub dispatcher: crate::events::DispatcherSettings,
 }
 
 /// The scheduled reconciler that every process with a provider runs

@@ -30,6 +30,9 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub schedule: ReconcileSchedule,
 
+    #[command(flatten)]
+    pub dispatcher: crate::events::DispatcherSettings,
+
     /// After SIGTERM or SIGINT, how long in-flight calls may run.
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
           value_parser = parse_duration)]
@@ -149,6 +152,8 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     if let Some(address) = args.metrics_listen {
         serve_metrics(address, &store, &clock, shutdown.clone()).await?;
     }
+    let _dispatcher =
+        crate::events::spawn_dispatcher(&store, &clock, &args.dispatcher, shutdown.clone())?;
     say(format_args!("cobro worker running as {}", config.owner))?;
     let task = spawn(
         store.clone(),

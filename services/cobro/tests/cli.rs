@@ -683,3 +683,49 @@ fn database_passwords_never_reach_stderr_in_any_url_form() {
         assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
     }
 }
+
+#[test]
+fn events_endpoints_are_managed_from_the_command_line_and_events_are_listed_and_resent() {
+    let workdir = Workdir::new();
+    workdir.migrated_with_account("acme");
+    let added = workdir.run_ok(&[
+        "events",
+        "endpoints",
+        "add",
+        "--account",
+        "acme",
+        "--url",
+        "https://shop.example/cobro",
+        "--type",
+        "payment.captured",
+    ]);
+    let (id, secret) = added.trim().split_once('\t').expect("id and secret");
+    assert!(secret.starts_with("whsec_"), "{added}");
+    let listed = workdir.run_ok(&["events", "endpoints", "list"]);
+    assert!(
+        listed.contains(id) && listed.contains("enabled"),
+        "{listed}"
+    );
+    assert!(!listed.contains(secret), "a list never shows the secret");
+    let rotated = workdir.run_ok(&["events", "endpoints", "rotate", id]);
+    assert!(!rotated.contains(secret), "a new secret");
+    let unknown = workdir.run(&[
+        "events",
+        "endpoints",
+        "add",
+        "--account",
+        "acme",
+        "--url",
+        "https://x.example",
+        "--type",
+        "payment.nope",
+    ]);
+    assert!(!unknown.status.success());
+    assert_eq!(workdir.run_ok(&["events", "list"]), "", "no events yet");
+    let dead = workdir.run_ok(&["events", "resend", "--dead"]);
+    assert_eq!(dead.trim(), "0 dead deliveries queued again");
+    let missing = workdir.run(&["events", "resend", "0193a7c4-5f2e-7d41-9b7a-2c1d3e4f5a6b"]);
+    assert!(!missing.status.success());
+    workdir.run_ok(&["events", "endpoints", "remove", id]);
+    assert_eq!(workdir.run_ok(&["events", "endpoints", "list"]), "");
+}

@@ -450,6 +450,76 @@ async fn every_printing_command_prints_one_json_document_with_json() {
     assert_eq!(resolved["attempt_id"], attempt.as_str());
     let shown = json_run(&setup, &["payments", "show", &payment, "--json"], 0).await;
     assert_eq!(shown["status"], "captured");
+
+    // Events and their endpoints.
+    let events = json_run(
+        &setup,
+        &["events", "list", "--account", "acme", "--json"],
+        0,
+    )
+    .await;
+    assert!(
+        events["events"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["type"] == "payment.captured")),
+        "{events}"
+    );
+    let first = events["events"][0]["id"]
+        .as_str()
+        .expect("event id")
+        .to_owned();
+    let added = json_run(
+        &setup,
+        &[
+            "events",
+            "endpoints",
+            "add",
+            "--account",
+            "acme",
+            "--url",
+            "https://shop.example/cobro",
+            "--json",
+        ],
+        0,
+    )
+    .await;
+    assert!(
+        added["secret"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("whsec_"))
+    );
+    let endpoint = added["id"].as_str().expect("endpoint id").to_owned();
+    let listed = json_run(&setup, &["events", "endpoints", "list", "--json"], 0).await;
+    assert_eq!(listed["endpoints"][0]["id"], endpoint.as_str());
+    assert!(
+        listed["endpoints"][0].get("secret").is_none(),
+        "never listed"
+    );
+    let rotated = json_run(
+        &setup,
+        &["events", "endpoints", "rotate", &endpoint, "--json"],
+        0,
+    )
+    .await;
+    assert_ne!(rotated["secret"], added["secret"]);
+    let enabled = json_run(
+        &setup,
+        &["events", "endpoints", "enable", &endpoint, "--json"],
+        0,
+    )
+    .await;
+    assert_eq!(enabled["enabled"], true);
+    let resent = json_run(&setup, &["events", "resend", &first, "--json"], 0).await;
+    assert_eq!(resent["deliveries_queued"], 1);
+    let dead = json_run(&setup, &["events", "resend", "--dead", "--json"], 0).await;
+    assert_eq!(dead["dead_deliveries_queued"], 0);
+    let removed = json_run(
+        &setup,
+        &["events", "endpoints", "remove", &endpoint, "--json"],
+        0,
+    )
+    .await;
+    assert_eq!(removed["removed"], true);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,0 +1,387 @@
+//! Events to merchants: the feed (`GET /v1/events`, `GET /v1/events/{id}`)
+//! and the endpoints events are pushed to (`/v1/event_endpoints`).
+//!
+//! The feed is the pull side of the same events the dispatcher pushes:
+//! `position` is dense and increasing, and a position becomes visible only
+//! once every smaller one is (see `cobro_store::events`), so paging with
+//! `after=<last position seen>` from any cursor yields every later event,
+//! with no gap. Each read first sequences whatever has committed, so the
+//! feed is current even with no dispatcher running.
+
+use crate::error::{ApiError, FieldError};
+use crate::extract::{Account, JsonObject, Params};
+use crate::{AppState, views};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use cobro_core::{EndpointId, EventId, PaymentStatus, RefundStatus};
+use cobro_store::events::{EndpointRow, EventFilter};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How long the previous secret keeps signing after a rotation.
+pub const ROTATION_OVERLAP: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/events", get(list_events))
+        .route("/v1/events/{id}", get(get_event))
+        .route(
+            "/v1/event_endpoints",
+            post(create_endpoint).get(list_endpoints),
+        )
+        .route(
+            "/v1/event_endpoints/{id}",
+            axum::routing::delete(delete_endpoint),
+        )
+        .route(
+            "/v1/event_endpoints/{id}/rotate_secret",
+            post(rotate_secret),
+        )
+}
+
+/// Every event type cobro writes: `payment.created`, `payment.<status>`
+/// for each payment status it can move to, `payment.conflict_found`, `refund.created`,
+/// `refund.<status>` for each refund status.
+pub fn event_types() -> Vec<String> {
+    let mut types = vec!["payment.created".to_owned()];
+    types.extend(
+        PaymentStatus::ALL
+            .iter()
+            .map(|s| format!("payment.{}", s.as_str())),
+    );
+    types.push("payment.conflict_found".to_owned());
+    types.push("refund.created".to_owned());
+    types.extend(
+        RefundStatus::ALL
+            .iter()
+            .map(|s| format!("refund.{}", s.as_str())),
+    );
+    types
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    after: Option<String>,
+    #[serde(rename = "type")]
+    event_type: Option<String>,
+    object: Option<String>,
+    limit: Option<String>,
+}
+
+#[derive(Serialize)]
+struct EventList {
+    data: Vec<Value>,
+    /// Pass as `after` for the next page: the last position returned (or
+    /// the `after` asked for, when the page is empty).
+    next_after: i64,
+    /// Whether more events were already there when this page was read.
+    has_more: bool,
+}
+
+async fn list_events(
+    State(state): State<AppState>,
+    account: Account,
+    Params(q): Params<ListQuery>,
+) -> Result<Json<EventList>, ApiError> {
+    let mut errors = Vec::new();
+    let after = match q.after.as_deref().map(str::parse::<i64>) {
+        None => 0,
+        Some(Ok(n)) if n >= 0 => n,
+        Some(_) => {
+            errors.push(FieldError::new("after", "must be a position (0 or more)"));
+            0
+        }
+    };
+    let limit = match q.limit.as_deref().map(str::parse::<u32>) {
+        None => 50,
+        Some(Ok(n)) if (1..=200).contains(&n) => n,
+        Some(_) => {
+            errors.push(FieldError::new("limit", "must be from 1 to 200"));
+            50
+        }
+    };
+    if let Some(t) = &q.event_type
+        && !event_types().contains(t)
+    {
+        errors.push(FieldError::new("type", "unknown event type"));
+    }
+    let object = match q.object.as_deref().map(uuid::Uuid::parse_str) {
+        None => None,
+        Some(Ok(id)) => Some(id),
+        Some(Err(_)) => {
+            errors.push(FieldError::new("object", "must be a payment or refund id"));
+            None
+        }
+    };
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    state.store.sequence_events(state.clock.now()).await?;
+    let filter = EventFilter {
+        after,
+        event_type: q.event_type,
+        object,
+        limit: limit + 1,
+    };
+    let mut rows = state.store.list_events(account.0, &filter).await?;
+    let has_more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next_after = rows.last().and_then(|r| r.feed_position).unwrap_or(after);
+    Ok(Json(EventList {
+        data: rows.iter().map(|r| r.to_json()).collect(),
+        next_after,
+        has_more,
+    }))
+}
+
+async fn get_event(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id: EventId = id.parse().map_err(|_| ApiError::NotFound)?;
+    state.store.sequence_events(state.clock.now()).await?;
+    let row = state
+        .store
+        .event(account.0, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(row.to_json()))
+}
+
+/// An endpoint as the API shows it: never its secret, except in the
+/// answers that create or rotate it (`secret`, shown once).
+#[derive(Serialize)]
+pub(crate) struct EndpointView {
+    id: String,
+    url: String,
+    event_types: Vec<String>,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    secret: Option<String>,
+}
+
+fn endpoint_view(row: &EndpointRow, with_secret: bool) -> EndpointView {
+    EndpointView {
+        id: row.id.0.to_string(),
+        url: row.url.clone(),
+        event_types: row.types(),
+        enabled: row.enabled,
+        disabled_reason: row.disabled_reason.clone(),
+        created_at: views::time(row.created_at.0),
+        secret: with_secret.then(|| row.secret.clone()),
+    }
+}
+
+/// A fresh signing secret: `whsec_` and 32 random bytes in hex.
+pub fn new_secret() -> String {
+    format!(
+        "whsec_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The URLs an endpoint may have, as the document states them
+/// ([`endpoint_url_ok`] is the same grammar in code): `http` or `https`, a
+/// host name whose last label starts with a letter or a dotted IPv4
+/// address (no IPv6 literal), an optional port, an optional path of
+/// unreserved characters; no user, query or fragment.
+pub(crate) const ENDPOINT_URL_PATTERN: &str = "^https?://(([A-Za-z0-9-]+\\.)*[A-Za-z][A-Za-z0-9-]*|(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])){3})(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?(/[A-Za-z0-9._~/-]*)?$";
+
+/// [`ENDPOINT_URL_PATTERN`], in code, and at most 2048 characters.
+pub fn endpoint_url_ok(url: &str) -> bool {
+    let label =
+        |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    if url.len() > 2048 {
+        return false;
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let (host, port) = match authority.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (authority, None),
+    };
+    let labels: Vec<&str> = host.split('.').collect();
+    let last_is_a_name = labels
+        .last()
+        .and_then(|l| l.bytes().next())
+        .is_some_and(|b| b.is_ascii_alphabetic());
+    let octet = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 3
+            && l.bytes().all(|b| b.is_ascii_digit())
+            && (l == "0" || !l.starts_with('0'))
+            && l.parse::<u8>().is_ok()
+    };
+    let ipv4 = labels.len() == 4 && labels.iter().all(|l| octet(l));
+    let port_ok = port.is_none_or(|p| {
+        !p.starts_with('0') && p.len() <= 5 && p.parse::<u16>().is_ok_and(|n| n > 0)
+    });
+    let path_ok = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._~/-".contains(&b));
+    (ipv4 || (labels.iter().all(|l| label(l)) && last_is_a_name)) && port_ok && path_ok
+}
+
+/// `url` ([`endpoint_url_ok`]) and `event_types` (known types, or absent / `["*"]`
+/// for all).
+fn parse_endpoint(body: JsonObject) -> Result<(String, Vec<String>), ApiError> {
+    let mut errors = Vec::new();
+    for field in body.0.keys() {
+        if !matches!(field.as_str(), "url" | "event_types") {
+            errors.push(FieldError::new(field, "unknown field"));
+        }
+    }
+    let url = match body.0.get("url") {
+        Some(Value::String(url)) if endpoint_url_ok(url) => Some(url.clone()),
+        Some(_) => {
+            errors.push(FieldError::new(
+                "url",
+                "must be an http or https URL with a host name or IPv4 address (no IPv6 literal, user, query or fragment), at most 2048 characters",
+            ));
+            None
+        }
+        None => {
+            errors.push(FieldError::new("url", "is required"));
+            None
+        }
+    };
+    let known = event_types();
+    let types = match body.0.get("event_types") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => {
+            let mut types = Vec::new();
+            for item in items {
+                match item.as_str() {
+                    Some("*") => {}
+                    Some(t) if known.iter().any(|k| k == t) => types.push(t.to_owned()),
+                    _ => errors.push(FieldError::new("event_types", "unknown event type")),
+                }
+            }
+            if items.iter().any(|i| i == "*") {
+                types.clear();
+            }
+            types
+        }
+        Some(_) => {
+            errors.push(FieldError::new(
+                "event_types",
+                "must be a list of event types",
+            ));
+            Vec::new()
+        }
+    };
+    match url {
+        Some(url) if errors.is_empty() => Ok((url, types)),
+        _ => Err(ApiError::Validation(errors)),
+    }
+}
+
+async fn create_endpoint(
+    State(state): State<AppState>,
+    account: Account,
+    body: JsonObject,
+) -> Result<Response, ApiError> {
+    let (url, types) = parse_endpoint(body)?;
+    let row = state
+        .store
+        .create_endpoint(account.0, &url, &new_secret(), &types, state.clock.now())
+        .await?;
+    Ok((StatusCode::CREATED, Json(endpoint_view(&row, true))).into_response())
+}
+
+#[derive(Serialize)]
+struct EndpointList {
+    data: Vec<EndpointView>,
+}
+
+async fn list_endpoints(
+    State(state): State<AppState>,
+    account: Account,
+) -> Result<Json<EndpointList>, ApiError> {
+    let rows = state.store.list_endpoints(Some(account.0)).await?;
+    Ok(Json(EndpointList {
+        data: rows.iter().map(|r| endpoint_view(r, false)).collect(),
+    }))
+}
+
+async fn delete_endpoint(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let id: EndpointId = id.parse().map_err(|_| ApiError::NotFound)?;
+    if state.store.delete_endpoint(Some(account.0), id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound)
+    }
+}
+
+async fn rotate_secret(
+    State(state): State<AppState>,
+    account: Account,
+    Path(id): Path<String>,
+) -> Result<Json<EndpointView>, ApiError> {
+    let id: EndpointId = id.parse().map_err(|_| ApiError::NotFound)?;
+    let now = state.clock.now();
+    let overlap = chrono::Duration::from_std(ROTATION_OVERLAP).unwrap_or(chrono::Duration::zero());
+    let row = state
+        .store
+        .rotate_endpoint_secret(Some(account.0), id, &new_secret(), now + overlap, now)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok(Json(endpoint_view(&row, true)))
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::endpoint_url_ok;
+
+    #[test]
+    fn endpoint_urls_follow_the_documented_grammar() {
+        for good in [
+            "https://shop.example/cobro",
+            "http://localhost:8080/hooks",
+            "https://a-b.c1.example:65535",
+            "https://x",
+            "http://127.0.0.1:4242/hook",
+            "http://10.0.0.255",
+        ] {
+            assert!(endpoint_url_ok(good), "{good}");
+        }
+        for bad in [
+            "",
+            "https://",
+            "ftp://shop.example",
+            "https://127.0.0.256/hook",
+            "https://127.0.01/hook",
+            "https://1.2.3/hook",
+            "https://[::1]/",
+            "https://user@shop.example/",
+            "https://shop.example/?a=b",
+            "https://shop.example:0",
+            "https://shop.example:65536",
+            "https://shop.example:080",
+            "https://shop..example",
+            "https://shop.example/a b",
+            "https://shop.example/\0",
+        ] {
+            assert!(!endpoint_url_ok(bad), "{bad}");
+        }
+    }
+}

@@ -1,8 +1,8 @@
 -- pgbench: GET /v1/payments/{id} as cobro runs it: three statements, each
 -- on the pool (autocommit), no transaction (ops/bench.sh).
 --
--- 1. Account extractor: accounts.rs account_for_token.
-SELECT account_id FROM api_tokens WHERE token_hash = :token_hash AND revoked_at IS NULL \gset
+-- 1. Account extractor: accounts.rs account_for_token_at.
+SELECT account_id FROM api_tokens WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()) \gset
 -- 2. payments.rs Store::payment.
 SELECT id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, amount_captured, amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, failure_message, cancel_requested_at, status_changed_at, created_at, updated_at FROM payments WHERE id = :payment_id AND account_id = :account_id;
 -- 3. payments.rs Store::attempts_for_payment.

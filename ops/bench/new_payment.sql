@@ -1,7 +1,7 @@
 -- pgbench: POST /v1/payments as cobro runs it, statement for statement
 -- (ops/bench.sh; variables come from -D and from the \gset below).
 --
--- 1. Account extractor: crates/store/src/accounts.rs account_for_token.
+-- 1. Account extractor: crates/store/src/accounts.rs account_for_token_at.
 --    cobro generates the request's ids, key and order ref in process; here
 --    the same lookup also returns them (\gset), which costs no extra round
 --    trip and keeps every statement after it byte-identical to cobro's.
@@ -11,7 +11,7 @@ SELECT account_id, gen_random_uuid() AS payment_id, gen_random_uuid() AS intent_
        gen_random_uuid()::text AS provider_key, md5(random()::text) AS idem_key,
        o.order_ref, o.order_ref || ':' || 'authorize-v1' AS intent, clock_timestamp() AS ts
   FROM api_tokens, (SELECT 'pgb-' || md5(random()::text) AS order_ref) o
- WHERE token_hash = :token_hash AND revoked_at IS NULL \gset
+ WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()) \gset
 -- 2. keyed::begin: sqlx pool.begin() sends BEGIN on its own.
 BEGIN;
 -- 3. idempotency.rs reserve_key (the key is new: one row inserted).

@@ -1,11 +1,11 @@
 -- pgbench: a replayed POST /v1/payments (the key is already completed), as
 -- cobro runs it (ops/bench.sh; variables come from -D and the \gset below).
 --
--- 1. Account extractor: accounts.rs account_for_token. cobro draws a fresh
+-- 1. Account extractor: accounts.rs account_for_token_at. cobro draws a fresh
 --    payment id and reads its clock in process; the lookup returns them here.
 SELECT account_id, gen_random_uuid() AS payment_id, clock_timestamp() AS ts
   FROM api_tokens
- WHERE token_hash = :token_hash AND revoked_at IS NULL \gset
+ WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()) \gset
 -- 2. keyed::begin: BEGIN, then idempotency.rs reserve_key, whose INSERT
 --    conflicts with the committed record (0 rows) ...
 BEGIN;

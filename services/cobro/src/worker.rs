@@ -175,7 +175,7 @@ async fn serve_metrics(
     address: std::net::SocketAddr,
     store: &Store,
     clock: &Arc<dyn Clock>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
@@ -189,17 +189,14 @@ async fn serve_metrics(
         cobro_api::ApiSettings::default(),
     );
     let app = cobro_api::metrics_router(state);
-    tokio::spawn(async move {
-        let stopped = async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        };
-        if let Err(error) = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-        {
-            tracing::warn!(error = %error, "the metrics listener failed");
-        }
-    });
+    // Bounded like the API (idle, header timeouts, connection cap): a
+    // scraper that stalls holds nothing.
+    tokio::spawn(cobro_api::server::serve(
+        listener,
+        app,
+        cobro_api::server::Limits::default(),
+        shutdown,
+    ));
     say(format_args!(
         "cobro worker metrics on http://{bound}/metrics"
     ))?;

@@ -263,7 +263,7 @@ mod paths {
         operation_id = "listPayments",
         tag = "payments",
         params(
-            ("order_ref" = Option<String>, Query, description = "Only payments of this order (exact match)."),
+            ("order_ref" = Option<String>, Query, pattern = r"^[^\u0000]*$", description = "Only payments of this order (exact match); no U+0000."),
             ("status" = Option<PaymentStatusSchema>, Query, description = "Only payments in this status."),
             ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size, 1 to 100; default 20."),
             ("cursor" = Option<String>, Query, format = Uuid, description = "`next_cursor` of the previous page: answers the next (older) page."),

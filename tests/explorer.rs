@@ -885,8 +885,9 @@ impl Explorer {
                     .await
                     .map_err(|e| e.to_string())?;
                 if let Some(a) = attempts.iter().find(|a| {
-                    a.last_send_at
-                        .is_some_and(|t| t.0 > p.status_changed_at.0 && a.state == "pending")
+                    a.last_send_at.is_some_and(|t| {
+                        t.0 > p.status_changed_at.0 && a.state.as_str() == "pending"
+                    })
                 }) {
                     return Err(format!(
                         "attempt {} of payment {id} was sent while it was {}",
@@ -949,7 +950,7 @@ impl Explorer {
                     .await
                     .map_err(|e| e.to_string())?
                     .iter()
-                    .filter(|d| d.decision == "escalate")
+                    .filter(|d| d.decision.as_str() == "escalate")
                     .count();
             let expected_charge = match p.status.as_str() {
                 "needs_review" if flagged > 0 => continue,

@@ -18,6 +18,7 @@ on_both_backends!(
     compaction_keeps_scope_key_fingerprint_and_resource,
     the_same_key_in_another_account_is_another_record,
     a_token_is_refused_from_its_expiry_on_and_once_revoked,
+    typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -217,6 +218,45 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     );
 }
 
+async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let id = seed_payment_with_attempt(&db.store, account, "o-1").await;
+    let row = db
+        .store
+        .payment(account, id)
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(row.status, PaymentStatus::Processing);
+    assert_eq!(row.currency.code(), "EUR");
+    assert_eq!(row.capture_method, cobro_core::CaptureMethod::Automatic);
+    let attempts = db.store.attempts_for_payment(id).await.expect("attempts");
+    assert_eq!(attempts[0].operation, Operation::Authorize);
+    assert_eq!(attempts[0].state, cobro_core::AttemptState::Pending);
+
+    // (`capture_method` has a CHECK, so no other value can be stored.)
+    for (column, value) in [("status", "processing_v2"), ("currency", "eur")] {
+        db.exec(&format!(
+            "UPDATE payments SET {column} = '{value}' WHERE order_ref = 'o-1'"
+        ))
+        .await;
+        let read = db.store.payment(account, id).await;
+        assert!(
+            matches!(read, Err(cobro_store::StoreError::Corrupt(_))),
+            "{column} = {value:?} must not be read as a value: {read:?}"
+        );
+        db.exec("UPDATE payments SET status = 'processing', currency = 'EUR'")
+            .await;
+    }
+    db.exec("UPDATE attempts SET state = 'limbo'").await;
+    let read = db.store.attempts_for_payment(id).await;
+    assert!(
+        matches!(read, Err(cobro_store::StoreError::Corrupt(_))),
+        "{read:?}"
+    );
+}
+
 async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
     let db = TestDb::new(backend).await;
     let account = db.store.create_account("a", t0()).await.expect("account");
@@ -254,7 +294,7 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
         .await
         .expect("read")
         .expect("exists");
-    assert_eq!(row.status().expect("status"), PaymentStatus::Authorized);
+    assert_eq!(row.status, PaymentStatus::Authorized);
 
     // Another account cannot move it either.
     let other = db.store.create_account("b", t0()).await.expect("account");

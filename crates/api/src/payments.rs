@@ -37,7 +37,7 @@ pub(crate) fn routes() -> Router<AppState> {
 struct CreatePayment {
     order_ref: OrderRef,
     amount: i64,
-    currency: String,
+    currency: Currency,
     payment_method: String,
     capture_method: CaptureMethod,
     description: Option<String>,
@@ -127,7 +127,7 @@ fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
         ) => Ok(CreatePayment {
             order_ref,
             amount: amount.minor_units(),
-            currency: currency.code().to_owned(),
+            currency,
             payment_method,
             capture_method,
             description,
@@ -222,8 +222,8 @@ async fn create_payment(
         order_ref: request.order_ref.clone(),
         intent: intent.clone(),
         amount: request.amount,
-        currency: request.currency.clone(),
-        capture_method: request.capture_method.as_str().to_owned(),
+        currency: request.currency,
+        capture_method: request.capture_method,
         payment_method: request.payment_method.clone(),
         description: request.description.clone(),
         metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
@@ -467,7 +467,7 @@ async fn capture_payment(
     let Some(current) = tx.lock_payment(account.0, id).await? else {
         return Err(ApiError::NotFound);
     };
-    let moved = if current.status == PaymentStatus::Authorized.as_str() {
+    let moved = if current.status == PaymentStatus::Authorized {
         tx.transition_payment(
             account.0,
             id,
@@ -482,7 +482,7 @@ async fn capture_payment(
     let Some(row) = moved else {
         let refusal = ApiError::NotCapturable {
             payment_id: id.to_string(),
-            status: current.status.clone(),
+            status: current.status.to_string(),
         };
         return keyed::commit_refusal(tx, &keyed, refusal).await;
     };
@@ -534,11 +534,11 @@ async fn cancel_payment(
     let Some(current) = tx.lock_payment(account.0, id).await? else {
         return Err(ApiError::NotFound);
     };
-    let status = current.status()?;
-    let manual = current.capture_method == CaptureMethod::Manual.as_str();
+    let status = current.status;
+    let manual = current.capture_method == CaptureMethod::Manual;
     let refusal = || ApiError::NotCancelable {
         payment_id: id.to_string(),
-        status: current.status.clone(),
+        status: current.status.to_string(),
     };
     let row = if status == PaymentStatus::Authorized {
         let Some(row) = tx
@@ -558,10 +558,7 @@ async fn cancel_payment(
         // A cancel already held (asked while the authorisation was
         // unknown) is the one that runs: one cancel intent, not two.
         let held = tx.held_attempts(id).await?;
-        match held
-            .iter()
-            .find(|a| a.operation == Operation::Cancel.as_str())
-        {
+        match held.iter().find(|a| a.operation == Operation::Cancel) {
             Some(attempt) => {
                 tx.release_held(cobro_core::AttemptId::from_uuid(attempt.id.0), now)
                     .await?;
@@ -588,10 +585,7 @@ async fn cancel_payment(
         // proven; then it runs once, or ends with the payment's truth
         // (cobro_worker::settle). A second request finds it already held.
         let held = tx.held_attempts(id).await?;
-        if !held
-            .iter()
-            .any(|a| a.operation == Operation::Cancel.as_str())
-        {
+        if !held.iter().any(|a| a.operation == Operation::Cancel) {
             hold_cancel(&mut tx, account.0, &current, now).await?;
         }
         match tx.request_cancel(account.0, id, status, now).await? {
@@ -624,10 +618,11 @@ async fn cancel_payment(
 /// `needs_review` for another reason (a capture escalated, a conflict)
 /// refuses the cancel instead of holding it forever.
 async fn authorisation_open(tx: &mut WriteTx, payment: PaymentId) -> Result<bool, ApiError> {
-    Ok(tx.attempts_of(payment).await?.iter().any(|a| {
-        a.operation == Operation::Authorize.as_str()
-            && cobro_core::AttemptState::parse(&a.state).is_some_and(|s| s.is_unresolved())
-    }))
+    Ok(tx
+        .attempts_of(payment)
+        .await?
+        .iter()
+        .any(|a| a.operation == Operation::Authorize && a.state.is_unresolved()))
 }
 
 #[derive(Serialize, Debug)]
@@ -694,7 +689,7 @@ async fn create_refund(
             } else {
                 ApiError::NotRefundable {
                     payment_id: id.to_string(),
-                    status: current.status,
+                    status: current.status.to_string(),
                 }
             };
             return keyed::commit_refusal(tx, &keyed, error).await;

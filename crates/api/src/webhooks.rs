@@ -422,8 +422,7 @@ async fn process(
         return done(WebhookOutcome::IgnoredStale);
     }
     let attempt = target_attempt(tx, named, &payment, kind).await?;
-    let operation = Operation::parse(&attempt.operation)
-        .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+    let operation = attempt.operation;
     let refund = match attempt.refund_id {
         Some(r) => tx.refund_by_id(RefundId::from_uuid(r.0)).await?,
         None => None,
@@ -449,7 +448,7 @@ async fn process(
                         state_before: before,
                         state_after: after,
                         provider_said: payload.to_owned(),
-                        decision: proof.decision().to_owned(),
+                        decision: proof.decision(),
                         actor: actor.clone(),
                         reason: Some(format!(
                             "event {} ({}, sequence {})",
@@ -511,8 +510,8 @@ async fn target_attempt(
     payment: &PaymentRow,
     kind: Kind,
 ) -> Result<AttemptRow, StoreError> {
-    let authorisation_open = AttemptState::parse(&named.state).is_some_and(|s| s.is_unresolved());
-    if named.operation != Operation::Authorize.as_str() || authorisation_open {
+    let authorisation_open = named.state.is_unresolved();
+    if named.operation != Operation::Authorize || authorisation_open {
         return Ok(named.clone());
     }
     let payment_id = PaymentId::from_uuid(payment.id.0);
@@ -523,8 +522,8 @@ async fn target_attempt(
     };
     for &operation in follow_ups {
         if let Some(attempt) = tx.attempt_for_event(payment_id, operation, None).await?
-            && AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved())
-            && attempt.state != AttemptState::Held.as_str()
+            && attempt.state.is_unresolved()
+            && attempt.state != AttemptState::Held
         {
             return Ok(attempt);
         }

@@ -121,14 +121,14 @@ impl WriteTx {
                  AND o.status NOT IN ('declined', 'failed', 'canceled'))) \
              RETURNING {PAYMENT_COLUMNS}"
         );
-        let moved: Option<PaymentRow> = if before.status == "needs_review" {
+        let moved: Option<PaymentRow> = if before.status == cobro_core::PaymentStatus::NeedsReview {
             None
         } else {
             on_tx!(self, conn => sqlx::query_as(&sql)
                 .bind(DbId::from(payment))
                 .bind(reason)
                 .bind(DbTime(now))
-                .bind(&before.status)
+                .bind(before.status)
                 .fetch_optional(&mut *conn)
                 .await?)
         };

@@ -6,7 +6,8 @@
 use crate::{DbId, DbTime, Result, Store, StoreError, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AccountId, IntentId, IntentName, Operation, OrderRef, PaymentId, PaymentStatus, RefundId,
+    AccountId, AttemptState, CaptureMethod, Currency, IntentId, IntentName, Operation, OrderRef,
+    PaymentId, PaymentStatus, RefundId, RefundStatus,
 };
 
 /// The columns of a payment, as stored.
@@ -17,12 +18,12 @@ pub struct PaymentRow {
     pub order_ref: String,
     pub intent: String,
     pub amount: i64,
-    pub currency: String,
-    pub capture_method: String,
+    pub currency: Currency,
+    pub capture_method: CaptureMethod,
     pub payment_method: String,
     pub description: Option<String>,
     pub metadata: String,
-    pub status: String,
+    pub status: PaymentStatus,
     pub amount_captured: i64,
     pub amount_refund_reserved: i64,
     pub amount_refunded: i64,
@@ -37,14 +38,7 @@ pub struct PaymentRow {
     /// Why the payment is in `needs_review` (cleared when it leaves).
     pub review_reason: Option<String>,
     /// The status it had when conflicting evidence stopped it.
-    pub review_from: Option<String>,
-}
-
-impl PaymentRow {
-    pub fn status(&self) -> Result<PaymentStatus> {
-        PaymentStatus::parse(&self.status)
-            .ok_or_else(|| StoreError::Corrupt(format!("payment status {}", self.status)))
-    }
+    pub review_from: Option<PaymentStatus>,
 }
 
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
@@ -60,7 +54,7 @@ pub struct RefundRow {
     pub intent: String,
     pub amount: i64,
     pub reason: Option<String>,
-    pub status: String,
+    pub status: RefundStatus,
     pub provider_ref: Option<String>,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
@@ -78,12 +72,12 @@ pub struct AttemptRow {
     pub intent_id: DbId,
     pub payment_id: DbId,
     pub refund_id: Option<DbId>,
-    pub operation: String,
+    pub operation: Operation,
     /// The provider's idempotency key: sent to the provider, never shown to
     /// merchants or written to logs.
     pub provider_key: String,
     pub reference: String,
-    pub state: String,
+    pub state: AttemptState,
     pub send_count: i32,
     pub first_send_at: Option<DbTime>,
     pub last_send_at: Option<DbTime>,
@@ -105,8 +99,8 @@ pub struct NewPayment {
     pub order_ref: OrderRef,
     pub intent: IntentName,
     pub amount: i64,
-    pub currency: String,
-    pub capture_method: String,
+    pub currency: Currency,
+    pub capture_method: CaptureMethod,
     pub payment_method: String,
     pub description: Option<String>,
     /// Canonical JSON text of the metadata map.
@@ -164,8 +158,8 @@ impl WriteTx {
             .bind(p.order_ref.as_str())
             .bind(p.intent.as_str())
             .bind(p.amount)
-            .bind(&p.currency)
-            .bind(&p.capture_method)
+            .bind(p.currency)
+            .bind(p.capture_method)
             .bind(&p.payment_method)
             .bind(&p.description)
             .bind(&p.metadata)
@@ -201,7 +195,7 @@ impl WriteTx {
             on_tx!(self, conn => sqlx::query_scalar(sql)
                 .bind(DbId::from(account))
                 .bind(order_ref.as_str())
-                .bind(operation.as_str())
+                .bind(operation)
                 .fetch_one(&mut *conn)
                 .await?)
         };
@@ -267,7 +261,7 @@ impl WriteTx {
                 .bind(DbId::from(account))
                 .bind(DbId::from(payment))
                 .bind(refund.map(DbId::from))
-                .bind(operation.as_str())
+                .bind(operation)
                 .bind(name.as_str())
                 .bind(DbTime(now))
                 .bind(DbId::from(attempt_id))
@@ -313,7 +307,7 @@ impl WriteTx {
             .bind(DbId::from(account))
             .bind(DbId::from(payment))
             .bind(refund.map(DbId::from))
-            .bind(operation.as_str())
+            .bind(operation)
             .bind(name.as_str())
             .bind(DbTime(now))
             .execute(&mut *conn)
@@ -340,8 +334,8 @@ impl WriteTx {
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
-            .bind(from.as_str())
-            .bind(to.as_str())
+            .bind(from)
+            .bind(to)
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
             .await?))
@@ -365,7 +359,7 @@ impl WriteTx {
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
-            .bind(while_in.as_str())
+            .bind(while_in)
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
             .await?))
@@ -398,14 +392,16 @@ impl WriteTx {
             return Ok(Ok(()));
         }
         let status_sql = "SELECT status FROM payments WHERE id = $1 AND account_id = $2";
-        let status: Option<String> = on_tx!(self, conn => sqlx::query_scalar(status_sql)
+        let status: Option<PaymentStatus> = on_tx!(self, conn => sqlx::query_scalar(status_sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
             .fetch_optional(&mut *conn)
             .await?);
-        Ok(Err(match status.as_deref() {
+        Ok(Err(match status {
             None => RefundRefusal::NotFound,
-            Some("captured" | "partially_refunded") => RefundRefusal::ExceedsCaptured,
+            Some(PaymentStatus::Captured | PaymentStatus::PartiallyRefunded) => {
+                RefundRefusal::ExceedsCaptured
+            }
             Some(_) => RefundRefusal::NotRefundable,
         }))
     }
@@ -508,7 +504,7 @@ impl Store {
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(account))
             .bind(f.order_ref.as_deref())
-            .bind(f.status.map(|s| s.as_str()))
+            .bind(f.status)
             .bind(f.before.map(DbId::from))
             .bind(i64::from(f.limit))
             .fetch_all(pool)

@@ -68,11 +68,7 @@ impl WriteTx {
             return Ok(false);
         }
         // The states are our own constants, never user text.
-        let from = sources
-            .iter()
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let from = crate::sql_names(sources.iter().map(AttemptState::as_str));
         let sql = format!(
             "UPDATE attempts SET state = $2, provider_ref = COALESCE($3, provider_ref), \
              last_error = COALESCE($4, last_error), updated_at = $5 \
@@ -80,7 +76,7 @@ impl WriteTx {
         );
         let n = on_tx!(self, conn => sqlx::query(&sql)
             .bind(DbId::from(id))
-            .bind(to.as_str())
+            .bind(to)
             .bind(provider_ref)
             .bind(note)
             .bind(DbTime(now))
@@ -135,8 +131,8 @@ impl WriteTx {
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
-            .bind(from.as_str())
-            .bind(to.as_str())
+            .bind(from)
+            .bind(to)
             .bind(outcome.provider_ref.as_deref())
             .bind(outcome.amount_captured)
             .bind(code)
@@ -170,8 +166,8 @@ impl WriteTx {
         );
         let row: Option<RefundRow> = on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
-            .bind(from.as_str())
-            .bind(to.as_str())
+            .bind(from)
+            .bind(to)
             .bind(provider_ref)
             .bind(failure.map(|f| f.0))
             .bind(failure.map(|f| f.1))

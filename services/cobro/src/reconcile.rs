@@ -11,7 +11,7 @@ use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings, parse
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, Subcommand, ValueEnum};
-use cobro_core::{Clock, PaymentId, SystemClock};
+use cobro_core::{Clock, PaymentId, PaymentStatus, SystemClock};
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Summary,
 };
@@ -169,15 +169,6 @@ impl OutcomeArg {
 /// `cobro reconcile`'s exit status when something is still unresolved
 /// (0: nothing left; 1: an error; 2: a usage error).
 pub const EXIT_UNRESOLVED: u8 = 3;
-
-/// Unsettled statuses an operator cares about.
-const UNSETTLED: &[&str] = &[
-    "requires_reconciliation",
-    "needs_review",
-    "processing",
-    "capturing",
-    "canceling",
-];
 
 pub fn reconciler_config(
     settings: &ReconcileSettings,
@@ -396,37 +387,30 @@ struct ListFilter {
 }
 
 /// The statuses `--status` names: `None` for `all`.
-fn statuses(given: &[String]) -> anyhow::Result<Option<Vec<&str>>> {
+fn statuses(given: &[String]) -> anyhow::Result<Option<Vec<PaymentStatus>>> {
     if given.is_empty() || given.iter().any(|s| s == "unsettled") {
-        let mut states = UNSETTLED.to_vec();
-        states.extend(
-            given
-                .iter()
-                .map(String::as_str)
-                .filter(|s| *s != "unsettled"),
-        );
-        return checked(states).map(Some);
+        let mut states = PaymentStatus::UNSETTLED.to_vec();
+        states.extend(checked(given.iter().filter(|s| *s != "unsettled"))?);
+        return Ok(Some(states));
     }
     if given.iter().any(|s| s == "all") {
         return Ok(None);
     }
-    checked(given.iter().map(String::as_str).collect()).map(Some)
+    checked(given.iter()).map(Some)
 }
 
-fn checked(states: Vec<&str>) -> anyhow::Result<Vec<&str>> {
-    for s in &states {
-        if cobro_core::PaymentStatus::parse(s).is_none() {
-            let known: Vec<_> = cobro_core::PaymentStatus::ALL
-                .iter()
-                .map(|s| s.as_str())
-                .collect();
-            bail!(
-                "unknown payment status `{s}`: use all, unsettled or one of {}",
-                known.join(", ")
-            );
-        }
-    }
-    Ok(states)
+fn checked<'a>(names: impl Iterator<Item = &'a String>) -> anyhow::Result<Vec<PaymentStatus>> {
+    names
+        .map(|s| {
+            PaymentStatus::parse(s).with_context(|| {
+                let known: Vec<_> = PaymentStatus::ALL.iter().map(|s| s.as_str()).collect();
+                format!(
+                    "unknown payment status `{s}`: use all, unsettled or one of {}",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect()
 }
 
 /// A duration as on-call reads it: `3d04h`, `2h05m`, `4m07s`, `12s`.
@@ -442,7 +426,7 @@ fn age(d: chrono::Duration) -> String {
 }
 
 /// An amount in minor units, as the API takes it, with its currency.
-fn amount(minor: i64, currency: &str) -> String {
+fn amount(minor: i64, currency: &cobro_core::Currency) -> String {
     format!("{minor} {currency}")
 }
 
@@ -463,9 +447,10 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
     let rows = store.operator_payments(&query).await?;
     let truncated = rows.len() == filter.limit as usize;
     let conflicts = store.open_conflicts(1000).await?;
-    let which = states
-        .as_ref()
-        .map_or_else(|| "all".to_owned(), |s| s.join(", "));
+    let which = states.as_ref().map_or_else(
+        || "all".to_owned(),
+        |s| s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+    );
     if output.json {
         let list: Vec<_> = rows
             .iter()
@@ -501,7 +486,7 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
         table.add_row([
             p.id.0.to_string(),
             p.intent.clone(),
-            p.status.clone(),
+            p.status.to_string(),
             amount(p.amount, &p.currency),
             or_dash(p.provider_ref.as_deref()),
             instant(p.created_at.0),
@@ -663,8 +648,8 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     for a in &attempts {
         table.add_row([
             a.id.0.to_string(),
-            a.operation.clone(),
-            a.state.clone(),
+            a.operation.to_string(),
+            a.state.to_string(),
             a.send_count.to_string(),
             or_dash(a.last_send_at.as_ref().map(time)),
             or_dash(a.provider_ref.as_deref()),
@@ -698,7 +683,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
         audit.add_row([
             time(&d.decided_at),
             d.actor.clone(),
-            d.decision.clone(),
+            d.decision.to_string(),
             format!("{} -> {}", d.state_before, d.state_after),
             or_dash(d.reason.as_deref()),
         ]);
@@ -722,7 +707,7 @@ async fn verify_charge(
         .payment_unscoped(payment)
         .await?
         .with_context(|| format!("no payment {payment}"))?;
-    if row.status != cobro_core::PaymentStatus::NeedsReview.as_str() {
+    if row.status != cobro_core::PaymentStatus::NeedsReview {
         bail!(
             "the payment is {}; only a payment in needs_review can be resolved by hand",
             row.status
@@ -733,8 +718,7 @@ async fn verify_charge(
         .iter()
         .find(|a| a.id.0 == attempt.as_uuid())
         .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
-    let operation = cobro_core::Operation::parse(&named.operation)
-        .with_context(|| format!("attempt operation {}", named.operation))?;
+    let operation = named.operation;
     let client = crate::worker::provider(provider, None)
         .await
         .context("looking the charge up needs the provider (or --unverified)")?

@@ -517,7 +517,7 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
         cobro_store::SendMark::Marked
     );
     let payment = store
-        .payment_unscoped(id.parse().expect("id"))
+        .payment_any_account(id.parse().expect("id"))
         .await
         .expect("read")
         .expect("payment");

@@ -128,7 +128,7 @@ async fn concurrent_reservations_of_one_key_have_exactly_one_winner(backend: Bac
     // Only the winner's business rows exist.
     let payments = db
         .store
-        .list_payments(
+        .payments_for_account(
             account,
             &cobro_store::PaymentFilter {
                 limit: 100,
@@ -169,7 +169,7 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     assert_eq!(wins, 1);
     assert_eq!(
         db.store
-            .count_payments_for_order(account, "pedido-842")
+            .count_order_payments_for_account(account, "pedido-842")
             .await
             .expect("count"),
         1
@@ -178,7 +178,7 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     // A terminal failure frees the order for the next payment.
     let existing = db
         .store
-        .list_payments(
+        .payments_for_account(
             account,
             &cobro_store::PaymentFilter {
                 limit: 1,
@@ -211,7 +211,7 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     tx.commit().await.expect("commit");
     assert_eq!(
         db.store
-            .count_payments_for_order(account, "pedido-842")
+            .count_order_payments_for_account(account, "pedido-842")
             .await
             .expect("count"),
         2
@@ -224,14 +224,18 @@ async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend
     let id = seed_payment_with_attempt(&db.store, account, "o-1").await;
     let row = db
         .store
-        .payment(account, id)
+        .payment_for_account(account, id)
         .await
         .expect("read")
         .expect("exists");
     assert_eq!(row.status, PaymentStatus::Processing);
     assert_eq!(row.currency.code(), "EUR");
     assert_eq!(row.capture_method, cobro_core::CaptureMethod::Automatic);
-    let attempts = db.store.attempts_for_payment(id).await.expect("attempts");
+    let attempts = db
+        .store
+        .attempts_of_payment_any_account(id)
+        .await
+        .expect("attempts");
     assert_eq!(attempts[0].operation, Operation::Authorize);
     assert_eq!(attempts[0].state, cobro_core::AttemptState::Pending);
 
@@ -241,7 +245,7 @@ async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend
             "UPDATE payments SET {column} = '{value}' WHERE order_ref = 'o-1'"
         ))
         .await;
-        let read = db.store.payment(account, id).await;
+        let read = db.store.payment_for_account(account, id).await;
         assert!(
             matches!(read, Err(cobro_store::StoreError::Corrupt(_))),
             "{column} = {value:?} must not be read as a value: {read:?}"
@@ -250,7 +254,7 @@ async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend
             .await;
     }
     db.exec("UPDATE attempts SET state = 'limbo'").await;
-    let read = db.store.attempts_for_payment(id).await;
+    let read = db.store.attempts_of_payment_any_account(id).await;
     assert!(
         matches!(read, Err(cobro_store::StoreError::Corrupt(_))),
         "{read:?}"
@@ -290,7 +294,7 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
     tx.commit().await.expect("commit");
     let row = db
         .store
-        .payment(account, id)
+        .payment_for_account(account, id)
         .await
         .expect("read")
         .expect("exists");
@@ -369,7 +373,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     tx.commit().await.expect("commit");
     let attempts = db
         .store
-        .attempts_for_payment(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .attempts_of_payment_any_account(PaymentId::from_uuid(fresh.attempt.payment_id.0))
         .await
         .expect("attempts");
     assert_eq!(attempts[0].send_count, 1, "the stale send was not recorded");
@@ -394,7 +398,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     tx.commit().await.expect("commit");
     let attempts = db
         .store
-        .attempts_for_payment(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .attempts_of_payment_any_account(PaymentId::from_uuid(fresh.attempt.payment_id.0))
         .await
         .expect("attempts");
     assert_eq!(attempts[0].send_count, 2);

@@ -578,7 +578,7 @@ impl Rig {
         self.app
             .db
             .store
-            .attempts_for_payment(id)
+            .attempts_of_payment_any_account(id)
             .await
             .expect("attempts")
     }

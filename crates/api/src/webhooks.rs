@@ -379,7 +379,9 @@ async fn process(
     if kind == Kind::Other {
         return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
     }
-    let named = tx.attempts_by_reference(&event.reference).await?;
+    let named = tx
+        .attempts_by_reference_any_account(&event.reference)
+        .await?;
     let [named] = named.as_slice() else {
         // Nothing of cobro's (or, for attempts made before references were
         // unique, several accounts' attempts): reported, never guessed from.
@@ -415,7 +417,7 @@ async fn process(
     }
     let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
     let payment = tx
-        .payment_by_id(payment_id)
+        .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
     if kind.is_charge() && event.sequence <= payment.provider_sequence {
@@ -424,7 +426,7 @@ async fn process(
     let attempt = target_attempt(tx, named, &payment, kind).await?;
     let operation = attempt.operation;
     let refund = match attempt.refund_id {
-        Some(r) => tx.refund_by_id(RefundId::from_uuid(r.0)).await?,
+        Some(r) => tx.refund_any_account(RefundId::from_uuid(r.0)).await?,
         None => None,
     };
     let outcome = match fit(
@@ -521,7 +523,9 @@ async fn target_attempt(
         _ => &[],
     };
     for &operation in follow_ups {
-        if let Some(attempt) = tx.attempt_for_event(payment_id, operation, None).await?
+        if let Some(attempt) = tx
+            .attempt_for_event_any_account(payment_id, operation, None)
+            .await?
             && attempt.state.is_unresolved()
             && attempt.state != AttemptState::Held
         {

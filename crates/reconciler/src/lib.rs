@@ -327,7 +327,7 @@ impl<P: Provider> Reconciler<P> {
         loop {
             let page = self
                 .store
-                .reconcile_candidates(cutoff, scope.payment, after, self.config.page)
+                .reconcile_candidates_any_account(cutoff, scope.payment, after, self.config.page)
                 .await?;
             let Some(last) = page.last() else { break };
             after = Some(AttemptId::from_uuid(last.id.0));
@@ -405,7 +405,7 @@ impl<P: Provider> Reconciler<P> {
         };
         let observed = self
             .store
-            .observations_for(AttemptId::from_uuid(attempt.id.0))
+            .observations_of_attempt_any_account(AttemptId::from_uuid(attempt.id.0))
             .await
             .map_err(|e| QueryError(format!("reading observations: {e}")))?;
         for (_, _, detail) in observed {
@@ -461,11 +461,15 @@ impl<P: Provider> Reconciler<P> {
         let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
         let payment = self
             .store
-            .payment_unscoped(payment_id)
+            .payment_any_account(payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
         let refund = match attempt.refund_id {
-            Some(r) => self.store.refund_unscoped(RefundId::from_uuid(r.0)).await?,
+            Some(r) => {
+                self.store
+                    .refund_any_account(RefundId::from_uuid(r.0))
+                    .await?
+            }
             None => None,
         };
         // An attempt made before references were unique carries the bare
@@ -706,7 +710,7 @@ impl<P: Provider> Reconciler<P> {
         let payment = PaymentId::from_uuid(ctx.attempt.payment_id.0);
         let mut tx = self.store.begin().await?;
         let current = tx
-            .payment_by_id(payment)
+            .lock_payment_any_account(payment)
             .await?
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
         // The same finding again: kept once. A new finding on a payment
@@ -763,7 +767,7 @@ impl<P: Provider> Reconciler<P> {
         let refund_id = attempt.refund_id.map(|r| RefundId::from_uuid(r.0));
         let mut tx = self.store.begin().await?;
         // Lock order: the payment row, then the attempt.
-        tx.payment_by_id(payment_id).await?;
+        tx.lock_payment_any_account(payment_id).await?;
         if !tx
             .resolve_no_effect(
                 AttemptId::from_uuid(attempt.id.0),
@@ -776,12 +780,12 @@ impl<P: Provider> Reconciler<P> {
             return Ok(Verdict::AlreadySettled);
         }
         let payment = tx
-            .payment_by_id(payment_id)
+            .lock_payment_any_account(payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
         let before = payment.status;
         let refund_status = match refund_id {
-            Some(r) => tx.refund_by_id(r).await?.map(|r| r.status),
+            Some(r) => tx.refund_any_account(r).await?.map(|r| r.status),
             None => None,
         };
         let in_review = before == PaymentStatus::NeedsReview
@@ -872,7 +876,7 @@ impl<P: Provider> Reconciler<P> {
                         .unwrap_or(before);
                     if operation == Operation::Authorize && after == PaymentStatus::Failed {
                         let failed = tx
-                            .payment_by_id(payment_id)
+                            .lock_payment_any_account(payment_id)
                             .await?
                             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
                         settle_held_cancels(&mut tx, &failed, after, now).await?;
@@ -951,7 +955,8 @@ impl<P: Provider> Reconciler<P> {
         } = *ctx;
         let mut tx = self.store.begin().await?;
         // Lock order: the payment row first, as everywhere.
-        tx.payment_by_id(PaymentId::from_uuid(payment.id.0)).await?;
+        tx.lock_payment_any_account(PaymentId::from_uuid(payment.id.0))
+            .await?;
         let (before, after) = if operation == Operation::Refund {
             let Some(refund) = refund else {
                 tx.rollback().await?;
@@ -1169,13 +1174,13 @@ pub async fn resolve_by_hand(
 ) -> Result<String, ResolveError> {
     let mut tx = store.begin().await?;
     let payment = tx
-        .payment_by_id(r.payment)
+        .lock_payment_any_account(r.payment)
         .await?
         .ok_or(ResolveError::NotFound)?;
     if payment.status != PaymentStatus::NeedsReview {
         return Err(ResolveError::NotInReview(payment.status.to_string()));
     }
-    let attempts = tx.attempts_of(r.payment).await?;
+    let attempts = tx.attempts_of_payment_any_account(r.payment).await?;
     // In flight: sent and still the worker's; or another attempt the
     // reconciler is still working out (only the named one is decided here).
     if let Some(busy) = attempts.iter().find(|a| {

@@ -65,7 +65,10 @@ impl WriteTx {
 
 impl Store {
     /// The decisions about one payment, oldest first.
-    pub async fn decisions_for(&self, payment: PaymentId) -> Result<Vec<DecisionRow>> {
+    pub async fn decisions_of_payment_any_account(
+        &self,
+        payment: PaymentId,
+    ) -> Result<Vec<DecisionRow>> {
         let sql = "SELECT run_id, attempt_id, state_before, state_after, provider_said, decision, \
             actor, reason, decided_at FROM reconciliation_decisions WHERE payment_id = $1 \
             ORDER BY decided_at, id";

@@ -20,18 +20,14 @@ impl Store {
     /// One page of at most `limit`, in id order after `after` (ids are
     /// time-ordered), so a caller can page through every candidate.
     /// `only_payment` narrows to one payment (`cobro reconcile --payment`).
-    pub async fn reconcile_candidates(
+    pub async fn reconcile_candidates_any_account(
         &self,
         stuck_before: DateTime<Utc>,
         only_payment: Option<PaymentId>,
         after: Option<AttemptId>,
         limit: u32,
     ) -> Result<Vec<AttemptRow>> {
-        let columns = ATTEMPT_COLUMNS
-            .split(", ")
-            .map(|c| format!("a.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let columns = crate::payments::qualified(ATTEMPT_COLUMNS, "a");
         let sql = format!(
             "SELECT {columns} FROM attempts a WHERE a.id IN ( \
                 SELECT id FROM attempts WHERE state = 'reconciling' \
@@ -60,7 +56,7 @@ impl Store {
     /// `query`, longest in their status first. With no status filter it
     /// reads the whole table (bounded by the time filters and the limit);
     /// with the unsettled statuses it starts from their partial index.
-    pub async fn operator_payments(&self, query: &OperatorQuery<'_>) -> Result<Vec<PaymentRow>> {
+    pub async fn payments_any_account(&self, query: &OperatorQuery<'_>) -> Result<Vec<PaymentRow>> {
         // Statuses are checked names, never free text: the placeholders
         // are generated, the values bound.
         let status_clause = match query.statuses {

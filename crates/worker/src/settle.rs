@@ -217,7 +217,7 @@ async fn retried_since(
         return Ok(false);
     }
     let later = tx
-        .attempts_of(PaymentId::from_uuid(recorded.payment_id.0))
+        .attempts_of_payment_any_account(PaymentId::from_uuid(recorded.payment_id.0))
         .await?
         .into_iter()
         .any(|a| {
@@ -288,7 +288,7 @@ async fn apply_proof_in_span(
     };
     // Lock order everywhere: the payment row, then the attempt.
     let payment = tx
-        .payment_by_id(payment_id)
+        .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| corrupt("attempt without payment"))?;
     if !tx
@@ -296,7 +296,7 @@ async fn apply_proof_in_span(
         .await?
     {
         let recorded = tx
-            .attempt(attempt_id)
+            .attempt_any_account(attempt_id)
             .await?
             .ok_or_else(|| corrupt("attempt vanished"))?;
         return match contradiction(&recorded, proof) {
@@ -326,7 +326,7 @@ async fn apply_proof_in_span(
     if operation == Operation::Refund {
         let refund_id = refund_id.ok_or_else(|| corrupt("refund attempt without refund"))?;
         let refund = tx
-            .refund_by_id(refund_id)
+            .refund_any_account(refund_id)
             .await?
             .ok_or_else(|| corrupt("missing refund"))?;
         let from = refund.status;
@@ -340,7 +340,7 @@ async fn apply_proof_in_span(
         tx.settle_refund(refund_id, from, to, provider_ref, failure, now)
             .await?;
         let after = tx
-            .payment_by_id(payment_id)
+            .lock_payment_any_account(payment_id)
             .await?
             .map(|p| p.status.as_str().to_owned())
             .unwrap_or_default();
@@ -441,7 +441,7 @@ pub async fn settle_held_cancels(
 ) -> Result<PaymentStatus, StoreError> {
     let payment_id = PaymentId::from_uuid(payment.id.0);
     let mut status = status;
-    for held in tx.held_attempts(payment_id).await? {
+    for held in tx.held_attempts_any_account(payment_id).await? {
         let held_id = AttemptId::from_uuid(held.id.0);
         if status == PaymentStatus::Authorized {
             let canceling = status
@@ -514,7 +514,7 @@ pub async fn hand_to_reconciler(
 ) -> Result<bool, StoreError> {
     let (attempt_id, payment_id, refund_id) = ids(attempt);
     // Lock order: the payment row, then the attempt.
-    tx.payment_by_id(payment_id).await?;
+    tx.lock_payment_any_account(payment_id).await?;
     if !tx
         .resolve_attempt(
             attempt_id,

@@ -425,14 +425,14 @@ impl<P: Provider> Worker<P> {
         let attempt = &claim.attempt;
         let payment = self
             .store
-            .payment_unscoped(PaymentId::from_uuid(attempt.payment_id.0))
+            .payment_any_account(PaymentId::from_uuid(attempt.payment_id.0))
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
         let operation = attempt.operation;
         let refund = match attempt.refund_id {
             Some(id) => Some(
                 self.store
-                    .refund_unscoped(RefundId::from_uuid(id.0))
+                    .refund_any_account(RefundId::from_uuid(id.0))
                     .await?
                     .ok_or_else(|| StoreError::Corrupt("missing refund".into()))?,
             ),

@@ -444,9 +444,9 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
         in_status_before,
         limit: filter.limit,
     };
-    let rows = store.operator_payments(&query).await?;
+    let rows = store.payments_any_account(&query).await?;
     let truncated = rows.len() == filter.limit as usize;
-    let conflicts = store.open_conflicts(1000).await?;
+    let conflicts = store.open_conflicts_any_account(1000).await?;
     let which = states.as_ref().map_or_else(
         || "all".to_owned(),
         |s| s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
@@ -549,16 +549,16 @@ fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
 
 async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     let id = parse_payment(id)?;
-    let Some(p) = store.payment_unscoped(id).await? else {
+    let Some(p) = store.payment_any_account(id).await? else {
         bail!("no payment {id}");
     };
-    let attempts = store.attempts_for_payment(id).await?;
-    let decisions = store.decisions_for(id).await?;
-    let conflicts = store.conflicts_for(id).await?;
+    let attempts = store.attempts_of_payment_any_account(id).await?;
+    let decisions = store.decisions_of_payment_any_account(id).await?;
+    let conflicts = store.conflicts_of_payment_any_account(id).await?;
     let mut observations = Vec::new();
     for a in &attempts {
         for (token, outcome, detail) in store
-            .observations_for(cobro_core::AttemptId::from_uuid(a.id.0))
+            .observations_of_attempt_any_account(cobro_core::AttemptId::from_uuid(a.id.0))
             .await?
         {
             observations.push((a.id.0, token, outcome, detail));
@@ -704,7 +704,7 @@ async fn verify_charge(
 ) -> anyhow::Result<()> {
     use cobro_provider::Provider;
     let row = store
-        .payment_unscoped(payment)
+        .payment_any_account(payment)
         .await?
         .with_context(|| format!("no payment {payment}"))?;
     if row.status != cobro_core::PaymentStatus::NeedsReview {
@@ -713,7 +713,7 @@ async fn verify_charge(
             row.status
         );
     }
-    let attempts = store.attempts_for_payment(payment).await?;
+    let attempts = store.attempts_of_payment_any_account(payment).await?;
     let named = attempts
         .iter()
         .find(|a| a.id.0 == attempt.as_uuid())

@@ -19,6 +19,8 @@ on_both_backends!(
     the_same_key_in_another_account_is_another_record,
     a_token_is_refused_from_its_expiry_on_and_once_revoked,
     typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt,
+    an_account_name_is_taken_once_whatever_the_code_above_checked,
+    migrating_a_database_with_shared_account_names_fails_naming_the_fix,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -216,6 +218,78 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
             .expect("count"),
         2
     );
+}
+
+async fn an_account_name_is_taken_once_whatever_the_code_above_checked(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.store.create_account("acme", t0()).await.expect("first");
+    let again = db.store.create_account("acme", t0()).await;
+    assert!(
+        matches!(again, Err(cobro_store::StoreError::UniqueViolation { .. })),
+        "{again:?}"
+    );
+    assert_eq!(db.count("accounts WHERE name = 'acme'").await, 1);
+}
+
+/// The error and every cause under it, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text = format!("{text}: {c}");
+        cause = c.source();
+    }
+    text
+}
+
+async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // A database from before 0008, when only `cobro accounts create`'s own
+    // look-up kept names apart (two concurrent creates could both pass).
+    db.exec("DROP INDEX accounts_name_key").await;
+    db.exec("DELETE FROM _sqlx_migrations WHERE version = 8")
+        .await;
+    db.store.create_account("acme", t0()).await.expect("first");
+    db.store
+        .create_account("acme", t0())
+        .await
+        .expect("shared name, before 0008");
+
+    let refused = db
+        .store
+        .migrate()
+        .await
+        .expect_err("0008 must refuse shared names");
+    let text = chain(&refused);
+    assert!(text.contains("account names must be unique"), "{text}");
+    assert!(text.contains("then run cobro migrate again"), "{text}");
+    assert_eq!(
+        db.store.schema_version().await.expect("version"),
+        7,
+        "nothing applied"
+    );
+    assert_eq!(
+        db.count("accounts WHERE name = 'acme'").await,
+        2,
+        "nothing changed"
+    );
+
+    db.exec(
+        "UPDATE accounts SET name = 'acme-2' WHERE id = \
+         (SELECT id FROM accounts WHERE name = 'acme' ORDER BY id DESC LIMIT 1)",
+    )
+    .await;
+    // A new process, as `cobro migrate` is: on PostgreSQL the failed run's
+    // pooled connection still holds sqlx's migration advisory lock.
+    db.store.close().await;
+    let store = Store::connect(&cobro_store::StoreConfig::new(db.url.clone()))
+        .await
+        .expect("connect");
+    store
+        .migrate()
+        .await
+        .expect("0008 once the names are unique");
+    assert!(store.create_account("acme", t0()).await.is_err());
 }
 
 async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend: Backend) {

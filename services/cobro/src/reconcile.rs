@@ -745,9 +745,9 @@ async fn verify_charge(
         .map_err(|e| anyhow::anyhow!("the provider could not be asked about {charge}: {e}"))?
         .with_context(|| format!("the provider has no charge {charge}"))?;
     // For a capture or cancel the charge must be the payment's adopted one.
-    match cobro_worker::fit(operation, named, &row, None, &found) {
-        cobro_worker::Fit::Ours => Ok(()),
-        cobro_worker::Fit::NotOurs(why) | cobro_worker::Fit::Mismatch(why) => {
+    match cobro_settle::fit(operation, named, &row, None, &found) {
+        cobro_settle::Fit::Ours => Ok(()),
+        cobro_settle::Fit::NotOurs(why) | cobro_settle::Fit::Mismatch(why) => {
             bail!("{charge} is not this attempt's charge: {why}")
         }
     }

@@ -19,8 +19,9 @@ use crate::settings::{
 use crate::{demo, purge};
 use anyhow::Context;
 use axum::Router;
-use cobro_api::{ApiSettings, AppState, WebhookSecret};
+use cobro_api::{ApiSettings, AppState, WebhookReceiver};
 use cobro_core::{Clock, SystemClock};
+use cobro_provider::WebhookSecret;
 use cobro_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,12 +100,11 @@ pub async fn run(global: &GlobalSettings, args: &ServeArgs) -> anyhow::Result<()
         ..ApiSettings::default()
     };
     if let Some(secret) = &webhook_secret {
-        api.webhook_secrets
-            .insert("fake".to_owned(), secret.clone());
-    }
-    if let Some(previous) = &settings.webhook_secret_previous {
-        api.webhook_previous_secrets
-            .insert("fake".to_owned(), previous.clone());
+        let receiver = WebhookReceiver {
+            previous: settings.webhook_secret_previous.clone(),
+            ..WebhookReceiver::fake(secret.clone())
+        };
+        api.webhooks.insert("fake".to_owned(), receiver);
     }
     let state = AppState::new(store.clone(), Arc::clone(&clock), api);
     // The worker runs in this process unless told otherwise; the API wakes

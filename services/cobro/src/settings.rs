@@ -16,7 +16,7 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use cobro_api::WebhookSecret;
+use cobro_provider::WebhookSecret;
 use cobro_store::StoreConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;

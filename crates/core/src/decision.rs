@@ -2,7 +2,7 @@
 //! (`reconciliation_decisions.decision`), written by the reconciler,
 //! webhooks and operators.
 
-use crate::text::string_enum;
+use crate::stored::string_enum;
 
 string_enum!(
     /// What was decided about an uncertain outcome.

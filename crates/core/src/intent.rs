@@ -1,6 +1,6 @@
 //! Operations, order references and intent names (`pedido-842:authorize-v1`).
 
-use crate::text::string_enum;
+use crate::stored::string_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

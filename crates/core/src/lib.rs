@@ -9,7 +9,8 @@ pub mod key;
 pub mod money;
 pub mod signature;
 pub mod state;
-mod text;
+mod stored;
+pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::Decision;

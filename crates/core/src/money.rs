@@ -105,7 +105,7 @@ impl fmt::Display for Currency {
 
 // Stored as its upper-case code exactly: `eur` in a row is not a spelling
 // cobro writes, so it is refused like an unknown code.
-crate::text::sqlx_text!(
+crate::stored::sqlx_text!(
     Currency,
     |raw| Currency::parse(raw).ok().filter(|c| c.code() == raw),
     |v| v.code()

@@ -4,7 +4,7 @@
 //! here, so two incompatible decisions can never both commit: the second one
 //! finds the state changed and updates zero rows.
 
-use crate::text::string_enum;
+use crate::stored::string_enum;
 
 string_enum!(
     /// When the money moves: at authorisation, or on an explicit capture.

@@ -1,103 +1,51 @@
-//! Domain values stored as text: the one place their spelling is defined.
-//!
-//! [`string_enum!`] gives an enum its names once (`as_str`, `parse`,
-//! `Display`, serde); with the `sqlx` feature, [`sqlx_text!`] makes a type a
-//! TEXT column on PostgreSQL and SQLite. Decoding a stored value that is no
-//! known name is an error, never a default: a row cobro cannot read is
-//! corrupt, and guessing its state would move money on a guess.
+//! Rules about text that every input path shares.
 
-macro_rules! string_enum {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-        pub enum $name { $($(#[$vdoc])* #[serde(rename = $text)] $variant),+ }
+use serde_json::{Map, Value};
 
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            pub fn as_str(&self) -> &'static str {
-                match self { $($name::$variant => $text),+ }
-            }
-
-            pub fn parse(raw: &str) -> Option<Self> {
-                match raw { $($text => Some($name::$variant),)+ _ => None }
-            }
+/// The first field whose name or text (at any depth) holds U+0000, which
+/// PostgreSQL cannot store in `text` or `jsonb` (SQLite could): refused up
+/// front, on both stores alike, before anything reaches the database or a
+/// log line. Named by its path (`metadata.note`); a name that itself holds
+/// the NUL is named by its parent (`body` at the top).
+pub fn unstorable_text(map: &Map<String, Value>) -> Option<String> {
+    fn walk(value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::String(text) => text.contains('\0').then(|| path.to_owned()),
+            Value::Array(items) => items.iter().find_map(|item| walk(item, path)),
+            Value::Object(map) => map.iter().find_map(|(name, value)| {
+                if name.contains('\0') {
+                    return Some(path.to_owned());
+                }
+                walk(value, &format!("{path}.{name}"))
+            }),
+            _ => None,
         }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
+    }
+    map.iter().find_map(|(name, value)| {
+        if name.contains('\0') {
+            return Some("body".to_owned());
         }
-
-        $crate::text::sqlx_text!($name, |raw| $name::parse(raw), |v| v.as_str());
-    };
+        walk(value, name)
+    })
 }
 
-/// `$parse`: `|&str| -> Option<Self>`; `$show`: `|&Self| -> &str`.
-#[cfg(feature = "sqlx")]
-macro_rules! sqlx_text {
-    ($name:ty, |$raw:ident| $parse:expr, |$v:ident| $show:expr) => {
-        impl sqlx::Type<sqlx::Postgres> for $name {
-            fn type_info() -> sqlx::postgres::PgTypeInfo {
-                <&str as sqlx::Type<sqlx::Postgres>>::type_info()
-            }
-            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-                <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-            }
-        }
-        impl<'q> sqlx::Encode<'q, sqlx::Postgres> for $name {
-            fn encode_by_ref(
-                &self,
-                buf: &mut sqlx::postgres::PgArgumentBuffer,
-            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-                let $v = self;
-                <&str as sqlx::Encode<'q, sqlx::Postgres>>::encode_by_ref(&$show, buf)
-            }
-        }
-        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $name {
-            fn decode(
-                value: sqlx::postgres::PgValueRef<'r>,
-            ) -> Result<Self, sqlx::error::BoxDynError> {
-                let $raw = <&str as sqlx::Decode<'r, sqlx::Postgres>>::decode(value)?;
-                $parse.ok_or_else(|| {
-                    format!("{:?} is not a known {}", $raw, stringify!($name)).into()
-                })
-            }
-        }
-        impl sqlx::Type<sqlx::Sqlite> for $name {
-            fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
-                <&str as sqlx::Type<sqlx::Sqlite>>::type_info()
-            }
-            fn compatible(ty: &sqlx::sqlite::SqliteTypeInfo) -> bool {
-                <&str as sqlx::Type<sqlx::Sqlite>>::compatible(ty)
-            }
-        }
-        impl<'q> sqlx::Encode<'q, sqlx::Sqlite> for $name {
-            fn encode_by_ref(
-                &self,
-                buf: &mut Vec<sqlx::sqlite::SqliteArgumentValue<'q>>,
-            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-                let $v = self;
-                <String as sqlx::Encode<'q, sqlx::Sqlite>>::encode(($show).to_owned(), buf)
-            }
-        }
-        impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for $name {
-            fn decode(
-                value: sqlx::sqlite::SqliteValueRef<'r>,
-            ) -> Result<Self, sqlx::error::BoxDynError> {
-                let $raw = <&str as sqlx::Decode<'r, sqlx::Sqlite>>::decode(value)?;
-                $parse.ok_or_else(|| {
-                    format!("{:?} is not a known {}", $raw, stringify!($name)).into()
-                })
-            }
-        }
-    };
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
 
-#[cfg(not(feature = "sqlx"))]
-macro_rules! sqlx_text {
-    ($($t:tt)*) => {};
-}
+    fn first(value: Value) -> Option<String> {
+        unstorable_text(value.as_object().expect("object"))
+    }
 
-pub(crate) use {sqlx_text, string_enum};
+    #[test]
+    fn a_nul_is_named_by_its_path_at_any_depth() {
+        assert_eq!(
+            first(json!({"a": "x", "b": {"c": ["ok", "n\u{0}"]}})).as_deref(),
+            Some("b.c")
+        );
+        assert_eq!(first(json!({"m": {"k\u{0}": "v"}})).as_deref(), Some("m"));
+        assert_eq!(first(json!({"k\u{0}": 1})).as_deref(), Some("body"));
+        assert_eq!(first(json!({"a": "plain", "n": 1, "z": null})), None);
+    }
+}

@@ -16,7 +16,8 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use cobro_api::WebhookSecret;
+use cobro_provider::WebhookSecret;
+use cobro_reconciler::ReconcilerConfig;
 use cobro_store::StoreConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -311,6 +312,34 @@ pub struct HttpSettings {
     #[arg(long, env = "COBRO_HTTP_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub http_max_connections: u32,
+}
+
+impl ReconcileSettings {
+    /// The reconciler's configuration: these settings, the provider's
+    /// timeout (a send may reach the provider until then) and who decides
+    /// (`reconciler:<pid>` or `operator:<user>`, for the audit trail).
+    pub fn config(&self, provider: &ProviderSettings, actor: String) -> ReconcilerConfig {
+        ReconcilerConfig {
+            actor,
+            search_lag: self.provider_search_lag,
+            stuck_after: self.reconcile_stuck_after,
+            request_timeout: provider.provider_timeout,
+            escalate_after: self.reconcile_escalate_after,
+            retry_on_no_effect: !self.reconcile_no_retry,
+            ..Default::default()
+        }
+    }
+}
+
+impl RetentionSettings {
+    /// The retention contract the purge applies.
+    pub fn retention(&self) -> cobro_store::purge::Retention {
+        cobro_store::purge::Retention {
+            idempotency: self.idempotency_retention,
+            tombstone: self.tombstone_retention,
+            webhook_event: self.webhook_event_retention,
+        }
+    }
 }
 
 impl HttpSettings {

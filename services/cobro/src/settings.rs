@@ -6,6 +6,9 @@
 //! - [`ServeSettings`]: the HTTP server and its scheduled purge.
 //! - [`RetentionSettings`]: the retention contract (spec section 8), shared
 //!   by `serve` (scheduled purge, replay of tombstones) and `purge`.
+//! - [`DispatcherSettings`], [`ReconcileSettings`] and the provider groups:
+//!   shared by `serve` and `worker` (and `reconcile`), each with the
+//!   configuration it builds.
 //! - [`DatabaseTarget`]: the database URL resolved and checked, or the
 //!   embedded SQLite default.
 //!
@@ -164,7 +167,7 @@ pub struct ServeSettings {
     pub schedule: ReconcileSchedule,
 
     #[command(flatten)]
-    pub dispatcher: crate::events::DispatcherSettings,
+    pub dispatcher: DispatcherSettings,
 }
 
 /// The scheduled reconciler that every process with a provider runs
@@ -312,6 +315,36 @@ pub struct HttpSettings {
     #[arg(long, env = "COBRO_HTTP_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub http_max_connections: u32,
+}
+
+/// The event dispatcher of this process.
+#[derive(Args, Clone, Debug)]
+pub struct DispatcherSettings {
+    /// Run no event dispatcher in this process (another process must, or
+    /// merchants only pull `GET /v1/events`).
+    #[arg(long, env = "COBRO_NO_DISPATCHER")]
+    pub no_dispatcher: bool,
+
+    /// One POST to a merchant endpoint, connection included.
+    #[arg(long, env = "COBRO_EVENTS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub events_timeout: Duration,
+
+    /// How long a delivery is retried from its first attempt before it is
+    /// dead; also how long an endpoint may fail every attempt before it is
+    /// disabled.
+    #[arg(long, env = "COBRO_EVENTS_RETRY_PERIOD", default_value = "3d", value_parser = parse_duration)]
+    pub events_retry_period: Duration,
+
+    /// How often an idle dispatcher looks for due deliveries.
+    #[arg(long, env = "COBRO_EVENTS_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub events_poll: Duration,
+
+    /// Retry backoff: a random delay up to base x 2^attempts, capped.
+    #[arg(long, env = "COBRO_EVENTS_BACKOFF_BASE", default_value = "5s", value_parser = parse_duration)]
+    pub events_backoff_base: Duration,
+
+    #[arg(long, env = "COBRO_EVENTS_BACKOFF_CAP", default_value = "1h", value_parser = parse_duration)]
+    pub events_backoff_cap: Duration,
 }
 
 impl ReconcileSettings {

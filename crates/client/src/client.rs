@@ -452,18 +452,16 @@ impl<J: Journal> Client<J> {
     }
 }
 
+/// Everything but RFC 3986's unreserved characters other than the dot.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'~');
+
 /// A path segment, percent-encoded (dots too, so `..` stays a segment):
 /// an id can never change the route.
 fn segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for byte in id.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_~".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(id, SEGMENT).to_string()
 }
 
 fn same_json(a: &[u8], b: &[u8]) -> bool {

@@ -23,6 +23,14 @@ pub struct HttpProviderConfig {
     pub name: String,
 }
 
+/// How a reference (a query value) or a provider id (a path segment) is
+/// encoded: everything but RFC 3986's unreserved characters.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 impl HttpProviderConfig {
     pub fn new(base_url: impl Into<String>, api_key: impl Into<String>) -> Self {
         Self {
@@ -181,15 +189,7 @@ impl HttpProvider {
         struct List {
             data: Vec<ProviderObject>,
         }
-        let encoded: String = reference
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
+        let encoded = percent_encoding::utf8_percent_encode(reference, QUERY_VALUE);
         let list: Option<List> = self
             .query(operation, &format!("{path}?reference={encoded}"))
             .await?;
@@ -322,7 +322,10 @@ impl Provider for HttpProvider {
         self.mutate(
             "capture",
             key,
-            &format!("/v1/charges/{charge}/capture"),
+            &format!(
+                "/v1/charges/{}/capture",
+                percent_encoding::utf8_percent_encode(charge, QUERY_VALUE)
+            ),
             json!({}),
         )
         .await
@@ -332,7 +335,10 @@ impl Provider for HttpProvider {
         self.mutate(
             "void",
             key,
-            &format!("/v1/charges/{charge}/void"),
+            &format!(
+                "/v1/charges/{}/void",
+                percent_encoding::utf8_percent_encode(charge, QUERY_VALUE)
+            ),
             json!({}),
         )
         .await
@@ -344,6 +350,7 @@ impl Provider for HttpProvider {
     }
 
     async fn get_charge(&self, id: &str) -> Result<Option<ProviderObject>, QueryError> {
+        let id = percent_encoding::utf8_percent_encode(id, QUERY_VALUE);
         self.query("get_charge", &format!("/v1/charges/{id}")).await
     }
 

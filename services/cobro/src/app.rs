@@ -16,8 +16,7 @@
 //! `COBRO_SHUTDOWN_GRACE` it returns anyway.
 
 use crate::database::{self, SchemaPolicy};
-use crate::serve::ServeArgs;
-use crate::settings::{GlobalSettings, SenderSettings};
+use crate::settings::{GlobalSettings, SenderSettings, ServeSettings};
 use crate::shutdown::{Stopper, stopped};
 use crate::{demo, schedule};
 use anyhow::Context;
@@ -55,13 +54,16 @@ pub struct Application {
 impl Application {
     /// Runs every start-up step (see the module docs); the port is bound
     /// when this returns (`--listen` with port 0 picks a free one).
-    pub async fn build(global: &GlobalSettings, args: &ServeArgs) -> anyhow::Result<Self> {
-        let settings = &args.settings;
+    pub async fn build(
+        global: &GlobalSettings,
+        settings: &ServeSettings,
+        sender: &SenderSettings,
+    ) -> anyhow::Result<Self> {
         let SenderSettings {
             provider,
             key_window,
             reconcile,
-        } = &args.sender;
+        } = sender;
         let policy = if settings.no_migrate {
             SchemaPolicy::Require
         } else {

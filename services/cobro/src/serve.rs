@@ -19,7 +19,7 @@ pub struct ServeArgs {
 
 /// Runs the server until a shutdown signal.
 pub async fn run(global: &GlobalSettings, args: &ServeArgs) -> anyhow::Result<()> {
-    let app = Application::build(global, args).await?;
+    let app = Application::build(global, &args.settings, &args.sender).await?;
     // Before the listening line: a signal sent as soon as the server is
     // announced drains it.
     crate::shutdown::on_signals(app.stopper())?;

@@ -31,7 +31,7 @@ pub struct WorkerArgs {
     pub schedule: ReconcileSchedule,
 
     #[command(flatten)]
-    pub dispatcher: crate::events::DispatcherSettings,
+    pub dispatcher: crate::settings::DispatcherSettings,
 
     /// After SIGTERM or SIGINT, how long in-flight calls may run.
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",

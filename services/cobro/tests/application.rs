@@ -37,7 +37,9 @@ async fn the_application_takes_a_payment_to_one_charge_and_stops_when_asked() {
     let Command::Serve(args) = &cli.command else {
         panic!("serve parsed as another command");
     };
-    let app = Application::build(&cli.global, args).await.expect("builds");
+    let app = Application::build(&cli.global, &args.settings, &args.sender)
+        .await
+        .expect("builds");
     assert_ne!(app.port(), 0, "a free port was bound");
     let base = format!("http://127.0.0.1:{}", app.port());
     let (_, token) = app.demo().expect("the embedded default has a demo token");

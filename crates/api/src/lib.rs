@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![doc = include_str!("../docs/api.md")]
 
 pub mod error;
 pub mod events;
@@ -27,6 +28,7 @@ use cobro_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
+use utoipa_axum::router::OpenApiRouter;
 
 /// Settings of the HTTP API that are not the store's.
 #[derive(Clone, Debug)]
@@ -106,18 +108,29 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// the request span, the body limit and the key echo are layered here, so
 /// tests driving the router with `oneshot` see exactly what clients see.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .merge(payments::routes())
-        .merge(openapi::routes())
-        .merge(health::routes())
-        .merge(webhooks::routes())
-        .merge(events::routes())
+    let (routes, document) = api().split_for_parts();
+    routes
+        .layer(axum::Extension(openapi::Served(Arc::new(
+            openapi::complete(document),
+        ))))
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.settings),
             request_context,
         ))
         .with_state(state)
+}
+
+/// Every route of the API with its documentation: each is registered
+/// through `routes!` from the `#[utoipa::path]` on its handler, so the
+/// router and `/openapi.json` cannot disagree.
+fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .merge(payments::routes())
+        .merge(openapi::routes())
+        .merge(health::routes())
+        .merge(webhooks::routes())
+        .merge(events::routes())
 }
 
 /// Gives every request an id (the client's `X-Request-Id` when it sent a

@@ -90,11 +90,15 @@ impl AppState {
     pub fn new(store: Store, clock: Arc<dyn Clock>, settings: ApiSettings) -> Self {
         Self {
             store,
-            clock,
-            rate_limiter: Arc::new(rate_limit::RateLimiter::new(settings.rate_limit)),
+            rate_limiter: Arc::new(rate_limit::RateLimiter::new(
+                settings.rate_limit,
+                Arc::clone(&clock),
+            )),
             webhook_refusals: Arc::new(rate_limit::RateLimiter::new(
                 webhooks::REFUSED_SIGNATURE_BUDGET,
+                Arc::clone(&clock),
             )),
+            clock,
             settings: Arc::new(settings),
             work_available: Arc::new(Notify::new()),
         }

@@ -176,7 +176,7 @@ async fn receive(
         now,
         state.settings.webhook_tolerance,
     ) {
-        if !state.webhook_refusals.allow(provider.clone(), now) {
+        if !state.webhook_refusals.allow(provider.clone()) {
             cobro_telemetry::metrics::webhook_event(&provider, "signature_rate_limited");
             return Err(ApiError::RateLimited);
         }

@@ -363,6 +363,12 @@ async fn posts_document_the_key_and_every_answer_its_headers() {
                     assert!(headers.get("Idempotent-Replayed").is_some());
                 }
             }
+            if status == "401" {
+                assert!(
+                    headers.get("WWW-Authenticate").is_some(),
+                    "{method} {path} 401 names the scheme"
+                );
+            }
             if status == "409" || (status == "503" && secured) {
                 assert!(
                     headers.get("Retry-After").is_some(),

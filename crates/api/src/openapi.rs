@@ -664,6 +664,7 @@ const H_REQUEST_ID: &str = "X-Request-Id";
 const H_KEY: &str = "Idempotency-Key";
 const H_REPLAYED: &str = "Idempotent-Replayed";
 const H_RETRY_AFTER: &str = "Retry-After";
+const H_AUTHENTICATE: &str = "WWW-Authenticate";
 
 fn header_ref(name: &str) -> RefOr<Header> {
     RefOr::Ref(Ref::new(format!("#/components/headers/{name}")))
@@ -724,7 +725,7 @@ fn add_shared_components(components: &mut Components) {
                 .build(),
         )),
     );
-    let headers: [(&str, Header); 4] = [
+    let headers: [(&str, Header); 5] = [
         (
             H_REQUEST_ID,
             HeaderBuilder::new()
@@ -758,6 +759,15 @@ fn add_shared_components(components: &mut Components) {
                 .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))))
                 .description(Some("Seconds to wait before retrying with the same key: `1`."))
                 .example(Some(json!("1")))
+                .build(),
+        ),
+        (
+            H_AUTHENTICATE,
+            HeaderBuilder::new()
+                .schema(Some(string_schema().enum_values(Some([r#"Bearer realm="cobro""#]))))
+                .description(Some(
+                    "On every 401: the same challenge, whatever was sent (RFC 6750).",
+                ))
                 .build(),
         ),
     ];
@@ -951,6 +961,11 @@ pub(crate) fn problem_responses(
             response
                 .headers
                 .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
+        }
+        if status == 401 {
+            response
+                .headers
+                .insert(H_AUTHENTICATE.into(), header_ref(H_AUTHENTICATE));
         }
         if status == 409 || status == 429 || status == 503 {
             response

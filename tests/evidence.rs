@@ -9,11 +9,12 @@ use cobro_provider::HttpProvider;
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
+use cobro_settle::{Applied, Proof, Source, apply_proof};
 use cobro_store::StoreError;
 use cobro_test_support::{
     Backend, Rig, double_charges, manual_payment_body, on_both_backends, payment_body,
 };
-use cobro_worker::{Applied, Proof, Source, Step, apply_proof};
+use cobro_worker::Step;
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::{Value, json};
 
@@ -531,7 +532,7 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
             &json!({"amount": payment.amount, "currency": payment.currency,
             "payment_method": payment.payment_method, "capture": true,
             "reference": claim.attempt.reference,
-            "metadata": cobro_worker::evidence::identity(&claim.attempt, &payment)}),
+            "metadata": cobro_settle::evidence::identity(&claim.attempt, &payment)}),
         )
         .send()
         .await

@@ -384,12 +384,11 @@ async fn a_webhook_secret_rotation_refuses_no_delivery(backend: Backend) {
     let mut rig = Rig::new(backend).await;
     rig.accept_webhooks("whsec_old", false).await;
     let mut settings = cobro_api::ApiSettings::default();
-    settings
-        .webhook_secrets
-        .insert("fake".into(), cobro_api::WebhookSecret::new("whsec_new"));
-    settings
-        .webhook_previous_secrets
-        .insert("fake".into(), cobro_api::WebhookSecret::new("whsec_old"));
+    let receiver = cobro_api::WebhookReceiver {
+        previous: Some(cobro_provider::WebhookSecret::new("whsec_old")),
+        ..cobro_api::WebhookReceiver::fake(cobro_provider::WebhookSecret::new("whsec_new"))
+    };
+    settings.webhooks.insert("fake".into(), receiver);
     rig.app.serve_with(settings).await;
     let t = cobro_core::Clock::now(&rig.app.clock).timestamp();
     let mut statuses = Vec::new();

@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 
 pub use api::REPLAYED_HEADER;
 pub use client::{AdminClient, AdminError};
-pub use config::{Config, WebhookTarget, parse_duration};
+pub use config::{Config, WebhookTarget};
 pub use control::{ActiveFault, Control};
 pub use faults::{FaultAction, FaultRule, FiredCount, Operation};
 pub use ledger::{Effects, Ledger, LedgerCharge, LedgerRefund};

@@ -504,9 +504,9 @@ impl Rig {
     /// provider also sends its webhooks to the app from now on.
     pub async fn accept_webhooks(&mut self, secret: &str, deliver: bool) {
         let mut settings = cobro_api::ApiSettings::default();
-        settings.webhook_secrets.insert(
+        settings.webhooks.insert(
             "fake".to_owned(),
-            cobro_api::WebhookSecret::new(secret.to_owned()),
+            cobro_api::WebhookReceiver::fake(cobro_provider::WebhookSecret::new(secret)),
         );
         self.app.serve_with(settings).await;
         let control = self.provider.control();

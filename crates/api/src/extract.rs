@@ -135,7 +135,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             return Ok(JsonObject(Map::new()));
         }
         match serde_json::from_slice::<Value>(&bytes) {
-            Ok(Value::Object(map)) => match unstorable_text(&map) {
+            Ok(Value::Object(map)) => match cobro_core::text::unstorable_text(&map) {
                 None => Ok(JsonObject(map)),
                 Some(field) => Err(ApiError::Validation(vec![FieldError::new(
                     field,
@@ -152,33 +152,6 @@ impl<S: Send + Sync> FromRequest<S> for JsonObject {
             )])),
         }
     }
-}
-
-/// The first field whose name or text (at any depth) holds U+0000, which
-/// PostgreSQL cannot store in `text` or `jsonb` (SQLite could): refused up
-/// front, on both stores alike, before anything reaches the database or a
-/// log line. Named by its path (`metadata.note`); a name that itself holds
-/// the NUL is named by its parent.
-pub(crate) fn unstorable_text(map: &Map<String, Value>) -> Option<String> {
-    fn walk(value: &Value, path: &str) -> Option<String> {
-        match value {
-            Value::String(text) => text.contains('\0').then(|| path.to_owned()),
-            Value::Array(items) => items.iter().find_map(|item| walk(item, path)),
-            Value::Object(map) => map.iter().find_map(|(name, value)| {
-                if name.contains('\0') {
-                    return Some(path.to_owned());
-                }
-                walk(value, &format!("{path}.{name}"))
-            }),
-            _ => None,
-        }
-    }
-    map.iter().find_map(|(name, value)| {
-        if name.contains('\0') {
-            return Some("body".to_owned());
-        }
-        walk(value, name)
-    })
 }
 
 trait ClassifyName {

@@ -16,7 +16,7 @@ mod webhooks;
 pub use error::ApiError;
 pub use extract::token_hash;
 pub use health::metrics_router;
-pub use webhooks::{REFUSED_SIGNATURE_BUDGET, WebhookSecret};
+pub use webhooks::{REFUSED_SIGNATURE_BUDGET, WebhookReceiver};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
@@ -40,13 +40,10 @@ pub struct ApiSettings {
     pub idempotency_retention: Duration,
     /// How long tombstones are kept after that.
     pub tombstone_retention: Duration,
-    /// Signing secret of each provider whose webhooks are accepted, by the
-    /// `{provider}` of `/v1/webhooks/{provider}`; any other provider is 404.
-    pub webhook_secrets: std::collections::BTreeMap<String, WebhookSecret>,
-    /// A provider's previous secret while its secret is rotated: a
-    /// delivery signed with either is accepted, so a rotation refuses
-    /// nothing (ops/RUNBOOK.md). Only for providers in `webhook_secrets`.
-    pub webhook_previous_secrets: std::collections::BTreeMap<String, WebhookSecret>,
+    /// Each provider whose webhooks are accepted, by the `{provider}` of
+    /// `/v1/webhooks/{provider}`: its scheme and secrets. Any other
+    /// provider is 404.
+    pub webhooks: std::collections::BTreeMap<String, WebhookReceiver>,
     /// How far a webhook signature's timestamp may be from now (either
     /// way) before it is refused as a possible replay.
     pub webhook_tolerance: Duration,
@@ -64,8 +61,7 @@ impl Default for ApiSettings {
         Self {
             idempotency_retention: Duration::from_secs(24 * 3600),
             tombstone_retention: Duration::from_secs(30 * 24 * 3600),
-            webhook_secrets: std::collections::BTreeMap::new(),
-            webhook_previous_secrets: std::collections::BTreeMap::new(),
+            webhooks: std::collections::BTreeMap::new(),
             webhook_tolerance: Duration::from_secs(300),
             rate_limit: rate_limit::RateLimit::default(),
             request_timeout: Duration::from_secs(45),

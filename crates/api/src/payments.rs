@@ -12,10 +12,10 @@ use cobro_core::{
     AccountId, Amount, CaptureMethod, Currency, IntentName, Operation, OrderRef, PaymentId,
     PaymentStatus, RefundId,
 };
+use cobro_settle::hold_cancel;
 use cobro_store::idempotency::ResourceType;
 use cobro_store::payments::RefundRefusal;
 use cobro_store::{NewPayment, NewRefund, PaymentFilter, WriteTx};
-use cobro_worker::hold_cancel;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -763,7 +763,7 @@ async fn cancel_payment(
         // The authorisation outcome is not known yet: the cancel becomes an
         // intent of its own, its attempt `held` until the authorisation is
         // proven; then it runs once, or ends with the payment's truth
-        // (cobro_worker::settle). A second request finds it already held.
+        // (cobro_settle::apply). A second request finds it already held.
         let held = tx.held_attempts(id).await?;
         if !held
             .iter()

@@ -8,6 +8,7 @@ pub mod key;
 pub mod money;
 pub mod signature;
 pub mod state;
+pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use fingerprint::{CONTRACT_VERSION, Fingerprint};

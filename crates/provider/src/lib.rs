@@ -1,8 +1,10 @@
 #![doc = include_str!("../README.md")]
 
 mod http;
+pub mod webhook;
 
 pub use http::{HttpProvider, HttpProviderConfig};
+pub use webhook::{EventKind, FakeWebhooks, ProviderEvent, WebhookScheme, WebhookSecret};
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -6,14 +6,14 @@ use cobro_core::{
     RefundId, RefundStatus, RunId,
 };
 use cobro_provider::{Provider, ProviderObject, QueryError};
+use cobro_settle::evidence::proof_from;
+use cobro_settle::{
+    Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
+};
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::settle::PaymentOutcome;
 use cobro_store::{AttemptRow, NewAttempt, PaymentRow, RefundRow, Store, StoreError, WriteTx};
-use cobro_worker::evidence::proof_from;
-use cobro_worker::{
-    Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
-};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,10 +1,39 @@
-//! Retention: full idempotency records become tombstones after
-//! `retention`, tombstones disappear after `retention + tombstone_retention`,
-//! processed webhook event ids after their own retention. Small batches, so
-//! the purge never holds long locks; never a record younger than its cutoff.
+//! Retention (spec section 8), shared by `cobro purge` and the scheduled
+//! purge inside `cobro serve`: full idempotency records become tombstones
+//! after `idempotency`, tombstones disappear after `idempotency +
+//! tombstone`, processed webhook event ids after their own retention.
+//!
+//! Each kind of row is purged in batches of `batch` rows until a batch comes
+//! back short, so no statement holds locks for long. The cutoffs are fixed
+//! once at the start, so the loop ends even while new rows keep arriving, and
+//! nothing younger than its retention is ever removed.
 
-use crate::{Backend, DbTime, Result, Store, on_pool};
+use crate::{Backend, DbTime, Result, Store, StoreError, on_pool};
 use chrono::{DateTime, Utc};
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+/// The retention contract (spec section 8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// How long a full idempotency record (stored response) is kept before
+    /// it is compacted to a tombstone.
+    pub idempotency: Duration,
+    /// How long a tombstone is kept after that; then the key is new again.
+    pub tombstone: Duration,
+    /// How long processed provider webhook event ids are kept.
+    pub webhook_event: Duration,
+}
+
+/// Why a purge did not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError {
+    #[error("a retention of {0:?} is out of range")]
+    RetentionOutOfRange(Duration),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 impl Store {
     /// Compacts up to `batch` completed records created before `cutoff` into
@@ -99,5 +128,157 @@ impl Store {
                 .rows_affected(),
         };
         Ok(n)
+    }
+}
+
+/// How many rows one purge changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Full idempotency records compacted to tombstones.
+    pub compacted: u64,
+    /// Tombstones deleted (their keys are new again).
+    pub tombstones_deleted: u64,
+    /// Processed webhook event ids deleted.
+    pub webhook_events_deleted: u64,
+}
+
+impl fmt::Display for PurgeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "compacted {} idempotency records, deleted {} tombstones, deleted {} webhook events",
+            self.compacted, self.tombstones_deleted, self.webhook_events_deleted
+        )
+    }
+}
+
+/// The three cutoffs of one purge as of `now`, fixed once.
+struct Cutoffs {
+    compact_before: DateTime<Utc>,
+    tombstones_before: DateTime<Utc>,
+    events_before: DateTime<Utc>,
+}
+
+impl Cutoffs {
+    fn new(retention: &Retention, now: DateTime<Utc>) -> Result<Self, PurgeError> {
+        Ok(Self {
+            compact_before: cutoff(now, retention.idempotency)?,
+            // A tombstone keeps its record's creation time, so its age is
+            // counted from the original request: both retentions together.
+            tombstones_before: cutoff(
+                now,
+                retention.idempotency.saturating_add(retention.tombstone),
+            )?,
+            events_before: cutoff(now, retention.webhook_event)?,
+        })
+    }
+}
+
+impl Store {
+    /// What [`Store::purge`] would change as of `now`, counted and not
+    /// changed (`cobro purge --dry-run`).
+    pub async fn purge_count(
+        &self,
+        retention: &Retention,
+        now: DateTime<Utc>,
+    ) -> Result<PurgeReport, PurgeError> {
+        let c = Cutoffs::new(retention, now)?;
+        let (compacted, tombstones_deleted, webhook_events_deleted) = self
+            .count_purgeable(c.compact_before, c.tombstones_before, c.events_before)
+            .await?;
+        Ok(PurgeReport {
+            compacted,
+            tombstones_deleted,
+            webhook_events_deleted,
+        })
+    }
+
+    /// Runs one full purge as of `now`, `batch` rows per statement.
+    #[tracing::instrument(name = "purge.run", skip_all, fields(batch = batch))]
+    pub async fn purge(
+        &self,
+        retention: &Retention,
+        now: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<PurgeReport, PurgeError> {
+        let Cutoffs {
+            compact_before,
+            tombstones_before,
+            events_before,
+        } = Cutoffs::new(retention, now)?;
+        let report = PurgeReport {
+            compacted: drain(batch, || {
+                self.compact_idempotency_records(compact_before, batch)
+            })
+            .await?,
+            tombstones_deleted: drain(batch, || {
+                self.delete_expired_tombstones(tombstones_before, batch)
+            })
+            .await?,
+            webhook_events_deleted: drain(batch, || {
+                self.delete_expired_webhook_events(events_before, batch)
+            })
+            .await?,
+        };
+        tracing::info!(
+            compacted = report.compacted,
+            tombstones_deleted = report.tombstones_deleted,
+            webhook_events_deleted = report.webhook_events_deleted,
+            "purge finished"
+        );
+        Ok(report)
+    }
+}
+
+/// Repeats `step` until it changes fewer than `batch` rows; the total.
+async fn drain<F, Fut>(batch: u32, mut step: F) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let changed = step().await?;
+        total += changed;
+        if changed < u64::from(batch) {
+            return Ok(total);
+        }
+    }
+}
+
+/// `now - age`; a retention too long to represent is a configuration error.
+fn cutoff(now: DateTime<Utc>, age: Duration) -> Result<DateTime<Utc>, PurgeError> {
+    chrono::Duration::from_std(age)
+        .ok()
+        .and_then(|age| now.checked_sub_signed(age))
+        .ok_or(PurgeError::RetentionOutOfRange(age))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[tokio::test]
+    async fn drain_repeats_full_batches_and_stops_at_the_first_short_one() {
+        let answers = RefCell::new(vec![3, 3, 3, 1, 3]);
+        let total = drain(3, || {
+            let next = answers.borrow_mut().remove(0);
+            async move { Ok(next) }
+        })
+        .await
+        .expect("drains");
+        assert_eq!(total, 10);
+        assert_eq!(*answers.borrow(), vec![3], "stopped after the short batch");
+    }
+
+    #[test]
+    fn cutoffs_are_now_minus_the_retention_and_refuse_overflow() {
+        let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z")
+            .expect("valid")
+            .with_timezone(&Utc);
+        let day = cutoff(now, Duration::from_secs(86_400)).expect("in range");
+        assert_eq!(day.to_rfc3339(), "2026-11-29T12:00:00+00:00");
+        assert!(cutoff(now, Duration::MAX).is_err());
     }
 }

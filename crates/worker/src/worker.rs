@@ -5,12 +5,12 @@
 //! mark before the call, and one completing transaction after it; no
 //! transaction is open while the provider is being called.
 
-use crate::evidence::{Fit, charge_now, fit, identity, proof_from};
 use crate::retry::{RetryBudget, backoff};
-use crate::settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, CaptureMethod, Clock, Operation, PaymentId, RefundId};
 use cobro_provider::{AuthorizeRequest, Outcome, Provider, ProviderObject, RefundRequest};
+use cobro_settle::evidence::{Fit, charge_now, fit, identity, proof_from};
+use cobro_settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{Claim, PaymentRow, RefundRow, SendMark, Store, StoreError};
 use std::sync::Arc;

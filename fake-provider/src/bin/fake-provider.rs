@@ -8,7 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use clap::Parser;
-use fake_provider::{Config, WebhookTarget, parse_duration};
+use fake_provider::{Config, WebhookTarget};
+use humantime::parse_duration;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]

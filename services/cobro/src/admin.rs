@@ -7,7 +7,7 @@
 use crate::database::{self, SchemaPolicy};
 use crate::output::{instant, or_dash, say, say_json};
 use crate::settings::{DEFAULT_PURGE_BATCH, GlobalSettings, RetentionSettings, parse_duration};
-use crate::{purge, token};
+use crate::token;
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
@@ -354,12 +354,14 @@ pub async fn purge(global: &GlobalSettings, args: &PurgeArgs) -> anyhow::Result<
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
     let now = SystemClock.now();
     let report = if args.dry_run {
-        purge::count(&store, &args.retention, now).await
+        store.purge_count(&args.retention.retention(), now).await
     } else {
-        purge::run(&store, &args.retention, now, args.batch).await
+        store
+            .purge(&args.retention.retention(), now, args.batch)
+            .await
     };
     store.close().await;
-    let report = report?;
+    let report = report.context("the purge failed")?;
     if args.output.json {
         return say_json(&json!({
             "dry_run": args.dry_run,

@@ -12,7 +12,7 @@
 //! - [`EXIT_CODES`]: the exit status contract, shown by `cobro --help`.
 
 use crate::settings::GlobalSettings;
-use crate::{admin, reconcile, serve, worker};
+use crate::{admin, payments, reconcile, serve, worker};
 use clap::{Parser, Subcommand};
 
 /// The exit status of every command (also in ops/RUNBOOK.md).
@@ -67,7 +67,7 @@ pub enum Command {
     /// Look at payments (any status, with their attempts and audit trail)
     /// and resolve the ones in `needs_review` by hand.
     #[command(subcommand)]
-    Payments(reconcile::PaymentsCommand),
+    Payments(payments::PaymentsCommand),
     /// Events to merchants: list, resend, and the endpoints they go to.
     #[command(subcommand)]
     Events(crate::events::EventsCommand),
@@ -109,8 +109,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokens(command) => admin::tokens(global, command).await,
         Command::Purge(args) => admin::purge(global, &args).await,
         Command::Reconcile(args) => reconcile::run(global, &args).await,
-        Command::Payments(command) => reconcile::payments(global, command).await,
+        Command::Payments(command) => payments::run(global, command).await,
         Command::Events(command) => crate::events::run(global, command).await,
+    }
+}
+
+/// The exit status for an error (see [`EXIT_CODES`]): 3 when the command
+/// worked but uncertain payments remain, 1 for anything else (2, a usage
+/// error, is clap's own).
+pub fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
+    match error.downcast_ref::<reconcile::Unresolved>() {
+        Some(_) => std::process::ExitCode::from(reconcile::EXIT_UNRESOLVED),
+        None => std::process::ExitCode::FAILURE,
     }
 }
 

@@ -8,45 +8,15 @@
 use crate::admin::resolve_account;
 use crate::database::{self, SchemaPolicy};
 use crate::output::{say, say_json};
-use crate::settings::{GlobalSettings, parse_duration};
+use crate::settings::{DispatcherSettings, GlobalSettings};
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use cobro_core::{Clock, EndpointId, EventId, SystemClock};
 use cobro_store::Store;
 use cobro_worker::{Dispatcher, DispatcherConfig};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// The event dispatcher of this process.
-#[derive(Args, Clone, Debug)]
-pub struct DispatcherSettings {
-    /// Run no event dispatcher in this process (another process must, or
-    /// merchants only pull `GET /v1/events`).
-    #[arg(long, env = "COBRO_NO_DISPATCHER")]
-    pub no_dispatcher: bool,
-
-    /// One POST to a merchant endpoint, connection included.
-    #[arg(long, env = "COBRO_EVENTS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub events_timeout: Duration,
-
-    /// How long a delivery is retried from its first attempt before it is
-    /// dead; also how long an endpoint may fail every attempt before it is
-    /// disabled.
-    #[arg(long, env = "COBRO_EVENTS_RETRY_PERIOD", default_value = "3d", value_parser = parse_duration)]
-    pub events_retry_period: Duration,
-
-    /// How often an idle dispatcher looks for due deliveries.
-    #[arg(long, env = "COBRO_EVENTS_POLL", default_value = "1s", value_parser = parse_duration)]
-    pub events_poll: Duration,
-
-    /// Retry backoff: a random delay up to base x 2^attempts, capped.
-    #[arg(long, env = "COBRO_EVENTS_BACKOFF_BASE", default_value = "5s", value_parser = parse_duration)]
-    pub events_backoff_base: Duration,
-
-    #[arg(long, env = "COBRO_EVENTS_BACKOFF_CAP", default_value = "1h", value_parser = parse_duration)]
-    pub events_backoff_cap: Duration,
-}
 
 /// Starts the dispatcher loop as a task, unless `--no-dispatcher`; it stops
 /// when `shutdown` turns true (an interrupted POST is sent again later:

@@ -1,28 +1,9 @@
-//! The `cobro` binary: parses the command line, sets up logging, runs the
-//! subcommand, and turns an error into a message on stderr and exit code 1.
-//!
-//! Layout: `cli` (subcommands and dispatch), `settings` (typed flags and
-//! environment), `telemetry` (logs, traces, metrics), `database` (opening the store),
-//! `serve` (HTTP server, shutdown, scheduled purge), `demo` (the embedded
-//! default), `admin` (operator commands), `purge` (retention), `token` (API
-//! tokens), `worker` (the outbox worker and the provider), `events` (the event
-//! dispatcher and `cobro events`), `output` (the stdout contract).
-
-mod admin;
-mod cli;
-mod database;
-mod demo;
-mod events;
-mod output;
-mod purge;
-mod reconcile;
-mod serve;
-mod settings;
-mod telemetry;
-mod token;
-mod worker;
+//! The `cobro` binary: parses the command line, sets up telemetry, runs the
+//! subcommand, and turns an error into a message on stderr and an exit
+//! code. Everything else is in the library (src/lib.rs).
 
 use clap::Parser;
+use cobro::{cli, settings, telemetry};
 use std::process::ExitCode;
 
 #[tokio::main]
@@ -43,12 +24,7 @@ async fn main() -> ExitCode {
             // Whatever library wrote the message, no database secret leaves.
             let message = settings::mask_secrets(&format!("{error:#}"), database_url.as_deref());
             eprintln!("cobro: error: {message}");
-            // Exit 3: the command worked, but uncertain payments remain
-            // (2 is clap's usage error, 1 any other error; cli::EXIT_CODES).
-            match error.downcast_ref::<reconcile::Unresolved>() {
-                Some(_) => ExitCode::from(reconcile::EXIT_UNRESOLVED),
-                None => ExitCode::FAILURE,
-            }
+            cli::exit_code(&error)
         }
     }
 }

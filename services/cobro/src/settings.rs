@@ -6,6 +6,9 @@
 //! - [`ServeSettings`]: the HTTP server and its scheduled purge.
 //! - [`RetentionSettings`]: the retention contract (spec section 8), shared
 //!   by `serve` (scheduled purge, replay of tombstones) and `purge`.
+//! - [`DispatcherSettings`], [`ReconcileSettings`] and the provider groups:
+//!   shared by `serve` and `worker` (and `reconcile`), each with the
+//!   configuration it builds.
 //! - [`DatabaseTarget`]: the database URL resolved and checked, or the
 //!   embedded SQLite default.
 //!
@@ -16,7 +19,8 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
-use cobro_api::WebhookSecret;
+use cobro_provider::WebhookSecret;
+use cobro_reconciler::ReconcilerConfig;
 use cobro_store::StoreConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -163,7 +167,7 @@ pub struct ServeSettings {
     pub schedule: ReconcileSchedule,
 
     #[command(flatten)]
-    pub dispatcher: crate::events::DispatcherSettings,
+    pub dispatcher: DispatcherSettings,
 }
 
 /// The scheduled reconciler that every process with a provider runs
@@ -311,6 +315,64 @@ pub struct HttpSettings {
     #[arg(long, env = "COBRO_HTTP_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub http_max_connections: u32,
+}
+
+/// The event dispatcher of this process.
+#[derive(Args, Clone, Debug)]
+pub struct DispatcherSettings {
+    /// Run no event dispatcher in this process (another process must, or
+    /// merchants only pull `GET /v1/events`).
+    #[arg(long, env = "COBRO_NO_DISPATCHER")]
+    pub no_dispatcher: bool,
+
+    /// One POST to a merchant endpoint, connection included.
+    #[arg(long, env = "COBRO_EVENTS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub events_timeout: Duration,
+
+    /// How long a delivery is retried from its first attempt before it is
+    /// dead; also how long an endpoint may fail every attempt before it is
+    /// disabled.
+    #[arg(long, env = "COBRO_EVENTS_RETRY_PERIOD", default_value = "3d", value_parser = parse_duration)]
+    pub events_retry_period: Duration,
+
+    /// How often an idle dispatcher looks for due deliveries.
+    #[arg(long, env = "COBRO_EVENTS_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub events_poll: Duration,
+
+    /// Retry backoff: a random delay up to base x 2^attempts, capped.
+    #[arg(long, env = "COBRO_EVENTS_BACKOFF_BASE", default_value = "5s", value_parser = parse_duration)]
+    pub events_backoff_base: Duration,
+
+    #[arg(long, env = "COBRO_EVENTS_BACKOFF_CAP", default_value = "1h", value_parser = parse_duration)]
+    pub events_backoff_cap: Duration,
+}
+
+impl ReconcileSettings {
+    /// The reconciler's configuration: these settings, the provider's
+    /// timeout (a send may reach the provider until then) and who decides
+    /// (`reconciler:<pid>` or `operator:<user>`, for the audit trail).
+    pub fn config(&self, provider: &ProviderSettings, actor: String) -> ReconcilerConfig {
+        ReconcilerConfig {
+            actor,
+            search_lag: self.provider_search_lag,
+            stuck_after: self.reconcile_stuck_after,
+            request_timeout: provider.provider_timeout,
+            escalate_after: self.reconcile_escalate_after,
+            retry_on_no_effect: !self.reconcile_no_retry,
+            ..Default::default()
+        }
+    }
+}
+
+impl RetentionSettings {
+    /// The retention contract the purge applies.
+    pub fn retention(&self) -> cobro_store::purge::Retention {
+        cobro_store::purge::Retention {
+            idempotency: self.idempotency_retention,
+            tombstone: self.tombstone_retention,
+            webhook_event: self.webhook_event_retention,
+        }
+    }
 }
 
 impl HttpSettings {
@@ -549,43 +611,12 @@ fn redact_conninfo(text: &str) -> String {
     out
 }
 
-/// Parses `90s`, `10m`, `24h`, `30d` (and `500ms`): one whole number and a
-/// unit. Deliberately small: retention and timeouts need nothing finer, and a
-/// bare number is refused because its unit would be a guess.
+/// A duration as `humantime` reads it (the fake provider's flags read them
+/// the same way): `500ms`, `90s`, `10m`, `24h`, `30d`, `1h30m`. A bare
+/// number is refused, because its unit would be a guess.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    if number.is_empty() {
-        return Err(format!(
-            "`{text}` is not a duration: expected e.g. 90s, 10m, 24h or 30d"
-        ));
-    }
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is too large a duration"))?;
-    let seconds_per_unit: u64 = match unit {
-        "ms" => return Ok(Duration::from_millis(n)),
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "" => {
-            return Err(format!(
-                "`{text}` has no unit: write e.g. {n}s, {n}m, {n}h or {n}d"
-            ));
-        }
-        other => {
-            return Err(format!(
-                "`{text}` has the unknown unit `{other}`: use ms, s, m, h or d"
-            ));
-        }
-    };
-    n.checked_mul(seconds_per_unit)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("`{text}` is too large a duration"))
+    humantime::parse_duration(text.trim())
+        .map_err(|e| format!("`{text}` is not a duration ({e}): write e.g. 90s, 10m, 24h or 30d"))
 }
 
 /// Checks a cron expression with the scheduler's own parser (six fields,
@@ -613,11 +644,13 @@ mod tests {
         assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
         assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
         assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
     }
 
     #[test]
     fn durations_without_a_number_or_unit_or_with_an_unknown_unit_are_refused() {
-        for bad in ["", "s", "10", "10x", "1.5h", "-1s", "10 s", "1h30m"] {
+        for bad in ["", "s", "10", "10x", "-1s", "1y2"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
         }
     }

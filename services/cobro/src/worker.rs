@@ -1,16 +1,16 @@
-//! The outbox worker: inside `serve` by default, alone as `cobro worker`.
-//! Also where the provider is chosen: the configured URL, or (for `serve`
-//! without one) the embedded fake provider on loopback.
+//! `cobro worker`: the outbox worker alone (it also runs inside `serve` by
+//! default), with the scheduled reconciler, the event dispatcher and,
+//! optionally, its own `/metrics`.
 
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
 use crate::settings::{
-    GlobalSettings, KeyWindowSettings, ProviderSettings, ReconcileSchedule, SenderSettings,
-    WorkerSettings, parse_duration,
+    GlobalSettings, KeyWindowSettings, ReconcileSchedule, SenderSettings, WorkerSettings,
+    parse_duration,
 };
 use anyhow::Context;
 use cobro_core::{Clock, SystemClock};
-use cobro_provider::{HttpProvider, HttpProviderConfig};
+use cobro_provider::HttpProvider;
 use cobro_store::Store;
 use cobro_worker::{Worker, WorkerConfig};
 use std::sync::Arc;
@@ -31,7 +31,7 @@ pub struct WorkerArgs {
     pub schedule: ReconcileSchedule,
 
     #[command(flatten)]
-    pub dispatcher: crate::events::DispatcherSettings,
+    pub dispatcher: crate::settings::DispatcherSettings,
 
     /// After SIGTERM or SIGINT, how long in-flight calls may run.
     #[arg(long, env = "COBRO_SHUTDOWN_GRACE", default_value = "10s",
@@ -43,46 +43,6 @@ pub struct WorkerArgs {
     /// Without it a lone worker's counters are not exposed.
     #[arg(long, env = "COBRO_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
-}
-
-/// The provider the worker calls, and the embedded fake one if we started it
-/// (kept alive as long as this value).
-pub struct ProviderHandle {
-    pub client: HttpProvider,
-    pub embedded: Option<fake_provider::Running>,
-}
-
-/// Connects to the configured provider, or, when no URL is set and
-/// `embedded` gives its key window, starts the embedded fake one.
-pub async fn provider(
-    settings: &ProviderSettings,
-    embedded: Option<&KeyWindowSettings>,
-) -> anyhow::Result<ProviderHandle> {
-    let (url, embedded) = match (&settings.provider_url, embedded) {
-        (Some(url), _) => (url.clone(), None),
-        (None, Some(window)) => {
-            let running = fake_provider::start(fake_provider::Config {
-                retention: window.provider_key_retention,
-                admin: true,
-                ..Default::default()
-            })
-            .await
-            .context("could not start the embedded fake provider")?;
-            tracing::warn!(
-                url = %running.url(),
-                "EMBEDDED FAKE PROVIDER: no real money moves; set COBRO_PROVIDER_URL for a real provider"
-            );
-            (running.url(), Some(running))
-        }
-        (None, None) => {
-            anyhow::bail!("no provider configured: set COBRO_PROVIDER_URL (or --provider-url)")
-        }
-    };
-    let mut config = HttpProviderConfig::new(url, settings.provider_api_key.clone());
-    config.connect_timeout = settings.provider_connect_timeout;
-    config.request_timeout = settings.provider_timeout;
-    let client = HttpProvider::new(config).context("could not build the provider client")?;
-    Ok(ProviderHandle { client, embedded })
 }
 
 pub fn worker_config(
@@ -125,7 +85,7 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     let (provider_settings, reconcile) = (&args.sender.provider, &args.sender.reconcile);
     let config = worker_config(&args.sender.key_window, &args.worker)?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
-    let handle = provider(provider_settings, None).await?;
+    let handle = crate::provider::connect(provider_settings, None).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut scheduler = JobScheduler::new()
         .await
@@ -133,7 +93,7 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     if args.schedule.no_reconciler {
         tracing::warn!("no scheduled reconciler in this process (--no-reconciler)");
     } else {
-        crate::serve::schedule_reconciler(
+        crate::schedule::reconciler(
             &scheduler,
             &store,
             &clock,
@@ -148,7 +108,7 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
             .await
             .context("could not start the reconciler schedule")?;
     }
-    let shutdown = crate::serve::watch_shutdown_signals()?;
+    let shutdown = crate::shutdown::watch_signals()?;
     if let Some(address) = args.metrics_listen {
         serve_metrics(address, &store, &clock, shutdown.clone()).await?;
     }

@@ -293,7 +293,7 @@ fn a_bad_duration_is_refused_before_anything_runs() {
     let workdir = Workdir::new();
     let output = workdir
         .cobro(&["migrate"])
-        .env("COBRO_LOCK_TIMEOUT", "2 seconds")
+        .env("COBRO_LOCK_TIMEOUT", "two seconds")
         .output()
         .expect("cobro runs");
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -9,7 +9,7 @@
 //! mode (and for a refund, the charge). The worker, the reconciler and
 //! webhooks all ask [`fit`]; none of them adopts anything else.
 
-use crate::settle::{ChargeNow, Proof};
+use crate::apply::{ChargeNow, Proof};
 use cobro_core::{CaptureMethod, Operation};
 use cobro_provider::{ProviderObject, metadata};
 use cobro_store::{AttemptRow, PaymentRow, RefundRow};

@@ -1,0 +1,12 @@
+#![doc = include_str!("../README.md")]
+
+pub mod apply;
+pub mod evidence;
+pub mod webhook;
+
+pub use apply::{
+    Applied, ChargeNow, Proof, Source, apply_proof, hand_to_reconciler, hold_cancel,
+    settle_held_cancels, stop_the_line,
+};
+pub use evidence::{Fit, fit};
+pub use webhook::{Delivered, deliver};

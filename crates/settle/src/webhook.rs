@@ -1,0 +1,259 @@
+//! Applying a provider's event, for every provider alike: the event is
+//! already verified and parsed by its provider's
+//! [`WebhookScheme`](cobro_provider::WebhookScheme).
+//!
+//! One transaction per delivery. The event id is inserted first under its
+//! unique key (a redelivery finds it and changes nothing); the event is
+//! matched to the one attempt its reference names and must
+//! [`fit`](crate::fit) it (identity, amount, currency, capture mode); what it
+//! proves goes through [`apply_proof`](crate::apply_proof) (the one code path
+//! the worker and the reconciler use too) with an audit row, and the outcome
+//! is stored with the event. What fits nothing, or contradicts the record,
+//! is kept as a conflict. The caller answers the provider only after the
+//! commit, so a lost acknowledgement costs a harmless redelivery.
+//!
+//! Ordering: `sequence` is the provider's per-charge counter. A charge event
+//! is applied only when it is newer than `payments.provider_sequence`, which
+//! it then raises (compare-and-set); an older one is stored as
+//! `ignored_stale`. Refund events are not gated by it: a refund only ever
+//! adds to what is refunded, and the refund attempt's own state is the gate.
+
+use crate::apply::{Applied, Source, apply_proof, stop_the_line};
+use crate::evidence::{Fit, fit, proof_from};
+use chrono::{DateTime, Utc};
+use cobro_core::{AttemptId, AttemptState, Operation, PaymentId, RefundId};
+use cobro_provider::{EventKind, ProviderEvent};
+use cobro_store::audit::NewDecision;
+use cobro_store::conflicts::ConflictKind;
+use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
+use cobro_store::{AttemptRow, PaymentRow, Store, StoreError, WriteTx};
+
+/// How often a delivery is re-run after losing a race with a newer event
+/// for the same charge; each re-run starts from scratch and finds the event
+/// stale, so one is enough in practice.
+const RACE_RETRIES: usize = 3;
+
+/// How a delivery ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivered {
+    /// Committed with this outcome (`applied`, `duplicate_delivery`,
+    /// `ignored_stale`, `conflict`, `unmatched`...).
+    Outcome(&'static str),
+    /// Newer events of the same charge kept committing first: nothing was
+    /// stored, and the provider should redeliver later rather than cobro
+    /// guess.
+    StillRacing,
+}
+
+/// Runs one delivery of `event` (whose raw body is `payload`) from
+/// `provider` to its committed outcome. A race lost to a newer event of the
+/// same charge rolls everything back and starts again.
+pub async fn deliver(
+    store: &Store,
+    provider: &str,
+    event: &ProviderEvent,
+    payload: &str,
+    now: DateTime<Utc>,
+) -> Result<Delivered, StoreError> {
+    let receipt = NewWebhookEvent {
+        provider,
+        event_id: &event.id,
+        event_type: &event.type_name,
+        sequence: event.sequence,
+        payload,
+    };
+    for _ in 0..RACE_RETRIES {
+        let mut tx = store.begin().await?;
+        if !tx.insert_webhook_event(&receipt, now).await? {
+            tx.rollback().await?;
+            return Ok(Delivered::Outcome("duplicate_delivery"));
+        }
+        match process(&mut tx, provider, event, payload, now).await? {
+            Processed::Done(outcome, payment) => {
+                tx.record_webhook_outcome(provider, &event.id, outcome, payment)
+                    .await?;
+                tx.commit().await?;
+                return Ok(Delivered::Outcome(outcome.as_str()));
+            }
+            Processed::Raced => {
+                tx.rollback().await?;
+                tracing::info!("a newer event of the same charge committed first; re-running");
+            }
+        }
+    }
+    Ok(Delivered::StillRacing)
+}
+
+enum Processed {
+    Done(WebhookOutcome, Option<PaymentId>),
+    /// A concurrent event raised the charge's sequence past this one after
+    /// it was read: this transaction must not commit.
+    Raced,
+}
+
+/// Matches the event to the one attempt it is about and applies what it
+/// proves, inside `tx`. The event's reference is unique to one attempt
+/// (`{intent}/{attempt id}`); what the event carries must also fit that
+/// attempt. Evidence that names nothing of cobro's, or contradicts what is
+/// recorded, is kept as a conflict and never adopted.
+async fn process(
+    tx: &mut WriteTx,
+    provider: &str,
+    event: &ProviderEvent,
+    payload: &str,
+    now: DateTime<Utc>,
+) -> Result<Processed, StoreError> {
+    let kind = event.kind;
+    let actor = format!("webhook:{provider}");
+    let source = Source {
+        name: &actor,
+        said: payload,
+    };
+    if kind == EventKind::Other {
+        return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
+    }
+    let named = tx.attempts_by_reference(&event.reference).await?;
+    let [named] = named.as_slice() else {
+        // Nothing of cobro's (or, for attempts made before references were
+        // unique, several accounts' attempts): reported, never guessed from.
+        let detail = format!(
+            "event {} ({}) names {} attempts of cobro's",
+            event.id,
+            event.type_name,
+            named.len()
+        );
+        unmatched(tx, &detail, &source, now).await?;
+        return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
+    };
+    let payment_id = PaymentId::from_uuid(named.payment_id.0);
+    // The event arrives in the provider's trace (or none): a link leads to
+    // the trace of the request that made the attempt it is about.
+    let span = tracing::Span::current();
+    span.record("payment_id", tracing::field::display(payment_id));
+    span.record("attempt_id", tracing::field::display(named.id.0));
+    if cobro_telemetry::tracing_active() {
+        let (traceparent, tracestate) = tx
+            .trace_context_of(AttemptId::from_uuid(named.id.0))
+            .await?;
+        cobro_telemetry::link_to_stored(&span, traceparent.as_deref(), tracestate.as_deref());
+    }
+    let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
+    let payment = tx
+        .payment_by_id(payment_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
+    if kind.is_charge() && event.sequence <= payment.provider_sequence {
+        return done(WebhookOutcome::IgnoredStale);
+    }
+    let attempt = target_attempt(tx, named, &payment, kind).await?;
+    let operation = Operation::parse(&attempt.operation)
+        .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+    let refund = match attempt.refund_id {
+        Some(r) => tx.refund_by_id(RefundId::from_uuid(r.0)).await?,
+        None => None,
+    };
+    let outcome = match fit(
+        operation,
+        &attempt,
+        &payment,
+        refund.as_ref(),
+        &event.object,
+    ) {
+        Fit::Ours => match proof_from(operation, &event.object) {
+            None => WebhookOutcome::Unmatched,
+            Some(proof) => match apply_proof(tx, &attempt, &proof, &source, now).await? {
+                Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
+                Applied::Conflict { .. } => WebhookOutcome::Conflict,
+                Applied::Settled { before, after } => {
+                    let decision = NewDecision {
+                        run_id: None,
+                        payment: payment_id,
+                        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
+                        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+                        state_before: before,
+                        state_after: after,
+                        provider_said: payload.to_owned(),
+                        decision: proof.decision().to_owned(),
+                        actor: actor.clone(),
+                        reason: Some(format!(
+                            "event {} ({}, sequence {})",
+                            event.id, event.type_name, event.sequence
+                        )),
+                    };
+                    tx.record_decision(&decision, now).await?;
+                    WebhookOutcome::Applied
+                }
+            },
+        },
+        Fit::Mismatch(why) => {
+            stop_the_line(
+                tx,
+                Some(&attempt),
+                Some(payment_id),
+                ConflictKind::Mismatch,
+                &why,
+                &source,
+                now,
+            )
+            .await?;
+            WebhookOutcome::Conflict
+        }
+        Fit::NotOurs(why) => {
+            let detail = format!("event {} does not fit its attempt: {why}", event.id);
+            unmatched(tx, &detail, &source, now).await?;
+            WebhookOutcome::Unmatched
+        }
+    };
+    // What is recorded about the charge now goes at least this far (an
+    // effect already recorded by the worker counts too).
+    let raised = tx
+        .raise_provider_sequence(payment_id, event.sequence)
+        .await?;
+    if kind.is_charge() && !raised && outcome == WebhookOutcome::Applied {
+        return Ok(Processed::Raced);
+    }
+    done(outcome)
+}
+
+/// Keeps evidence that is about no attempt of cobro's as an unmatched
+/// conflict: reported, never adopted.
+async fn unmatched(
+    tx: &mut WriteTx,
+    detail: &str,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    stop_the_line(tx, None, None, ConflictKind::Unmatched, detail, source, now).await
+}
+
+/// The attempt a charge or refund event is about. The reference names the
+/// attempt that created the object (the authorisation of a charge, the
+/// refund of a refund); a capture or a void of that charge is the
+/// payment's unresolved capture or cancel attempt, once the authorisation
+/// is settled.
+async fn target_attempt(
+    tx: &mut WriteTx,
+    named: &AttemptRow,
+    payment: &PaymentRow,
+    kind: EventKind,
+) -> Result<AttemptRow, StoreError> {
+    let authorisation_open = AttemptState::parse(&named.state).is_some_and(|s| s.is_unresolved());
+    if named.operation != Operation::Authorize.as_str() || authorisation_open {
+        return Ok(named.clone());
+    }
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let follow_ups: &[Operation] = match kind {
+        EventKind::Captured => &[Operation::Capture, Operation::Cancel],
+        EventKind::Voided => &[Operation::Cancel, Operation::Capture],
+        _ => &[],
+    };
+    for &operation in follow_ups {
+        if let Some(attempt) = tx.attempt_for_event(payment_id, operation, None).await?
+            && AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved())
+            && attempt.state != AttemptState::Held.as_str()
+        {
+            return Ok(attempt);
+        }
+    }
+    Ok(named.clone())
+}

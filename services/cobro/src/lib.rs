@@ -1,0 +1,40 @@
+//! The `cobro` binary's library, so that `main` is wiring and tests can
+//! build the server in-process ([`app::Application`]).
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | `cli` | the command line: subcommands, dispatch, exit codes |
+//! | `settings` | typed flags and environment, each group with the commands that use it |
+//! | `app` | the server process as a value: build (every start-up step), port, run until stopped |
+//! | `serve` | `cobro serve`: signals, stdout lines, then the `app` |
+//! | `worker` | `cobro worker`: the outbox worker alone, its `/metrics` |
+//! | `provider` | provider selection: the configured URL, or the embedded fake provider |
+//! | `schedule` | the scheduled purge and reconciler of long-running processes |
+//! | `shutdown` | SIGTERM/SIGINT and the `Stopper` every long-running part watches |
+//! | `reconcile` | `cobro reconcile` |
+//! | `payments` | `cobro payments list/show/resolve` |
+//! | `events` | `cobro events` and the event dispatcher's settings |
+//! | `admin` | `migrate`, `accounts`, `tokens`, `purge` |
+//! | `database` | opening the store (URL, embedded file, schema policy) |
+//! | `demo` | the embedded default: demo account, dev token, banner |
+//! | `token` | API token generation |
+//! | `output` | the stdout contract (human lines or one JSON document) |
+//! | `telemetry` | logs, traces, metrics |
+
+mod admin;
+pub mod app;
+pub mod cli;
+mod database;
+mod demo;
+mod events;
+mod output;
+mod payments;
+mod provider;
+pub mod reconcile;
+mod schedule;
+pub mod serve;
+pub mod settings;
+pub mod shutdown;
+pub mod telemetry;
+mod token;
+mod worker;

@@ -1,0 +1,642 @@
+//! `cobro payments list|show|resolve`, with their arguments. They talk to
+//! the database directly (and to the provider for a verified `resolve`), as
+//! operators do during an incident. Every one prints a table for humans or,
+//! with `--json`, one JSON document.
+
+use crate::admin::JsonFlag;
+use crate::database::{self, SchemaPolicy};
+use crate::output::{instant, or_dash, say, say_json};
+use crate::reconcile::parse_payment;
+use crate::settings::{GlobalSettings, ProviderSettings, parse_duration};
+use anyhow::{Context, bail};
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::{Subcommand, ValueEnum};
+use cobro_core::{Clock, PaymentId, SystemClock};
+use cobro_reconciler::{ManualOutcome, ManualResolution};
+use cobro_store::Store;
+use comfy_table::Table;
+use std::time::Duration;
+
+#[derive(Debug, Subcommand)]
+pub enum PaymentsCommand {
+    /// Payments longest in their status first, with their age (and the
+    /// open conflicts). Default: the unsettled ones.
+    List {
+        /// `unsettled` (the default: every status someone must act on),
+        /// `all`, or a status such as `needs_review` or `captured`
+        /// (repeatable).
+        #[arg(long, value_name = "STATUS")]
+        status: Vec<String>,
+        /// Only payments created since then: a duration ago (`1h`, `7d`)
+        /// or an RFC 3339 instant (`2026-12-01T09:00:00Z`).
+        #[arg(long, value_name = "WHEN", value_parser = parse_when)]
+        since: Option<When>,
+        /// Only payments created before then (same forms as --since).
+        #[arg(long, value_name = "WHEN", value_parser = parse_when)]
+        until: Option<When>,
+        /// Only payments in their status for longer than this.
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Option<Duration>,
+        /// At most this many payments.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        limit: u32,
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// One payment: state, attempts, late answers kept (observations),
+    /// conflicts and the audit trail.
+    Show {
+        id: String,
+        #[command(flatten)]
+        output: JsonFlag,
+    },
+    /// Resolve a payment in `needs_review` by hand (audited). Names the
+    /// attempt it resolves (`payments show` lists them); refused while any
+    /// attempt of the payment may be in flight.
+    Resolve {
+        id: String,
+        /// The attempt resolved.
+        #[arg(long, value_name = "ATTEMPT_ID")]
+        attempt: String,
+        #[arg(long, value_enum)]
+        outcome: OutcomeArg,
+        /// The provider's charge id (required for authorized/captured). It
+        /// is looked up at the provider and must be this attempt's own
+        /// charge (its reference, metadata, amount, currency and capture
+        /// mode), unless `--unverified`.
+        #[arg(long)]
+        provider_ref: Option<String>,
+        /// Do not look the charge up at the provider (it is unreachable):
+        /// the operator vouches for it; recorded in the audit trail.
+        #[arg(long)]
+        unverified: bool,
+        /// Why: written to the audit trail.
+        #[arg(long)]
+        reason: String,
+        /// Who: defaults to $USER.
+        #[arg(long, env = "USER", default_value = "unknown")]
+        operator: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        output: JsonFlag,
+        #[command(flatten)]
+        provider: ProviderSettings,
+    },
+}
+
+/// A point in time on the command line: so long ago, or an instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    Ago(Duration),
+    At(DateTime<Utc>),
+}
+
+impl When {
+    fn resolve(self, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+        match self {
+            When::At(t) => Ok(t),
+            When::Ago(d) => chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| now.checked_sub_signed(d))
+                .with_context(|| format!("{d:?} ago is out of range")),
+        }
+    }
+}
+
+fn parse_when(text: &str) -> Result<When, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(text.trim()) {
+        return Ok(When::At(t.with_timezone(&Utc)));
+    }
+    parse_duration(text)
+        .map(When::Ago)
+        .map_err(|e| format!("{e}; or an RFC 3339 instant such as 2026-12-01T09:00:00Z"))
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OutcomeArg {
+    Authorized,
+    Captured,
+    Declined,
+    Failed,
+    Canceled,
+}
+
+impl OutcomeArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            OutcomeArg::Authorized => "authorized",
+            OutcomeArg::Captured => "captured",
+            OutcomeArg::Declined => "declined",
+            OutcomeArg::Failed => "failed",
+            OutcomeArg::Canceled => "canceled",
+        }
+    }
+}
+
+/// Unsettled statuses an operator cares about.
+const UNSETTLED: &[&str] = &[
+    "requires_reconciliation",
+    "needs_review",
+    "processing",
+    "capturing",
+    "canceling",
+];
+
+/// `cobro payments ...`.
+pub async fn run(global: &GlobalSettings, command: PaymentsCommand) -> anyhow::Result<()> {
+    let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    let result = match command {
+        PaymentsCommand::List {
+            status,
+            since,
+            until,
+            older_than,
+            limit,
+            output,
+        } => {
+            let filter = ListFilter {
+                status,
+                since,
+                until,
+                older_than,
+                limit,
+            };
+            list(&store, filter, output).await
+        }
+        PaymentsCommand::Show { id, output } => show(&store, &id, output).await,
+        PaymentsCommand::Resolve {
+            id,
+            attempt,
+            outcome,
+            provider_ref,
+            unverified,
+            reason,
+            operator,
+            yes,
+            output,
+            provider,
+        } => {
+            let request = ResolveRequest {
+                id,
+                attempt,
+                outcome,
+                provider_ref,
+                unverified,
+                reason,
+                operator,
+                yes,
+            };
+            resolve(&store, &provider, request, output).await
+        }
+    };
+    store.close().await;
+    result
+}
+
+/// The filters of `cobro payments list`.
+struct ListFilter {
+    status: Vec<String>,
+    since: Option<When>,
+    until: Option<When>,
+    older_than: Option<Duration>,
+    limit: u32,
+}
+
+/// The statuses `--status` names: `None` for `all`.
+fn statuses(given: &[String]) -> anyhow::Result<Option<Vec<&str>>> {
+    if given.is_empty() || given.iter().any(|s| s == "unsettled") {
+        let mut states = UNSETTLED.to_vec();
+        states.extend(
+            given
+                .iter()
+                .map(String::as_str)
+                .filter(|s| *s != "unsettled"),
+        );
+        return checked(states).map(Some);
+    }
+    if given.iter().any(|s| s == "all") {
+        return Ok(None);
+    }
+    checked(given.iter().map(String::as_str).collect()).map(Some)
+}
+
+fn checked(states: Vec<&str>) -> anyhow::Result<Vec<&str>> {
+    for s in &states {
+        if cobro_core::PaymentStatus::parse(s).is_none() {
+            let known: Vec<_> = cobro_core::PaymentStatus::ALL
+                .iter()
+                .map(|s| s.as_str())
+                .collect();
+            bail!(
+                "unknown payment status `{s}`: use all, unsettled or one of {}",
+                known.join(", ")
+            );
+        }
+    }
+    Ok(states)
+}
+
+/// A duration as on-call reads it: `3d04h`, `2h05m`, `4m07s`, `12s`.
+fn age(d: chrono::Duration) -> String {
+    let s = d.num_seconds().max(0);
+    let (days, hours, minutes, seconds) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (days, hours, minutes) {
+        (0, 0, 0) => format!("{seconds}s"),
+        (0, 0, _) => format!("{minutes}m{seconds:02}s"),
+        (0, _, _) => format!("{hours}h{minutes:02}m"),
+        _ => format!("{days}d{hours:02}h"),
+    }
+}
+
+/// An amount in minor units, as the API takes it, with its currency.
+fn amount(minor: i64, currency: &str) -> String {
+    format!("{minor} {currency}")
+}
+
+async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Result<()> {
+    let now = SystemClock.now();
+    let states = statuses(&filter.status)?;
+    let in_status_before = filter
+        .older_than
+        .map(|d| When::Ago(d).resolve(now))
+        .transpose()?;
+    let query = cobro_store::reconcile::OperatorQuery {
+        statuses: states.as_deref(),
+        created_from: filter.since.map(|w| w.resolve(now)).transpose()?,
+        created_until: filter.until.map(|w| w.resolve(now)).transpose()?,
+        in_status_before,
+        limit: filter.limit,
+    };
+    let rows = store.operator_payments(&query).await?;
+    let truncated = rows.len() == filter.limit as usize;
+    let conflicts = store.open_conflicts(1000).await?;
+    let which = states
+        .as_ref()
+        .map_or_else(|| "all".to_owned(), |s| s.join(", "));
+    if output.json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(),
+                    "order_ref": p.order_ref, "intent": p.intent, "status": p.status,
+                    "amount": p.amount, "currency": p.currency, "provider_ref": p.provider_ref,
+                    "created_at": instant(p.created_at.0),
+                    "in_status_since": instant(p.status_changed_at.0),
+                    "age_seconds": (now - p.status_changed_at.0).num_seconds(),
+                    "review_reason": p.review_reason,
+                })
+            })
+            .collect();
+        let open: Vec<_> = conflicts.iter().map(conflict_json).collect();
+        return say_json(&serde_json::json!({
+            "statuses": states, "truncated": truncated,
+            "payments": list, "open_conflicts": open,
+        }));
+    }
+    let mut table = Table::new();
+    table.set_header([
+        "id",
+        "intent",
+        "status",
+        "amount",
+        "provider ref",
+        "created",
+        "in status for",
+    ]);
+    for p in &rows {
+        table.add_row([
+            p.id.0.to_string(),
+            p.intent.clone(),
+            p.status.clone(),
+            amount(p.amount, &p.currency),
+            or_dash(p.provider_ref.as_deref()),
+            instant(p.created_at.0),
+            age(now - p.status_changed_at.0),
+        ]);
+    }
+    if !rows.is_empty() {
+        say(table)?;
+    }
+    say(format_args!(
+        "{} payment(s) with status {which}",
+        rows.len()
+    ))?;
+    if truncated {
+        say(format_args!(
+            "limit of {} reached: more may match (narrow with --since/--status, or raise --limit)",
+            filter.limit
+        ))?;
+    }
+    if states.is_some() && filter.status.is_empty() {
+        say("(the unsettled ones; --status all lists every payment)")?;
+    }
+    if !conflicts.is_empty() {
+        say(conflicts_table(&conflicts))?;
+        say(format_args!(
+            "{} open conflict(s): provider evidence cobro kept but did not adopt",
+            conflicts.len()
+        ))?;
+    }
+    Ok(())
+}
+
+fn conflicts_table(conflicts: &[cobro_store::conflicts::ConflictRow]) -> Table {
+    let mut table = Table::new();
+    table.set_header(["found", "payment", "kind", "source", "detail", "resolved"]);
+    for c in conflicts {
+        table.add_row([
+            instant(c.found_at.0),
+            or_dash(c.payment_id.map(|p| p.0)),
+            c.kind.clone(),
+            c.source.clone(),
+            c.detail.clone(),
+            or_dash(c.resolved_at.map(|t| instant(t.0))),
+        ]);
+    }
+    table
+}
+
+fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": c.id.0.to_string(),
+        "payment_id": c.payment_id.map(|p| p.0.to_string()),
+        "attempt_id": c.attempt_id.map(|a| a.0.to_string()),
+        "kind": c.kind, "source": c.source, "detail": c.detail,
+        "evidence": serde_json::from_str::<serde_json::Value>(&c.evidence).unwrap_or(serde_json::Value::Null),
+        "found_at": c.found_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
+        "resolved_at": c.resolved_at.map(|t| t.0.to_rfc3339_opts(SecondsFormat::Secs, true)),
+    })
+}
+
+async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
+    let id = parse_payment(id)?;
+    let Some(p) = store.payment_unscoped(id).await? else {
+        bail!("no payment {id}");
+    };
+    let attempts = store.attempts_for_payment(id).await?;
+    let decisions = store.decisions_for(id).await?;
+    let conflicts = store.conflicts_for(id).await?;
+    let mut observations = Vec::new();
+    for a in &attempts {
+        for (token, outcome, detail) in store
+            .observations_for(cobro_core::AttemptId::from_uuid(a.id.0))
+            .await?
+        {
+            observations.push((a.id.0, token, outcome, detail));
+        }
+    }
+    let time = |t: &cobro_store::DbTime| t.0.to_rfc3339_opts(SecondsFormat::Millis, true);
+    if output.json {
+        return say_json(&serde_json::json!({
+            "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(),
+            "order_ref": p.order_ref, "intent": p.intent,
+            "status": p.status, "amount": p.amount, "currency": p.currency,
+            "capture_method": p.capture_method,
+            "amount_captured": p.amount_captured, "amount_refunded": p.amount_refunded,
+            "provider_ref": p.provider_ref, "failure_code": p.failure_code,
+            "failure_message": p.failure_message,
+            "cancel_requested": p.cancel_requested_at.is_some(),
+            "review_reason": p.review_reason,
+            "conflicts": conflicts.iter().map(conflict_json).collect::<Vec<_>>(),
+            "created_at": time(&p.created_at),
+            "in_status_since": time(&p.status_changed_at),
+            // The provider key is an operator's tool during an incident (to
+            // look the attempt up at the provider); the merchant API never shows it.
+            "attempts": attempts.iter().map(|a| serde_json::json!({
+                "id": a.id.0.to_string(), "operation": a.operation, "reference": a.reference,
+                "provider_key": a.provider_key, "state": a.state, "sends": a.send_count,
+                "first_send_at": a.first_send_at.as_ref().map(time), "last_send_at": a.last_send_at.as_ref().map(time),
+                "provider_ref": a.provider_ref, "last_error": a.last_error,
+            })).collect::<Vec<_>>(),
+            "late_answers_kept": observations.iter().map(|(attempt, token, outcome, detail)| serde_json::json!({
+                "attempt_id": attempt.to_string(), "lease_token": token, "outcome": outcome, "detail": detail,
+            })).collect::<Vec<_>>(),
+            "audit": decisions.iter().map(|d| serde_json::json!({
+                "at": time(&d.decided_at), "actor": d.actor, "decision": d.decision,
+                "before": d.state_before, "after": d.state_after, "reason": d.reason,
+                "provider_said": serde_json::from_str::<serde_json::Value>(&d.provider_said).unwrap_or_default(),
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    let rows: [(&str, String); 10] = [
+        ("payment", p.id.0.to_string()),
+        ("intent", p.intent.clone()),
+        (
+            "status",
+            format!("{} since {}", p.status, time(&p.status_changed_at)),
+        ),
+        (
+            "amount",
+            format!(
+                "{} ({} capture)",
+                amount(p.amount, &p.currency),
+                p.capture_method
+            ),
+        ),
+        (
+            "captured / refunded",
+            format!("{} / {}", p.amount_captured, p.amount_refunded),
+        ),
+        ("provider ref", or_dash(p.provider_ref.as_deref())),
+        (
+            "failure",
+            or_dash(p.failure_code.as_deref().map(|c| match &p.failure_message {
+                Some(m) => format!("{c}: {m}"),
+                None => c.to_owned(),
+            })),
+        ),
+        (
+            "cancel requested",
+            or_dash(p.cancel_requested_at.as_ref().map(time)),
+        ),
+        ("review reason", or_dash(p.review_reason.as_deref())),
+        ("created", time(&p.created_at)),
+    ];
+    for (name, value) in rows {
+        say(format_args!("{name:>20}  {value}"))?;
+    }
+    let mut table = Table::new();
+    table.set_header([
+        "attempt",
+        "operation",
+        "state",
+        "sends",
+        "last send",
+        "provider ref",
+        "provider key",
+        "last error",
+    ]);
+    for a in &attempts {
+        table.add_row([
+            a.id.0.to_string(),
+            a.operation.clone(),
+            a.state.clone(),
+            a.send_count.to_string(),
+            or_dash(a.last_send_at.as_ref().map(time)),
+            or_dash(a.provider_ref.as_deref()),
+            a.provider_key.clone(),
+            or_dash(a.last_error.as_deref()),
+        ]);
+    }
+    say(format_args!("\nattempts ({})", attempts.len()))?;
+    say(table)?;
+    if !observations.is_empty() {
+        let mut late = Table::new();
+        late.set_header(["attempt", "lease token", "outcome", "detail"]);
+        for (attempt, token, outcome, detail) in &observations {
+            late.add_row([
+                attempt.to_string(),
+                token.to_string(),
+                outcome.clone(),
+                detail.clone(),
+            ]);
+        }
+        say(format_args!("\nlate answers kept ({})", observations.len()))?;
+        say(late)?;
+    }
+    if !conflicts.is_empty() {
+        say(format_args!("\nconflicts ({})", conflicts.len()))?;
+        say(conflicts_table(&conflicts))?;
+    }
+    let mut audit = Table::new();
+    audit.set_header(["at", "actor", "decision", "before -> after", "reason"]);
+    for d in &decisions {
+        audit.add_row([
+            time(&d.decided_at),
+            d.actor.clone(),
+            d.decision.clone(),
+            format!("{} -> {}", d.state_before, d.state_after),
+            or_dash(d.reason.as_deref()),
+        ]);
+    }
+    say(format_args!("\naudit trail ({})", decisions.len()))?;
+    say(audit)
+}
+
+/// An operator's `--provider-ref` must be the named attempt's own charge at
+/// the provider: a typo or another account's charge would bind the payment
+/// to money that is not its own (and later refunds would move it).
+async fn verify_charge(
+    store: &Store,
+    provider: &ProviderSettings,
+    payment: PaymentId,
+    attempt: cobro_core::AttemptId,
+    charge: &str,
+) -> anyhow::Result<()> {
+    use cobro_provider::Provider;
+    let row = store
+        .payment_unscoped(payment)
+        .await?
+        .with_context(|| format!("no payment {payment}"))?;
+    if row.status != cobro_core::PaymentStatus::NeedsReview.as_str() {
+        bail!(
+            "the payment is {}; only a payment in needs_review can be resolved by hand",
+            row.status
+        );
+    }
+    let attempts = store.attempts_for_payment(payment).await?;
+    let named = attempts
+        .iter()
+        .find(|a| a.id.0 == attempt.as_uuid())
+        .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
+    let operation = cobro_core::Operation::parse(&named.operation)
+        .with_context(|| format!("attempt operation {}", named.operation))?;
+    let client = crate::provider::connect(provider, None)
+        .await
+        .context("looking the charge up needs the provider (or --unverified)")?
+        .client;
+    let found = client
+        .get_charge(charge)
+        .await
+        .map_err(|e| anyhow::anyhow!("the provider could not be asked about {charge}: {e}"))?
+        .with_context(|| format!("the provider has no charge {charge}"))?;
+    // For a capture or cancel the charge must be the payment's adopted one.
+    match cobro_settle::fit(operation, named, &row, None, &found) {
+        cobro_settle::Fit::Ours => Ok(()),
+        cobro_settle::Fit::NotOurs(why) | cobro_settle::Fit::Mismatch(why) => {
+            bail!("{charge} is not this attempt's charge: {why}")
+        }
+    }
+}
+
+/// The arguments of `cobro payments resolve`.
+struct ResolveRequest {
+    id: String,
+    attempt: String,
+    outcome: OutcomeArg,
+    provider_ref: Option<String>,
+    unverified: bool,
+    reason: String,
+    operator: String,
+    yes: bool,
+}
+
+async fn resolve(
+    store: &Store,
+    provider: &ProviderSettings,
+    r: ResolveRequest,
+    output: JsonFlag,
+) -> anyhow::Result<()> {
+    let id = parse_payment(&r.id)?;
+    let attempt: cobro_core::AttemptId = r
+        .attempt
+        .parse()
+        .with_context(|| format!("`{}` is not an attempt id", r.attempt))?;
+    if r.reason.trim().is_empty() {
+        bail!("--reason must say why");
+    }
+    let (outcome, provider_ref) = (r.outcome, r.provider_ref);
+    if let Some(charge) = &provider_ref {
+        if r.unverified {
+            eprintln!("cobro: --unverified: {charge} is not looked up at the provider");
+        } else {
+            verify_charge(store, provider, id, attempt, charge).await?;
+        }
+    }
+    if !r.yes {
+        eprint!(
+            "resolve attempt {attempt} of payment {id} as {} (provider ref {})? [y/N] ",
+            outcome.as_str(),
+            or_dash(provider_ref.as_deref())
+        );
+        let mut answer = String::new();
+        std::io::stdin()
+            .read_line(&mut answer)
+            .context("could not read the confirmation")?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            bail!("not confirmed; nothing changed");
+        }
+    }
+    let resolution = ManualResolution {
+        payment: id,
+        attempt,
+        outcome: match outcome {
+            OutcomeArg::Authorized => ManualOutcome::Authorized,
+            OutcomeArg::Captured => ManualOutcome::Captured,
+            OutcomeArg::Declined => ManualOutcome::Declined,
+            OutcomeArg::Failed => ManualOutcome::Failed,
+            OutcomeArg::Canceled => ManualOutcome::Canceled,
+        },
+        provider_ref,
+        operator: r.operator,
+        reason: if r.unverified {
+            format!("{} [provider_ref not verified at the provider]", r.reason)
+        } else {
+            r.reason
+        },
+    };
+    let after = cobro_reconciler::resolve_by_hand(store, &resolution, SystemClock.now())
+        .await
+        .context("could not resolve the payment")?;
+    if output.json {
+        return say_json(&serde_json::json!({
+            "payment_id": id.to_string(), "attempt_id": attempt.to_string(),
+            "outcome": outcome.as_str(), "provider_ref": resolution.provider_ref,
+            "status": after.to_string(),
+        }));
+    }
+    say(format_args!("payment {id} resolved: {after}"))
+}

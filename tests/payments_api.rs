@@ -31,6 +31,7 @@ on_both_backends!(
     get_waits_for_nothing_once_the_payment_left_processing,
     over_the_rate_limit_is_429_and_leaves_the_key_free,
     without_a_database_answers_are_503_and_readyz_fails,
+    a_sane_request_id_is_kept_and_any_other_replaced,
 );
 
 async fn create(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
@@ -910,4 +911,35 @@ async fn without_a_database_answers_are_503_and_readyz_fails(backend: Backend) {
         !body.to_string().contains("pool"),
         "no internal detail: {body}"
     );
+}
+
+async fn a_sane_request_id_is_kept_and_any_other_replaced(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let missing = format!("/v1/payments/{}", uuid::Uuid::now_v7());
+    let answer = async |id: Option<&str>| {
+        let mut request = app.get(&missing);
+        if let Some(id) = id {
+            request = request.header("x-request-id", id);
+        }
+        request.send().await.expect("send")
+    };
+    // Kept: 1 to 128 visible ASCII characters, in the header and the body.
+    let sane = format!("req-1:~!{}", "x".repeat(120));
+    let kept = answer(Some(&sane)).await;
+    assert_eq!(header(&kept, "x-request-id"), Some(sane.as_str()));
+    assert_eq!(
+        assert_problem(kept, 404, "not-found").await["request_id"],
+        json!(sane)
+    );
+    // Replaced by a new UUID: absent, too long, a space, a tab.
+    let too_long = "x".repeat(129);
+    for id in [None, Some(too_long.as_str()), Some("a b"), Some("a\tb")] {
+        let replaced = answer(id).await;
+        let echoed = header(&replaced, "x-request-id").expect("an id").to_owned();
+        assert!(uuid::Uuid::parse_str(&echoed).is_ok(), "{id:?} -> {echoed}");
+        assert_eq!(
+            assert_problem(replaced, 404, "not-found").await["request_id"],
+            json!(echoed)
+        );
+    }
 }

@@ -483,6 +483,7 @@ impl TestApp {
         self.state = cobro_api::AppState {
             rate_limiter: std::sync::Arc::new(cobro_api::rate_limit::RateLimiter::new(
                 settings.rate_limit,
+                std::sync::Arc::clone(&self.state.clock),
             )),
             settings: std::sync::Arc::new(settings),
             ..self.state.clone()

@@ -11,35 +11,28 @@
 use crate::error::{ApiError, FieldError};
 use crate::extract::{Account, JsonObject, Params};
 use crate::{AppState, views};
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use cobro_core::{EndpointId, EventId, PaymentStatus, RefundStatus};
 use cobro_store::events::{EndpointRow, EventFilter};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// How long the previous secret keeps signing after a rotation.
 pub const ROTATION_OVERLAP: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/events", get(list_events))
-        .route("/v1/events/{id}", get(get_event))
-        .route(
-            "/v1/event_endpoints",
-            post(create_endpoint).get(list_endpoints),
-        )
-        .route(
-            "/v1/event_endpoints/{id}",
-            axum::routing::delete(delete_endpoint),
-        )
-        .route(
-            "/v1/event_endpoints/{id}/rotate_secret",
-            post(rotate_secret),
-        )
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_events))
+        .routes(routes!(get_event))
+        .routes(routes!(create_endpoint, list_endpoints))
+        .routes(routes!(delete_endpoint))
+        .routes(routes!(rotate_secret))
 }
 
 /// Every event type cobro writes: `payment.created`, `payment.<status>`
@@ -71,16 +64,47 @@ struct ListQuery {
     limit: Option<String>,
 }
 
-#[derive(Serialize)]
+/// A page of events.
+#[derive(Serialize, ToSchema)]
 struct EventList {
+    /// Each as `GET /v1/events/{id}` answers it.
+    #[schema(value_type = Vec<crate::openapi::schemas::Event>)]
     data: Vec<Value>,
     /// Pass as `after` for the next page: the last position returned (or
     /// the `after` asked for, when the page is empty).
     next_after: i64,
-    /// Whether more events were already there when this page was read.
+    /// More events were already there when this page was read.
     has_more: bool,
 }
 
+crate::openapi::refusals!(
+    /// What `list_events` refuses.
+    ListEventsRefusals = read [Validation]
+);
+
+/// List events
+///
+/// The account's events in feed order (`position`, dense and
+/// increasing), oldest first. A position becomes visible only once
+/// every smaller one is: paging with `after` = the previous page's
+/// `next_after` from any position yields every later event, with no
+/// gap and no repeat.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    operation_id = "listEvents",
+    tag = "events",
+    params(
+        ("after" = Option<i64>, Query, minimum = 0, description = "Only events after this position; default 0 (from the start)."),
+        ("type" = Option<crate::openapi::EventTypeSchema>, Query, description = "Only events of this type."),
+        ("object" = Option<String>, Query, format = Uuid, description = "Only events about this payment (its refunds' included) or refund."),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "Page size, 1 to 200; default 50."),
+    ),
+    responses(
+        (status = 200, description = "A page of events, oldest first.", body = EventList),
+        ListEventsRefusals,
+    ),
+)]
 async fn list_events(
     State(state): State<AppState>,
     account: Account,
@@ -137,6 +161,23 @@ async fn list_events(
     }))
 }
 
+crate::openapi::refusals!(
+    /// What `get_event` refuses.
+    GetEventRefusals = read [NotFound]
+);
+
+/// Read an event
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}",
+    operation_id = "getEvent",
+    tag = "events",
+    params(("id" = String, Path, format = Uuid, description = "The event id. Not a UUID, or another account's: 404.")),
+    responses(
+        (status = 200, description = "The event.", body = crate::openapi::schemas::Event),
+        GetEventRefusals,
+    ),
+)]
 async fn get_event(
     State(state): State<AppState>,
     account: Account,
@@ -152,17 +193,25 @@ async fn get_event(
     Ok(Json(row.to_json()))
 }
 
-/// An endpoint as the API shows it: never its secret, except in the
-/// answers that create or rotate it (`secret`, shown once).
-#[derive(Serialize)]
+/// Where events are pushed.
+// As the API shows an endpoint: never its secret, except in the answers
+// that create or rotate it (`secret`, shown once).
+#[derive(Serialize, ToSchema)]
+#[schema(as = EventEndpoint)]
 pub(crate) struct EndpointView {
+    #[schema(format = Uuid)]
     id: String,
     url: String,
+    /// `["*"]` for every type.
     event_types: Vec<String>,
+    /// `false` once it failed every attempt for 3 days.
     enabled: bool,
     disabled_reason: Option<String>,
+    #[schema(format = DateTime)]
     created_at: String,
+    /// The signing secret: only in the answers that create or rotate it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     secret: Option<String>,
 }
 
@@ -237,9 +286,25 @@ pub fn endpoint_url_ok(url: &str) -> bool {
     (ipv4 || (labels.iter().all(|l| label(l)) && last_is_a_name)) && port_ok && path_ok
 }
 
+/// Body of `POST /v1/event_endpoints`.
+// In the code: the request after validation (read field by field by
+// `parse_endpoint`, which refuses unknown fields); no types is every type.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CreateEventEndpointRequest)]
+struct NewEndpoint {
+    /// `http://` or `https://` with a host name or IPv4 address (no
+    /// IPv6 literal, user, query or fragment), at most 2048 characters.
+    #[schema(value_type = crate::openapi::EndpointUrlSchema)]
+    url: String,
+    /// Event types to send; absent or `["*"]`: all.
+    #[schema(value_type = Option<Vec<crate::openapi::EventTypeSchema>>)]
+    event_types: Vec<String>,
+}
+
 /// `url` ([`endpoint_url_ok`]) and `event_types` (known types, or absent / `["*"]`
 /// for all).
-fn parse_endpoint(body: JsonObject) -> Result<(String, Vec<String>), ApiError> {
+fn parse_endpoint(body: JsonObject) -> Result<NewEndpoint, ApiError> {
     let mut errors = Vec::new();
     for field in body.0.keys() {
         if !matches!(field.as_str(), "url" | "event_types") {
@@ -286,29 +351,77 @@ fn parse_endpoint(body: JsonObject) -> Result<(String, Vec<String>), ApiError> {
         }
     };
     match url {
-        Some(url) if errors.is_empty() => Ok((url, types)),
+        Some(url) if errors.is_empty() => Ok(NewEndpoint {
+            url,
+            event_types: types,
+        }),
         _ => Err(ApiError::Validation(errors)),
     }
 }
 
+crate::openapi::refusals!(
+    /// What `create_endpoint` refuses.
+    CreateEndpointRefusals = read [BodyTooLarge, Validation]
+);
+
+/// Create an event endpoint
+///
+/// Not money-moving, so no `Idempotency-Key`: a repeated request makes
+/// a second endpoint (delete it). The answer carries the signing
+/// `secret`, shown only here and in a rotation's answer. The endpoint
+/// receives the events written from its creation on.
+#[utoipa::path(
+    post,
+    path = "/v1/event_endpoints",
+    operation_id = "createEventEndpoint",
+    tag = "events",
+    request_body(content = NewEndpoint, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created, with its secret.", body = EndpointView),
+        CreateEndpointRefusals,
+    ),
+)]
 async fn create_endpoint(
     State(state): State<AppState>,
     account: Account,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
-    let (url, types) = parse_endpoint(body)?;
+    let endpoint = parse_endpoint(body)?;
     let row = state
         .store
-        .create_endpoint(account.0, &url, &new_secret(), &types, state.clock.now())
+        .create_endpoint(
+            account.0,
+            &endpoint.url,
+            &new_secret(),
+            &endpoint.event_types,
+            state.clock.now(),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(endpoint_view(&row, true))).into_response())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = EventEndpointList)]
 struct EndpointList {
     data: Vec<EndpointView>,
 }
 
+crate::openapi::refusals!(
+    /// What `list_endpoints` refuses.
+    ListEndpointsRefusals = read []
+);
+
+/// List event endpoints
+#[utoipa::path(
+    get,
+    path = "/v1/event_endpoints",
+    operation_id = "listEventEndpoints",
+    tag = "events",
+    responses(
+        (status = 200, description = "The account's endpoints, without secrets.", body = EndpointList),
+        ListEndpointsRefusals,
+    ),
+)]
 async fn list_endpoints(
     State(state): State<AppState>,
     account: Account,
@@ -319,6 +432,22 @@ async fn list_endpoints(
     }))
 }
 
+crate::openapi::refusals!(
+    /// What `delete_endpoint` and `rotate_secret` refuse.
+    EndpointRefusals = read [NotFound]
+);
+
+/// Delete an event endpoint
+///
+/// Its pending deliveries are dropped; the events stay in the feed.
+#[utoipa::path(
+    delete,
+    path = "/v1/event_endpoints/{id}",
+    operation_id = "deleteEventEndpoint",
+    tag = "events",
+    params(("id" = String, Path, format = Uuid, description = "The endpoint id.")),
+    responses((status = 204, description = "Deleted."), EndpointRefusals),
+)]
 async fn delete_endpoint(
     State(state): State<AppState>,
     account: Account,
@@ -332,6 +461,21 @@ async fn delete_endpoint(
     }
 }
 
+/// Rotate an endpoint's secret
+///
+/// A new secret signs from now on; the previous one also signs (a
+/// second `v1`) for 24 h, so a receiver can switch at its own pace.
+#[utoipa::path(
+    post,
+    path = "/v1/event_endpoints/{id}/rotate_secret",
+    operation_id = "rotateEventEndpointSecret",
+    tag = "events",
+    params(("id" = String, Path, format = Uuid, description = "The endpoint id.")),
+    responses(
+        (status = 200, description = "The endpoint with its new secret.", body = EndpointView),
+        EndpointRefusals,
+    ),
+)]
 async fn rotate_secret(
     State(state): State<AppState>,
     account: Account,

@@ -37,7 +37,7 @@ impl FromRequestParts<AppState> for Account {
             .ok_or(ApiError::Unauthenticated)?;
         tracing::Span::current().record("account_id", tracing::field::display(account));
         // Before anything else: a refused request never touches a key.
-        if !state.rate_limiter.allow(account, state.clock.now()) {
+        if !state.rate_limiter.allow(account) {
             return Err(ApiError::RateLimited);
         }
         Ok(Account(account))

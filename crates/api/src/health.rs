@@ -3,45 +3,90 @@
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use cobro_core::{PaymentStatus, RefundStatus};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{Store, StoreError};
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// `GET /metrics` alone, for a process that serves no API (`cobro worker
 /// --metrics-listen`).
 pub fn metrics_router(state: AppState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .with_state(state)
+    let (router, _) = OpenApiRouter::new()
+        .routes(routes!(metrics))
+        .split_for_parts();
+    router.with_state(state)
 }
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
 }
 
+/// Answer of `/healthz` and `/readyz`.
+#[derive(Serialize, utoipa::ToSchema)]
+struct HealthStatus {
+    /// `unreachable` when readyz fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    database: Option<&'static str>,
+    /// `ok` (healthz), `ready` or `unavailable` (readyz).
+    status: &'static str,
+}
+
+impl HealthStatus {
+    fn is(status: &'static str) -> Json<Self> {
+        Json(Self {
+            database: None,
+            status,
+        })
+    }
+}
+
+/// Liveness
+///
 /// The process is up; says nothing about its dependencies.
-async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    responses((status = 200, description = "Up.", body = HealthStatus,
+        example = json!({"status": "ok"}))),
+)]
+async fn healthz() -> Json<HealthStatus> {
+    HealthStatus::is("ok")
 }
 
-/// Ready to serve: the database answers. Fails while it is unreachable so a
-/// load balancer stops sending traffic that could not be recorded.
-async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+/// Readiness
+///
+/// Ready to serve: the database answers. Fails while it is unreachable,
+/// so a load balancer stops sending traffic that could not be recorded.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready.", body = HealthStatus,
+            example = json!({"status": "ready"})),
+        (status = 503, description = "The database is unreachable.", body = HealthStatus,
+            example = json!({"status": "unavailable", "database": "unreachable"})),
+    ),
+)]
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<HealthStatus>) {
     match state.store.ping().await {
-        Ok(()) => (StatusCode::OK, Json(json!({ "status": "ready" }))),
+        Ok(()) => (StatusCode::OK, HealthStatus::is("ready")),
         Err(error) => {
             tracing::warn!(error = %error, "readiness check failed: database unreachable");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "status": "unavailable", "database": "unreachable" })),
-            )
+            let mut down = HealthStatus::is("unavailable");
+            down.database = Some("unreachable");
+            (StatusCode::SERVICE_UNAVAILABLE, down)
         }
     }
 }
@@ -49,6 +94,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
 /// How long the scrape waits for the database before reporting it down.
 const DATABASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Metrics
+///
 /// Prometheus text: this process's counters and histograms (requests,
 /// provider calls, the worker, the reconciler, idempotency refusals,
 /// redundant and conflicting evidence), then what the database says now
@@ -57,7 +104,17 @@ const DATABASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2)
 /// is read at scrape time, so every process reports the same; when the
 /// database does not answer within 2 s the scrape still succeeds, with
 /// `cobro_metrics_database_up 0` and no database series (a stale value
-/// would be a lie, an absent one is not).
+/// would be a lie, an absent one is not). No token.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text exposition format.", content_type = "text/plain", body = String),
+        (status = 503, description = "The database is unreachable.", content_type = "text/plain", body = String),
+    ),
+)]
 async fn metrics(State(state): State<AppState>) -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut text = cobro_telemetry::metrics::render();

@@ -1,4 +1,5 @@
 #![doc = include_str!("../README.md")]
+#![doc = include_str!("../docs/api.md")]
 
 pub mod error;
 pub mod events;
@@ -27,6 +28,10 @@ use cobro_store::Store;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use utoipa_axum::router::OpenApiRouter;
 
 /// Settings of the HTTP API that are not the store's.
 #[derive(Clone, Debug)]
@@ -84,11 +89,15 @@ impl AppState {
     pub fn new(store: Store, clock: Arc<dyn Clock>, settings: ApiSettings) -> Self {
         Self {
             store,
-            clock,
-            rate_limiter: Arc::new(rate_limit::RateLimiter::new(settings.rate_limit)),
+            rate_limiter: Arc::new(rate_limit::RateLimiter::new(
+                settings.rate_limit,
+                Arc::clone(&clock),
+            )),
             webhook_refusals: Arc::new(rate_limit::RateLimiter::new(
                 webhooks::REFUSED_SIGNATURE_BUDGET,
+                Arc::clone(&clock),
             )),
+            clock,
             settings: Arc::new(settings),
             work_available: Arc::new(Notify::new()),
         }
@@ -102,34 +111,88 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// the request span, the body limit and the key echo are layered here, so
 /// tests driving the router with `oneshot` see exactly what clients see.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .merge(payments::routes())
-        .merge(openapi::routes())
-        .merge(health::routes())
-        .merge(webhooks::routes())
-        .merge(events::routes())
+    let (routes, document) = api().split_for_parts();
+    routes
+        .layer(axum::Extension(openapi::Served(Arc::new(
+            openapi::complete(document),
+        ))))
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.settings),
             request_context,
         ))
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, NewRequestId))
+        // tower-http keeps any `X-Request-Id` a client sent; cobro keeps
+        // only a sane one, so the others are dropped first and replaced.
+        .layer(middleware::map_request(drop_unusable_request_id))
         .with_state(state)
 }
 
-/// Gives every request an id (the client's `X-Request-Id` when it sent a
-/// sane one), a span that carries it (never headers, bodies or keys: only a
-/// hash of the key is recorded, by the extractor), and echoes the
+/// A client's `X-Request-Id` is kept when it is 1 to 128 visible ASCII
+/// characters (it goes into logs, spans and problem bodies); any other is
+/// removed here, so [`SetRequestIdLayer`] gives the request a new one.
+async fn drop_unusable_request_id(mut request: Request) -> Request {
+    let usable = request
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic())
+        });
+    if !usable {
+        request.headers_mut().remove(&REQUEST_ID);
+    }
+    request
+}
+
+/// A new request id: a UUID (v7, so ids sort by time).
+#[derive(Clone, Copy)]
+struct NewRequestId;
+
+impl MakeRequestId for NewRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        HeaderValue::from_str(&uuid::Uuid::now_v7().to_string())
+            .ok()
+            .map(RequestId::new)
+    }
+}
+
+/// Every route of the API with its documentation: each is registered
+/// through `routes!` from the `#[utoipa::path]` on its handler, so the
+/// router and `/openapi.json` cannot disagree.
+fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .merge(payments::routes())
+        .merge(openapi::routes())
+        .merge(health::routes())
+        .merge(webhooks::routes())
+        .merge(events::routes())
+}
+
+/// Gives every request a span that carries its id (set by
+/// [`SetRequestIdLayer`]; never headers, bodies or keys: only a hash of the
+/// key is recorded, by the extractor), runs its handler in a task of its
+/// own under the request timeout, records its metrics, and echoes the
 /// `Idempotency-Key` on every answer to a keyed POST.
+///
+/// Not tower-http's `TraceLayer` and `TimeoutLayer`: the timeout must answer
+/// 408 `request-timeout` (problem+json, `Connection: close`) while the
+/// handler keeps running in its task to commit its answer, where
+/// `TimeoutLayer` drops (cancels) the handler; and the span must wrap that
+/// task and record the final status of either answer, with the metrics
+/// labelled by route template, which `TraceLayer`'s callbacks could only
+/// do by re-implementing this function piecewise.
 async fn request_context(
     axum::extract::State(settings): axum::extract::State<Arc<ApiSettings>>,
     request: Request,
     next: Next,
 ) -> Response {
+    // Always there, usable (`drop_unusable_request_id`, `SetRequestIdLayer`).
     let request_id = request
-        .headers()
-        .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .extensions()
+        .get::<RequestId>()
+        .and_then(|id| id.header_value().to_str().ok())
         .map(str::to_owned)
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let echo_key = (request.method() == Method::POST)
@@ -213,12 +276,9 @@ async fn request_context(
     }
     cobro_telemetry::metrics::http_request(&route, method.as_str(), status, elapsed);
     tracing::info!(parent: &span, status, elapsed_ms = elapsed.as_millis() as u64, "request served");
-    let headers = response.headers_mut();
-    if let Ok(value) = HeaderValue::from_str(&request_id) {
-        headers.insert(REQUEST_ID, value);
-    }
+    // `X-Request-Id` is echoed by `PropagateRequestIdLayer`.
     if let Some(key) = echo_key {
-        headers.insert(IDEMPOTENCY_KEY, key);
+        response.headers_mut().insert(IDEMPOTENCY_KEY, key);
     }
     response
 }

@@ -1,30 +1,32 @@
 //! `/openapi.json`: the machine-readable contract (payments-api.md), an
-//! OpenAPI 3.1 document generated with utoipa from the code.
+//! OpenAPI 3.1 document generated with utoipa from the handlers themselves.
 //!
 //! Layout:
-//! - [`ApiDoc`]: the derive that collects the paths, the schemas and the tags.
-//! - `paths`: one documentation stub per route with its `#[utoipa::path]`:
-//!   method, path, parameters, request body and success answers. The
-//!   handlers themselves live in `payments.rs` and `health.rs`.
-//! - `schemas`: request bodies and shapes that exist in the code only as
-//!   parsing logic (the API reads bodies field by field to report every
-//!   invalid field at once), plus named schemas built from the domain's own
-//!   lists (`PaymentStatus::ALL`, the known currencies, `Amount::MAX`).
+//! - [`ApiDoc`]: what is not an operation: the info, the server, the tags
+//!   and the schemas only the shared contract refers to. The operations are
+//!   the router's own: every route is registered through utoipa-axum's
+//!   `routes!` with the `#[utoipa::path]` on its real handler (`payments`,
+//!   `events`, `health`, `webhooks` and [`serve`] here), so a route cannot
+//!   exist undocumented; `crate::router` splits the router from its
+//!   document and [`complete`] finishes the document.
+//! - `info.description` is `docs/api.md` (also part of the crate docs),
+//!   then the retention this server actually runs with.
+//! - [`refusals!`]: the problems each handler answers, declared next to it
+//!   as a small typed list (`ApiError` variants) and listed in its
+//!   `responses(...)`; their examples are [`ApiError::problem`] itself.
+//! - `schemas`: the shapes that are built as JSON maps (problems, the
+//!   provider's events and their receipt, merchant events), plus named
+//!   schemas built from the domain's own lists (`PaymentStatus::ALL`, the
+//!   known currencies, `Amount::MAX`).
 //! - [`Contract`]: what every operation shares, added in one place so no
 //!   operation can forget it: the bearer scheme, `X-Request-Id`, the
-//!   `Idempotency-Key` parameter and its response headers, and the problem
-//!   answers of each operation built from [`ApiError`] itself (status, code,
-//!   title and an example body all come from `ApiError::problem`).
-//!
-//! The base document is built once; each request only fills in the
-//! retention the server actually runs with.
+//!   `Idempotency-Key` parameter and its response headers.
 
 use crate::error::{ApiError, FieldError};
 use crate::{ApiSettings, AppState};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json};
 use cobro_core::{
     Amount, AttemptState, CaptureMethod, Currency, IdempotencyKey, Operation, PaymentStatus,
     RefundStatus,
@@ -32,30 +34,60 @@ use cobro_core::{
 use serde_json::{Value, json};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::Arc;
 use std::time::Duration;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::header::{Header, HeaderBuilder};
 use utoipa::openapi::path::{Operation as PathOperation, ParameterBuilder, ParameterIn};
-use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Components, Content, OpenApi as Document, Ref, RefOr, Required};
 use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new().route("/openapi.json", get(serve))
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(serve))
 }
 
-async fn serve(State(state): State<AppState>) -> Json<Document> {
-    Json(document(&state.settings))
+/// The finished document of the router being served ([`complete`]), put
+/// in the request extensions by `crate::router`.
+#[derive(Clone)]
+pub(crate) struct Served(pub(crate) Arc<Document>);
+
+/// This document
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    operation_id = "openapi",
+    tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API.",
+        content_type = "application/json", body = Object)),
+)]
+async fn serve(
+    State(state): State<AppState>,
+    Extension(Served(document)): Extension<Served>,
+) -> Json<Document> {
+    Json(with_settings(&document, &state.settings))
+}
+
+/// The base every router's document starts from: `OpenApiRouter::with_openapi`.
+pub(crate) fn base() -> Document {
+    ApiDoc::openapi()
+}
+
+/// The router's own document (its operations) with what every operation
+/// shares; built once per router.
+pub(crate) fn complete(mut document: Document) -> Document {
+    Contract.modify(&mut document);
+    document
 }
 
 /// The document as served by a server running with `settings` (the
 /// retention is part of the contract).
-pub fn document(settings: &ApiSettings) -> Document {
-    static BASE: OnceLock<Document> = OnceLock::new();
-    let mut document = BASE.get_or_init(ApiDoc::openapi).clone();
+fn with_settings(document: &Document, settings: &ApiSettings) -> Document {
+    let mut document = document.clone();
     document.info.description = Some(info_description(settings));
     document
 }
@@ -66,46 +98,11 @@ pub fn document(settings: &ApiSettings) -> Document {
         title = "cobro payments API",
         description = "Set at runtime from `info_description`.",
     ),
-    paths(
-        paths::create_payment,
-        paths::list_payments,
-        paths::get_payment,
-        paths::capture_payment,
-        paths::cancel_payment,
-        paths::create_refund,
-        paths::get_refund,
-        paths::healthz,
-        paths::readyz,
-        paths::metrics,
-        paths::openapi_json,
-        paths::receive_webhook,
-        paths::list_events,
-        paths::get_event,
-        paths::create_event_endpoint,
-        paths::list_event_endpoints,
-        paths::delete_event_endpoint,
-        paths::rotate_event_endpoint_secret,
-    ),
+    servers((url = "/", description = "This server: every path is relative to the address the document was fetched from.")),
     components(schemas(
-        schemas::CreatePaymentRequest,
-        schemas::CreateRefundRequest,
-        schemas::EmptyBody,
-        schemas::PaymentList,
         schemas::Problem,
-        schemas::HealthStatus,
-        schemas::WebhookEvent,
-        schemas::WebhookReceipt,
-        schemas::Event,
-        schemas::EventList,
-        schemas::EventEndpoint,
-        schemas::EventEndpointList,
-        schemas::CreateEventEndpointRequest,
-        EventTypeSchema,
-        crate::views::PaymentView,
-        crate::views::RefundView,
-        crate::views::AttemptView,
-        crate::views::Failure,
         FieldError,
+        ProblemCodeSchema,
         PaymentStatusSchema,
         RefundStatusSchema,
         AttemptStateSchema,
@@ -115,7 +112,7 @@ pub fn document(settings: &ApiSettings) -> Document {
         CurrencyInputSchema,
         EndpointUrlSchema,
         AmountSchema,
-        ProblemCodeSchema,
+        EventTypeSchema,
     )),
     tags(
         (name = "payments", description = "Authorise, read, list, capture and cancel payments."),
@@ -124,84 +121,19 @@ pub fn document(settings: &ApiSettings) -> Document {
         (name = "webhooks", description = "Events from the payment provider: authenticated by their signature, deduplicated by event id."),
         (name = "events", description = "Events to merchants. Every status change of a payment or refund (and conflicting evidence found about a payment) is an `Event`, written in the transaction of the change. They are pushed to the account's endpoints (POST, JSON body = the `Event`, at least once: deduplicate by `id`, apply by `sequence`) with the header `Cobro-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<raw body>\")>` (one `v1` per valid secret while a secret is rotated; refuse a `t` more than 5 minutes away), plus `Cobro-Event-Id` and `Cobro-Event-Type`. Any 2xx within 10 s is delivered; anything else is retried with capped exponential backoff and jitter for 3 days from the first attempt, then the delivery is dead (operators replay it). An endpoint failing every attempt for 3 days is disabled with a reason. They can also be pulled: `GET /v1/events?after=<position>` yields every later event, with no gap, from any position. Events are kept at least as long as deliveries are retried (today: not purged)."),
     ),
-    modifiers(&Contract),
 )]
 struct ApiDoc;
 
-/// `info.description`: the idempotency contract and the retention, with the
-/// retention this server actually applies.
+/// The contract prose, written once: `info.description` and the crate docs.
+const DESCRIPTION: &str = include_str!("../docs/api.md");
+
+/// `info.description`: [`DESCRIPTION`], then the retention this server
+/// actually applies.
 fn info_description(settings: &ApiSettings) -> String {
-    let retention = human(settings.idempotency_retention);
-    let tombstones = human(settings.tombstone_retention);
     format!(
-        "cobro is a payment orchestration service. Every money-moving request is a POST \
-that carries an `Idempotency-Key`, so a client can retry it after any failure (timeout, \
-lost connection, 409, 5xx) without moving money twice.
-
-## Authentication
-
-`Authorization: Bearer <token>` on every `/v1` endpoint. A missing or unknown token \
-answers 401 `unauthenticated`, the same whether or not the resource exists. A payment \
-of another account answers 404, exactly like one that does not exist.
-
-## The Idempotency-Key
-
-- Required on every POST (400 `idempotency-key-missing` without it).
-- 1 to {max_key} visible ASCII characters (`%x21-7E`). The bare form (`abc-123`, as \
-Stripe clients send it) and the structured-field string form (`\"abc-123\"`) are the same \
-key. More than one header line or any other value: 400 `idempotency-key-invalid`.
-- Generate a random UUID when the intent is created (the user clicks pay, the job \
-creates the charge), persist it with the intent before the first send, and reuse it for \
-every retry of that intent. Keys made only of a time, a client id or an attempt number \
-are a client bug: two different intents would share a key, or one intent would get two.
-- Keys are scoped by (account, operation, key): the same key under another account or \
-for another operation is unrelated.
-
-## Fingerprint
-
-The key is bound to a SHA-256 fingerprint of the operation, the contract version, the \
-path parameters and every accepted body field after validation and normalisation \
-(defaults applied, currency upper-cased). JSON property order and whitespace do not \
-change it; headers (User-Agent, X-Request-Id, traceparent...) are never part of it. \
-Unknown body fields are refused (400), so they can never differ silently.
-
-## What a POST with a key answers
-
-| state of (account, operation, key) | answer |
-|---|---|
-| new | executed in one transaction (key + business rows + outbox + stored answer), committed, then answered with `Idempotent-Replayed: false` |
-| held by a request whose transaction has not committed | wait up to about 2 s; then the committed answer, or execution if it rolled back, or 409 `idempotency-request-in-progress` with `Retry-After: 1` |
-| completed, same fingerprint | the stored status and body, byte for byte, with `Idempotent-Replayed: true` |
-| completed or tombstone, different fingerprint | 422 `idempotency-key-reused`; nothing executed or changed (never 409: SDKs retry 409) |
-| tombstone, same fingerprint, 2xx | the original status with the resource's current representation, `Idempotent-Replayed: true` |
-| tombstone, same fingerprint, refusal | the original status with a `refusal-compacted` problem, `Idempotent-Replayed: true` |
-
-Every answer to a POST that carried exactly one `Idempotency-Key` line echoes it.
-
-Stored against the key: 2xx answers and the final refusals decided inside the \
-transaction (`payment-not-capturable`, `payment-not-cancelable`, \
-`payment-not-refundable`, `refund-exceeds-captured`). Not stored, so the key stays free \
-to correct and retry: `order-has-active-payment`, 401, 400, 404, 413, 409, 503, 500 and \
-every transaction that rolled back.
-
-## Retention
-
-Full records (with the stored answer) are kept {retention}, then compacted to \
-tombstones (scope, key, fingerprint, status, resource id) kept a further {tombstones}; \
-after that the key is new again (the one-active-payment-per-order rule still holds). \
-The purge runs on a schedule, in small batches, and never removes a record younger than \
-its retention.
-
-## Errors
-
-`application/problem+json` (RFC 9457) with `type` `/problems/<code>`, `title`, \
-`status`, `detail`, `code`, `request_id`, and `payment_id` / `errors` / `idempotency_key` \
-where relevant. \
-409 only ever means \"this same key is still in progress: retry with it\"; every refusal \
-caused by a resource's state is a 422 with its own code. 5xx bodies carry no internal \
-detail. Each account has a request rate limit (per process); over it the answer is \
-429 `rate-limited` with `Retry-After`, decided before anything else and never stored against a key.",
-        max_key = IdempotencyKey::MAX_LEN,
+        "{DESCRIPTION}\n## This server\n\nFull records are kept {}, then tombstones a further {}.\n",
+        human(settings.idempotency_retention),
+        human(settings.tombstone_retention),
     )
 }
 
@@ -216,426 +148,16 @@ fn human(d: Duration) -> String {
     }
 }
 
-/// Documentation stubs: one per route, describing exactly what the handler
-/// in `payments.rs` / `health.rs` does. Never called.
-#[allow(dead_code)]
-mod paths {
-    use super::schemas::{
-        CreateEventEndpointRequest, CreatePaymentRequest, CreateRefundRequest, EmptyBody, Event,
-        EventEndpoint, EventEndpointList, EventList, HealthStatus, PaymentList, WebhookEvent,
-        WebhookReceipt,
-    };
-    use super::{EventTypeSchema, PaymentStatusSchema};
-    use crate::views::{PaymentView, RefundView};
-
-    /// Create (authorise) a payment
-    ///
-    /// Operation `payment.authorize`. Creates the payment in `processing`, its
-    /// intent `{order_ref}:authorize-v{n}` and the first provider attempt, in
-    /// one transaction with the idempotency record; the provider is called
-    /// afterwards, by the worker. At most one payment per order that is not
-    /// `declined`, `failed` or `canceled`.
-    #[utoipa::path(
-        post,
-        path = "/v1/payments",
-        operation_id = "createPayment",
-        tag = "payments",
-        request_body(
-            content = CreatePaymentRequest,
-            content_type = "application/json",
-            description = "At most 16 KiB. Unknown fields are refused.",
-        ),
-        responses(
-            (status = 201, description = "Created: the payment in `processing` (with its first attempt). Replays answer the same status; a replay of a tombstone answers the payment as it is now.",
-                body = PaymentView,
-                headers(("Location" = String, description = "`/v1/payments/{id}` of the payment, on the first answer and on replays."))),
-        ),
-    )]
-    pub fn create_payment() {}
-
-    /// List payments
-    ///
-    /// Newest first, cursor pagination. List answers omit `attempts` (one
-    /// query per page, not per payment).
-    #[utoipa::path(
-        get,
-        path = "/v1/payments",
-        operation_id = "listPayments",
-        tag = "payments",
-        params(
-            ("order_ref" = Option<String>, Query, pattern = r"^[^\u0000]*$", description = "Only payments of this order (exact match); no U+0000."),
-            ("status" = Option<PaymentStatusSchema>, Query, description = "Only payments in this status."),
-            ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size, 1 to 100; default 20."),
-            ("cursor" = Option<String>, Query, format = Uuid, description = "`next_cursor` of the previous page: answers the next (older) page."),
-        ),
-        responses(
-            (status = 200, description = "A page of payments, newest first.", body = PaymentList),
-        ),
-    )]
-    pub fn list_payments() {}
-
-    /// Read a payment
-    ///
-    /// With `?wait=N` the answer is held until the payment leaves
-    /// `processing` or N seconds pass, whichever is first; then the payment
-    /// as it is (possibly still `processing`).
-    #[utoipa::path(
-        get,
-        path = "/v1/payments/{id}",
-        operation_id = "getPayment",
-        tag = "payments",
-        params(
-            ("id" = String, Path, format = Uuid, description = "The payment id. An id that is not a UUID, or of another account, answers 404."),
-            ("wait" = Option<u64>, Query, minimum = 0, maximum = 30, description = "Long poll: seconds (0 to 30) to wait for the payment to leave `processing`."),
-        ),
-        responses(
-            (status = 200, description = "The payment, with its attempts.", body = PaymentView),
-        ),
-    )]
-    pub fn get_payment() {}
-
-    /// Capture an authorised payment
-    ///
-    /// Operation `payment.capture`, for `manual` capture payments in
-    /// `authorized`: moves it to `capturing` and enqueues the capture
-    /// attempt (intent `{order_ref}:capture-v{n}`). Captures the whole
-    /// authorised amount.
-    #[utoipa::path(
-        post,
-        path = "/v1/payments/{id}/capture",
-        operation_id = "capturePayment",
-        tag = "payments",
-        params(("id" = String, Path, format = Uuid, description = "The payment id.")),
-        request_body(content = EmptyBody, content_type = "application/json",
-            description = "Empty, or `{}`. Any field is refused."),
-        responses(
-            (status = 202, description = "Accepted: the payment in `capturing`, without `attempts`.", body = PaymentView),
-        ),
-    )]
-    pub fn capture_payment() {}
-
-    /// Cancel (void) a payment
-    ///
-    /// Operation `payment.cancel`, for `manual` capture payments only. An
-    /// `authorized` payment moves to `canceling` and a void attempt is
-    /// enqueued (intent `{order_ref}:cancel-v{n}`). A payment whose
-    /// authorisation outcome is not known yet (`processing`,
-    /// `requires_reconciliation`, `needs_review`) keeps its status: the
-    /// request is recorded (`cancel_requested: true`) and carried out once
-    /// the outcome is known, never as a second incompatible decision.
-    /// Automatic-capture payments move money at authorisation: they are
-    /// refused with 422 `payment-not-cancelable`; refund them instead.
-    #[utoipa::path(
-        post,
-        path = "/v1/payments/{id}/cancel",
-        operation_id = "cancelPayment",
-        tag = "payments",
-        params(("id" = String, Path, format = Uuid, description = "The payment id.")),
-        request_body(content = EmptyBody, content_type = "application/json",
-            description = "Empty, or `{}`. Any field is refused."),
-        responses(
-            (status = 202, description = "Accepted: the payment in `canceling`, or in its pending status with `cancel_requested: true`; without `attempts`.", body = PaymentView),
-        ),
-    )]
-    pub fn cancel_payment() {}
-
-    /// Refund a captured payment
-    ///
-    /// Operation `refund.create`, for payments in `captured` or
-    /// `partially_refunded`. Creates the refund in `processing` (intent
-    /// `{order_ref}:refund-v{n}`) and its attempt. The sum of refunds that
-    /// are not failed never exceeds the captured amount, also under
-    /// concurrent refunds with different keys.
-    #[utoipa::path(
-        post,
-        path = "/v1/payments/{id}/refunds",
-        operation_id = "createRefund",
-        tag = "refunds",
-        params(("id" = String, Path, format = Uuid, description = "The payment id.")),
-        request_body(content = CreateRefundRequest, content_type = "application/json",
-            description = "At most 16 KiB. Unknown fields are refused."),
-        responses(
-            (status = 201, description = "Created: the refund in `processing`. A replay of a tombstone answers the refund as it is now.",
-                body = RefundView,
-                headers(("Location" = String, description = "`/v1/payments/{id}/refunds/{refund_id}`. Sent on the first answer only: replays of a refund do not carry it."))),
-        ),
-    )]
-    pub fn create_refund() {}
-
-    /// Read a refund
-    #[utoipa::path(
-        get,
-        path = "/v1/payments/{id}/refunds/{refund_id}",
-        operation_id = "getRefund",
-        tag = "refunds",
-        params(
-            ("id" = String, Path, format = Uuid, description = "The payment id."),
-            ("refund_id" = String, Path, format = Uuid, description = "The refund id; a refund of another payment answers 404."),
-        ),
-        responses((status = 200, description = "The refund.", body = RefundView)),
-    )]
-    pub fn get_refund() {}
-
-    /// Liveness
-    ///
-    /// The process is up; says nothing about its dependencies.
-    #[utoipa::path(
-        get,
-        path = "/healthz",
-        operation_id = "healthz",
-        tag = "operations",
-        responses((status = 200, description = "Up.", body = HealthStatus,
-            example = json!({"status": "ok"}))),
-    )]
-    pub fn healthz() {}
-
-    /// Readiness
-    ///
-    /// Ready to serve: the database answers. Fails while it is unreachable,
-    /// so a load balancer stops sending traffic that could not be recorded.
-    #[utoipa::path(
-        get,
-        path = "/readyz",
-        operation_id = "readyz",
-        tag = "operations",
-        responses(
-            (status = 200, description = "Ready.", body = HealthStatus,
-                example = json!({"status": "ready"})),
-            (status = 503, description = "The database is unreachable.", body = HealthStatus,
-                example = json!({"status": "unavailable", "database": "unreachable"})),
-        ),
-    )]
-    pub fn readyz() {}
-
-    /// Metrics
-    ///
-    /// Prometheus text: payments per unsettled status
-    /// (`cobro_payments_unsettled{status}`) and the age of the oldest one in
-    /// each (`cobro_payments_oldest_unsettled_seconds{status}`). No token.
-    #[utoipa::path(
-        get,
-        path = "/metrics",
-        operation_id = "metrics",
-        tag = "operations",
-        responses(
-            (status = 200, description = "Prometheus text exposition format.", content_type = "text/plain", body = String),
-            (status = 503, description = "The database is unreachable.", content_type = "text/plain", body = String),
-        ),
-    )]
-    pub fn metrics() {}
-
-    /// This document
-    #[utoipa::path(
-        get,
-        path = "/openapi.json",
-        operation_id = "openapi",
-        tag = "operations",
-        responses((status = 200, description = "The OpenAPI 3.1 document of this API.",
-            content_type = "application/json", body = Object)),
-    )]
-    pub fn openapi_json() {}
-
-    /// Receive a provider event
-    ///
-    /// For the payment provider, not for merchants: no bearer token and no
-    /// `Idempotency-Key`; the `Fake-Signature` header authenticates the
-    /// request (`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw
-    /// body>")>`, compared in constant time; a timestamp more than the
-    /// tolerance, 300 s by default, from the server's clock is refused).
-    /// The event id is the deduplication key: the event, its effect and its
-    /// outcome commit in one transaction and only then is 200 answered; a
-    /// redelivery answers 200 `duplicate_delivery` and changes nothing. A
-    /// charge event older than what is recorded for its charge (by
-    /// `sequence`) is stored as `ignored_stale` and never moves a payment
-    /// backwards.
-    #[utoipa::path(
-        post,
-        path = "/v1/webhooks/{provider}",
-        operation_id = "receiveWebhook",
-        tag = "webhooks",
-        params(
-            ("provider" = String, Path, description = "The provider's name as configured (`fake`); any other answers 404."),
-            ("Fake-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<raw body>\")>`; several `v1` values may be sent."),
-        ),
-        request_body(content = WebhookEvent, content_type = "application/json",
-            description = "At most 64 KiB, signed as received (the raw bytes)."),
-        responses(
-            (status = 200, description = "Stored (and applied where it proves something new), or a redelivery of an event already stored.",
-                body = WebhookReceipt),
-        ),
-    )]
-    pub fn receive_webhook() {}
-
-    /// List events
-    ///
-    /// The account's events in feed order (`position`, dense and
-    /// increasing), oldest first. A position becomes visible only once
-    /// every smaller one is: paging with `after` = the previous page's
-    /// `next_after` from any position yields every later event, with no
-    /// gap and no repeat.
-    #[utoipa::path(
-        get,
-        path = "/v1/events",
-        operation_id = "listEvents",
-        tag = "events",
-        params(
-            ("after" = Option<i64>, Query, minimum = 0, description = "Only events after this position; default 0 (from the start)."),
-            ("type" = Option<EventTypeSchema>, Query, description = "Only events of this type."),
-            ("object" = Option<String>, Query, format = Uuid, description = "Only events about this payment (its refunds' included) or refund."),
-            ("limit" = Option<u32>, Query, minimum = 1, maximum = 200, description = "Page size, 1 to 200; default 50."),
-        ),
-        responses((status = 200, description = "A page of events, oldest first.", body = EventList)),
-    )]
-    pub fn list_events() {}
-
-    /// Read an event
-    #[utoipa::path(
-        get,
-        path = "/v1/events/{id}",
-        operation_id = "getEvent",
-        tag = "events",
-        params(("id" = String, Path, format = Uuid, description = "The event id. Not a UUID, or another account's: 404.")),
-        responses((status = 200, description = "The event.", body = Event)),
-    )]
-    pub fn get_event() {}
-
-    /// Create an event endpoint
-    ///
-    /// Not money-moving, so no `Idempotency-Key`: a repeated request makes
-    /// a second endpoint (delete it). The answer carries the signing
-    /// `secret`, shown only here and in a rotation's answer. The endpoint
-    /// receives the events written from its creation on.
-    #[utoipa::path(
-        post,
-        path = "/v1/event_endpoints",
-        operation_id = "createEventEndpoint",
-        tag = "events",
-        request_body(content = CreateEventEndpointRequest, content_type = "application/json"),
-        responses((status = 201, description = "Created, with its secret.", body = EventEndpoint)),
-    )]
-    pub fn create_event_endpoint() {}
-
-    /// List event endpoints
-    #[utoipa::path(
-        get,
-        path = "/v1/event_endpoints",
-        operation_id = "listEventEndpoints",
-        tag = "events",
-        responses((status = 200, description = "The account's endpoints, without secrets.", body = EventEndpointList)),
-    )]
-    pub fn list_event_endpoints() {}
-
-    /// Delete an event endpoint
-    ///
-    /// Its pending deliveries are dropped; the events stay in the feed.
-    #[utoipa::path(
-        delete,
-        path = "/v1/event_endpoints/{id}",
-        operation_id = "deleteEventEndpoint",
-        tag = "events",
-        params(("id" = String, Path, format = Uuid, description = "The endpoint id.")),
-        responses((status = 204, description = "Deleted.")),
-    )]
-    pub fn delete_event_endpoint() {}
-
-    /// Rotate an endpoint's secret
-    ///
-    /// A new secret signs from now on; the previous one also signs (a
-    /// second `v1`) for 24 h, so a receiver can switch at its own pace.
-    #[utoipa::path(
-        post,
-        path = "/v1/event_endpoints/{id}/rotate_secret",
-        operation_id = "rotateEventEndpointSecret",
-        tag = "events",
-        params(("id" = String, Path, format = Uuid, description = "The endpoint id.")),
-        responses((status = 200, description = "The endpoint with its new secret.", body = EventEndpoint)),
-    )]
-    pub fn rotate_event_endpoint_secret() {}
-}
-
-/// Shapes that the code parses field by field (or builds as a JSON map),
-/// written down for the document. The integration test `openapi` compares
-/// them with real answers.
+/// Shapes the code builds as JSON maps (a problem from `ApiError::problem`,
+/// a merchant event from the store's row) or reads as one (a provider's
+/// event, parsed field by field in `webhooks`), written down for the
+/// document. Never constructed: the integration test `openapi` compares them
+/// with real answers.
 #[allow(dead_code)]
 pub(crate) mod schemas {
-    use super::{
-        AmountSchema, CaptureMethodSchema, CurrencyInputSchema, EndpointUrlSchema,
-        ProblemCodeSchema,
-    };
+    use super::ProblemCodeSchema;
     use crate::error::FieldError;
-    use crate::views::PaymentView;
-    use serde::Deserialize;
-    use std::collections::BTreeMap;
     use utoipa::ToSchema;
-
-    /// Body of `POST /v1/payments`. `null` reads as absent.
-    #[derive(Deserialize, ToSchema)]
-    #[serde(deny_unknown_fields)]
-    pub struct CreatePaymentRequest {
-        /// The merchant's own identity of the order: 1 to 128 of `[A-Za-z0-9._:-]`.
-        #[schema(
-            min_length = 1,
-            max_length = 128,
-            pattern = r"^[A-Za-z0-9._:-]{1,128}$",
-            example = "pedido-842"
-        )]
-        pub order_ref: String,
-        #[schema(value_type = AmountSchema)]
-        pub amount: i64,
-        /// ISO 4217 alpha-3 code that cobro knows (see `Currency`), in any
-        /// case: `eur` is `EUR`. Answers carry it upper-cased.
-        #[schema(value_type = CurrencyInputSchema, example = "EUR")]
-        pub currency: String,
-        /// The provider's payment method token: 1 to 128 visible ASCII characters.
-        #[schema(
-            min_length = 1,
-            max_length = 128,
-            pattern = "^[!-~]{1,128}$",
-            example = "pm_card_visa"
-        )]
-        pub payment_method: String,
-        /// `automatic` (default): the money moves at authorisation.
-        /// `manual`: authorise now, capture later (or cancel).
-        #[schema(value_type = Option<CaptureMethodSchema>, default = "automatic")]
-        pub capture_method: Option<String>,
-        /// Free text for the merchant, at most 1000 characters, without
-        /// U+0000.
-        #[schema(max_length = 1000, pattern = "^[^\\u0000]*$")]
-        pub description: Option<String>,
-        /// At most 20 keys; keys 1 to 40 characters, values strings of at most 500.
-        #[schema(schema_with = super::metadata_schema)]
-        pub metadata: Option<BTreeMap<String, String>>,
-    }
-
-    /// Body of `POST /v1/payments/{id}/refunds`. `null` reads as absent.
-    #[derive(Deserialize, ToSchema)]
-    #[serde(deny_unknown_fields)]
-    pub struct CreateRefundRequest {
-        /// Minor units to refund; the sum of refunds that are not failed may
-        /// not exceed the captured amount.
-        #[schema(value_type = AmountSchema)]
-        pub amount: i64,
-        /// Free text, at most 500 characters, without U+0000.
-        #[schema(max_length = 500, pattern = "^[^\\u0000]*$")]
-        pub reason: Option<String>,
-    }
-
-    /// Capture and cancel take no fields: an empty body (or only
-    /// whitespace) or `{}`.
-    #[derive(Deserialize, ToSchema)]
-    #[serde(deny_unknown_fields)]
-    pub struct EmptyBody {}
-
-    /// A page of payments, newest first.
-    #[derive(ToSchema)]
-    pub struct PaymentList {
-        /// The payments of this page, without `attempts`.
-        pub data: Vec<PaymentView>,
-        /// Pass as `cursor` for the next (older) page; `null` when this page
-        /// is not full. A full last page still carries a cursor, whose page
-        /// is empty.
-        pub next_cursor: Option<String>,
-    }
 
     /// An RFC 9457 problem (`application/problem+json`).
     #[derive(ToSchema)]
@@ -673,16 +195,6 @@ pub(crate) mod schemas {
         /// echoed, here or in a header.
         #[schema(nullable = false)]
         pub idempotency_key: Option<String>,
-    }
-
-    /// Answer of `/healthz` and `/readyz`.
-    #[derive(ToSchema)]
-    pub struct HealthStatus {
-        /// `ok` (healthz), `ready` or `unavailable` (readyz).
-        pub status: String,
-        /// `unreachable` when readyz fails.
-        #[schema(nullable = false)]
-        pub database: Option<String>,
     }
 
     /// A provider event. Other members are allowed and kept as received.
@@ -738,52 +250,6 @@ pub(crate) mod schemas {
         /// The `Payment` (without `attempts`) or `Refund` after the change.
         #[schema(value_type = Object)]
         pub data: serde_json::Value,
-    }
-
-    /// A page of events.
-    #[derive(ToSchema)]
-    pub struct EventList {
-        pub data: Vec<Event>,
-        /// Pass as `after` for the next page.
-        pub next_after: i64,
-        /// More events were already there when this page was read.
-        pub has_more: bool,
-    }
-
-    /// Where events are pushed.
-    #[derive(ToSchema)]
-    pub struct EventEndpoint {
-        #[schema(format = Uuid)]
-        pub id: String,
-        pub url: String,
-        /// `["*"]` for every type.
-        pub event_types: Vec<String>,
-        /// `false` once it failed every attempt for 3 days.
-        pub enabled: bool,
-        pub disabled_reason: Option<String>,
-        #[schema(format = DateTime)]
-        pub created_at: String,
-        /// The signing secret: only in the answers that create or rotate it.
-        #[schema(nullable = false)]
-        pub secret: Option<String>,
-    }
-
-    #[derive(ToSchema)]
-    pub struct EventEndpointList {
-        pub data: Vec<EventEndpoint>,
-    }
-
-    /// Body of `POST /v1/event_endpoints`.
-    #[derive(Deserialize, ToSchema)]
-    #[serde(deny_unknown_fields)]
-    pub struct CreateEventEndpointRequest {
-        /// `http://` or `https://` with a host name or IPv4 address (no
-        /// IPv6 literal, user, query or fragment), at most 2048 characters.
-        #[schema(value_type = EndpointUrlSchema)]
-        pub url: String,
-        /// Event types to send; absent or `["*"]`: all.
-        #[schema(value_type = Option<Vec<super::EventTypeSchema>>)]
-        pub event_types: Option<Vec<String>>,
     }
 
     /// The answer to a delivered event.
@@ -1194,81 +660,11 @@ impl Refusal {
     }
 }
 
-/// The problems each operation answers, in the order the handler checks:
-/// token, key header, body, key state, then the resource.
-fn refusals(operation_id: &str) -> Vec<Refusal> {
-    let pick = |codes: &[&str]| -> Vec<Refusal> {
-        let mut picked: Vec<Refusal> = every_error()
-            .into_iter()
-            .filter(|e| codes.contains(&e.status_and_code().1))
-            .map(Refusal::Api)
-            .collect();
-        if codes.contains(&COMPACTED) {
-            picked.push(Refusal::Compacted);
-        }
-        picked
-    };
-    const READ: &[&str] = &[
-        "unauthenticated",
-        "rate-limited",
-        "request-timeout",
-        "service-unavailable",
-        "internal",
-    ];
-    const KEYED: &[&str] = &[
-        "unauthenticated",
-        "rate-limited",
-        "idempotency-key-missing",
-        "idempotency-key-invalid",
-        "body-too-large",
-        "validation-error",
-        "idempotency-request-in-progress",
-        "idempotency-key-reused",
-        "request-timeout",
-        "service-unavailable",
-        "internal",
-    ];
-    let with = |base: &[&str], more: &[&str]| pick(&[base, more].concat());
-    match operation_id {
-        "createPayment" => with(KEYED, &["order-has-active-payment"]),
-        "listPayments" => with(READ, &["validation-error"]),
-        "getPayment" => with(READ, &["validation-error", "not-found"]),
-        "capturePayment" => with(KEYED, &["not-found", "payment-not-capturable", COMPACTED]),
-        "cancelPayment" => with(KEYED, &["not-found", "payment-not-cancelable", COMPACTED]),
-        "createRefund" => with(
-            KEYED,
-            &[
-                "not-found",
-                "payment-not-refundable",
-                "refund-exceeds-captured",
-                COMPACTED,
-            ],
-        ),
-        "getRefund" => with(READ, &["not-found"]),
-        "listEvents" => with(READ, &["validation-error"]),
-        "getEvent" | "deleteEventEndpoint" | "rotateEventEndpointSecret" => {
-            with(READ, &["not-found"])
-        }
-        "listEventEndpoints" => with(READ, &[]),
-        "createEventEndpoint" => with(READ, &["body-too-large", "validation-error"]),
-        "receiveWebhook" => pick(&[
-            "not-found",
-            "body-too-large",
-            "webhook-signature-invalid",
-            "validation-error",
-            "rate-limited",
-            "request-timeout",
-            "service-unavailable",
-            "internal",
-        ]),
-        _ => Vec::new(),
-    }
-}
-
 const H_REQUEST_ID: &str = "X-Request-Id";
 const H_KEY: &str = "Idempotency-Key";
 const H_REPLAYED: &str = "Idempotent-Replayed";
 const H_RETRY_AFTER: &str = "Retry-After";
+const H_AUTHENTICATE: &str = "WWW-Authenticate";
 
 fn header_ref(name: &str) -> RefOr<Header> {
     RefOr::Ref(Ref::new(format!("#/components/headers/{name}")))
@@ -1301,14 +697,16 @@ impl Modify for Contract {
             // Only money-moving POSTs take a key: managing event endpoints
             // moves no money.
             let keyed = !webhook && !path.starts_with("/v1/event_endpoints");
-            // The router serves GET and POST, and DELETE of an endpoint.
-            if let Some(operation) = item.get.as_mut() {
-                complete_operation(operation, false, secured);
-            }
             if let Some(operation) = item.post.as_mut() {
                 complete_operation(operation, keyed, secured);
             }
-            if let Some(operation) = item.delete.as_mut() {
+            let others = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in others.into_iter().filter_map(Option::as_mut) {
                 complete_operation(operation, false, secured);
             }
         }
@@ -1327,7 +725,7 @@ fn add_shared_components(components: &mut Components) {
                 .build(),
         )),
     );
-    let headers: [(&str, Header); 4] = [
+    let headers: [(&str, Header); 5] = [
         (
             H_REQUEST_ID,
             HeaderBuilder::new()
@@ -1361,6 +759,15 @@ fn add_shared_components(components: &mut Components) {
                 .schema(Some(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0))))
                 .description(Some("Seconds to wait before retrying with the same key: `1`."))
                 .example(Some(json!("1")))
+                .build(),
+        ),
+        (
+            H_AUTHENTICATE,
+            HeaderBuilder::new()
+                .schema(Some(string_schema().enum_values(Some([r#"Bearer realm="cobro""#]))))
+                .description(Some(
+                    "On every 401: the same challenge, whatever was sent (RFC 6750).",
+                ))
                 .build(),
         ),
     ];
@@ -1415,37 +822,101 @@ fn complete_operation(operation: &mut PathOperation, is_post: bool, secured: boo
         );
     }
     parameters.push(RefOr::Ref(Ref::new("#/components/parameters/RequestId")));
-
-    // The success answers the stubs declared.
-    for response in operation.responses.responses.values_mut() {
+    for (status, response) in operation.responses.responses.iter_mut() {
         if let RefOr::T(response) = response {
             response
                 .headers
                 .insert(H_REQUEST_ID.into(), header_ref(H_REQUEST_ID));
             if is_post {
                 response.headers.insert(H_KEY.into(), header_ref(H_KEY));
-                response
-                    .headers
-                    .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
+                // Every success is stored against the key; which problems
+                // are, `problem_responses` says.
+                if status.starts_with('2') {
+                    response
+                        .headers
+                        .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
+                }
             }
         }
     }
-
-    let operation_id = operation.operation_id.clone().unwrap_or_default();
-    // Capture and cancel read an absent body as `{}`; utoipa marks a
+    // An `EmptyBody` may be left out (read as `{}`); utoipa marks every
     // declared body required.
-    if matches!(operation_id.as_str(), "capturePayment" | "cancelPayment")
-        && let Some(RefOr::T(body)) = operation.request_body.as_mut()
+    let empty = Ref::from_schema_name(<crate::payments::EmptyBody as utoipa::ToSchema>::name());
+    if let Some(RefOr::T(body)) = operation.request_body.as_mut()
+        && body
+            .content
+            .values()
+            .any(|content| matches!(content, RefOr::T(Content { schema: Some(RefOr::Ref(r)), .. }) if *r == empty))
     {
         body.required = Some(Required::False);
     }
+}
+
+/// Declares the problems a handler answers as a type to list in its
+/// `#[utoipa::path(responses(...))]`: a typed list of [`ApiError`]
+/// variants (a misspelt one does not compile), grouped by status with one
+/// example each ([`problem_responses`]).
+///
+/// - `keyed [...]`: a money-moving POST; the checks every such handler
+///   runs (token, rate limit, key header, body, key state, the request
+///   timeout, the database) plus its own.
+/// - `read [...]`: an authenticated request without a key; token, rate
+///   limit, request timeout, database, plus its own.
+/// - `[...]`: exactly these.
+macro_rules! refusals {
+    ($(#[$doc:meta])* $name:ident = keyed [$($variant:ident),* $(,)?]) => {
+        $crate::openapi::refusals!(@list $(#[$doc])* $name, Unauthenticated, RateLimited,
+            KeyMissing, KeyInvalid, BodyTooLarge, Validation, InProgress, KeyReused,
+            RequestTimeout, Unavailable, Internal $(, $variant)*);
+    };
+    ($(#[$doc:meta])* $name:ident = read [$($variant:ident),* $(,)?]) => {
+        $crate::openapi::refusals!(@list $(#[$doc])* $name, Unauthenticated, RateLimited,
+            RequestTimeout, Unavailable, Internal $(, $variant)*);
+    };
+    ($(#[$doc:meta])* $name:ident = [$($variant:ident),+ $(,)?]) => {
+        $crate::openapi::refusals!(@list $(#[$doc])* $name $(, $variant)+);
+    };
+    (@list $(#[$doc:meta])* $name:ident $(, $variant:ident)+) => {
+        $(#[$doc])*
+        pub(crate) struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> std::collections::BTreeMap<
+                String,
+                utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
+            > {
+                $crate::openapi::problem_responses(|error| {
+                    matches!(error, $($crate::error::ApiError::$variant { .. })|+)
+                })
+            }
+        }
+    };
+}
+pub(crate) use refusals;
+
+/// The problem answers of the [`ApiError`] variants `answers` selects, one
+/// response per status, each code with its example and explanation; the
+/// replay of a compacted refusal too when one of them is stored against
+/// the key.
+pub(crate) fn problem_responses(
+    answers: impl Fn(&ApiError) -> bool,
+) -> BTreeMap<String, RefOr<Response>> {
+    let mut refusals: Vec<Refusal> = every_error()
+        .into_iter()
+        .filter(|e| answers(e))
+        .map(Refusal::Api)
+        .collect();
+    if refusals.iter().any(Refusal::is_stored) {
+        refusals.push(Refusal::Compacted);
+    }
     let mut by_status: BTreeMap<u16, Vec<Refusal>> = BTreeMap::new();
-    for refusal in refusals(&operation_id) {
+    for refusal in refusals {
         by_status
             .entry(refusal.status().as_u16())
             .or_default()
             .push(refusal);
     }
+    let mut responses = BTreeMap::new();
     for (status, refusals) in by_status {
         let codes: Vec<&str> = refusals.iter().map(Refusal::code).collect();
         let schema = AllOfBuilder::new()
@@ -1477,47 +948,33 @@ fn complete_operation(operation: &mut PathOperation, is_post: bool, secured: boo
                 ),
             );
         }
-        let mut description = refusals
+        let description = refusals
             .iter()
             .map(|r| format!("- `{}`: {}", r.code(), r.explain()))
             .collect::<Vec<_>>()
             .join("\n");
         let mut response = ResponseBuilder::new()
+            .description(description)
             .content("application/problem+json", content)
             .build();
-        // axum's `Query` extractor answers an undecodable query string
-        // (e.g. a repeated parameter) itself, before the handler runs.
-        if status == 400 && matches!(operation_id.as_str(), "listPayments" | "getPayment") {
-            description.push_str(
-                "\n- `text/plain`: a query string that cannot be decoded at all (e.g. a repeated parameter) is refused by the framework with a plain-text message, not a problem.",
-            );
-            response.content.insert(
-                "text/plain".into(),
-                RefOr::T(Content::new(Some(string_schema()))),
-            );
+        if refusals.iter().any(Refusal::is_stored) {
+            response
+                .headers
+                .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
         }
-        response.description = description;
-        response
-            .headers
-            .insert(H_REQUEST_ID.into(), header_ref(H_REQUEST_ID));
-        if is_post {
-            response.headers.insert(H_KEY.into(), header_ref(H_KEY));
-            if refusals.iter().any(Refusal::is_stored) {
-                response
-                    .headers
-                    .insert(H_REPLAYED.into(), header_ref(H_REPLAYED));
-            }
+        if status == 401 {
+            response
+                .headers
+                .insert(H_AUTHENTICATE.into(), header_ref(H_AUTHENTICATE));
         }
         if status == 409 || status == 429 || status == 503 {
             response
                 .headers
                 .insert(H_RETRY_AFTER.into(), header_ref(H_RETRY_AFTER));
         }
-        operation
-            .responses
-            .responses
-            .insert(status.to_string(), RefOr::T(response));
+        responses.insert(status.to_string(), RefOr::T(response));
     }
+    responses
 }
 
 #[cfg(test)]

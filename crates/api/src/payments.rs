@@ -4,11 +4,10 @@ use crate::error::ApiError;
 use crate::extract::{Account, Fields, JsonObject, KeyHeader, Params};
 use crate::keyed::{self, Begun, Keyed};
 use crate::{AppState, views};
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use cobro_core::{
     AccountId, Amount, CaptureMethod, Currency, IntentName, Operation, OrderRef, PaymentId,
     PaymentStatus, RefundId,
@@ -20,29 +19,72 @@ use cobro_store::{NewPayment, NewRefund, PaymentFilter, WriteTx};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/payments", post(create_payment).get(list_payments))
-        .route("/v1/payments/{id}", get(get_payment))
-        .route("/v1/payments/{id}/capture", post(capture_payment))
-        .route("/v1/payments/{id}/cancel", post(cancel_payment))
-        .route("/v1/payments/{id}/refunds", post(create_refund))
-        .route("/v1/payments/{id}/refunds/{refund_id}", get(get_refund))
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_payment, list_payments))
+        .routes(routes!(get_payment))
+        .routes(routes!(capture_payment))
+        .routes(routes!(cancel_payment))
+        .routes(routes!(create_refund))
+        .routes(routes!(get_refund))
 }
 
-/// A create-payment request after validation and normalisation: exactly
-/// what the fingerprint covers.
-#[derive(Serialize, Debug)]
+/// Body of `POST /v1/payments`. `null` reads as absent.
+// In the code: the request after validation and normalisation (defaults
+// applied, currency upper-cased), exactly what the fingerprint covers. It
+// is read field by field (`parse_create`) so that every invalid field is
+// reported at once; its schema states the request a client sends.
+#[derive(Serialize, Debug, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CreatePaymentRequest)]
 struct CreatePayment {
+    /// The merchant's own identity of the order: 1 to 128 of `[A-Za-z0-9._:-]`.
+    #[schema(
+        value_type = String,
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[A-Za-z0-9._:-]{1,128}$",
+        example = "pedido-842"
+    )]
     order_ref: OrderRef,
+    #[schema(value_type = crate::openapi::AmountSchema)]
     amount: i64,
+    /// ISO 4217 alpha-3 code that cobro knows (see `Currency`), in any
+    /// case: `eur` is `EUR`. Answers carry it upper-cased.
+    #[schema(value_type = crate::openapi::CurrencyInputSchema, example = "EUR")]
     currency: Currency,
+    /// The provider's payment method token: 1 to 128 visible ASCII characters.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[!-~]{1,128}$",
+        example = "pm_card_visa"
+    )]
     payment_method: String,
+    /// `automatic` (default): the money moves at authorisation.
+    /// `manual`: authorise now, capture later (or cancel).
+    #[schema(value_type = Option<crate::openapi::CaptureMethodSchema>, default = "automatic")]
     capture_method: CaptureMethod,
+    /// Free text for the merchant, at most 1000 characters, without
+    /// U+0000.
+    #[schema(max_length = 1000, pattern = "^[^\\u0000]*$")]
     description: Option<String>,
+    /// At most 20 keys; keys 1 to 40 characters, values strings of at most 500.
+    #[schema(schema_with = crate::openapi::metadata_schema, required = false)]
     metadata: BTreeMap<String, String>,
 }
+
+/// Capture and cancel take no fields: an empty body (or only
+/// whitespace) or `{}`.
+// In the code: what their fingerprint covers of the body. The document
+// marks every request body of this schema optional.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EmptyBody {}
 
 const CREATE_FIELDS: &[&str] = &[
     "order_ref",
@@ -181,6 +223,35 @@ fn parse_payment_id(raw: &str) -> Result<PaymentId, ApiError> {
     raw.parse().map_err(|_| ApiError::NotFound)
 }
 
+crate::openapi::refusals!(
+    /// What `create_payment` refuses.
+    CreatePaymentRefusals = keyed [OrderHasActivePayment]
+);
+
+/// Create (authorise) a payment
+///
+/// Operation `payment.authorize`. Creates the payment in `processing`, its
+/// intent `{order_ref}:authorize-v{n}` and the first provider attempt, in
+/// one transaction with the idempotency record; the provider is called
+/// afterwards, by the worker. At most one payment per order that is not
+/// `declined`, `failed` or `canceled`.
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    operation_id = "createPayment",
+    tag = "payments",
+    request_body(
+        content = CreatePayment,
+        content_type = "application/json",
+        description = "At most 16 KiB. Unknown fields are refused.",
+    ),
+    responses(
+        (status = 201, description = "Created: the payment in `processing` (with its first attempt). Replays answer the same status; a replay of a tombstone answers the payment as it is now.",
+            body = views::PaymentView,
+            headers(("Location" = String, description = "`/v1/payments/{id}` of the payment, on the first answer and on replays."))),
+        CreatePaymentRefusals,
+    ),
+)]
 #[tracing::instrument(
     name = "payment.create",
     skip_all,
@@ -305,6 +376,30 @@ struct WaitQuery {
 /// The longest `?wait=` a client may ask for.
 const MAX_WAIT_SECONDS: u64 = 30;
 
+crate::openapi::refusals!(
+    /// What `get_payment` refuses.
+    GetPaymentRefusals = read [Validation, NotFound]
+);
+
+/// Read a payment
+///
+/// With `?wait=N` the answer is held until the payment leaves
+/// `processing` or N seconds pass, whichever is first; then the payment
+/// as it is (possibly still `processing`).
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}",
+    operation_id = "getPayment",
+    tag = "payments",
+    params(
+        ("id" = String, Path, format = Uuid, description = "The payment id. An id that is not a UUID, or of another account, answers 404."),
+        ("wait" = Option<u64>, Query, minimum = 0, maximum = 30, description = "Long poll: seconds (0 to 30) to wait for the payment to leave `processing`."),
+    ),
+    responses(
+        (status = 200, description = "The payment, with its attempts.", body = views::PaymentView),
+        GetPaymentRefusals,
+    ),
+)]
 async fn get_payment(
     State(state): State<AppState>,
     account: Account,
@@ -359,13 +454,42 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-#[derive(Serialize)]
+/// A page of payments, newest first.
+#[derive(Serialize, ToSchema)]
 struct PaymentList {
+    /// The payments of this page, without `attempts`.
     data: Vec<views::PaymentView>,
-    /// Pass as `cursor` for the next (older) page; `null` on the last page.
+    /// Pass as `cursor` for the next (older) page; `null` when this page
+    /// is not full. A full last page still carries a cursor, whose page
+    /// is empty.
     next_cursor: Option<String>,
 }
 
+crate::openapi::refusals!(
+    /// What `list_payments` refuses.
+    ListPaymentsRefusals = read [Validation]
+);
+
+/// List payments
+///
+/// Newest first, cursor pagination. List answers omit `attempts` (one
+/// query per page, not per payment).
+#[utoipa::path(
+    get,
+    path = "/v1/payments",
+    operation_id = "listPayments",
+    tag = "payments",
+    params(
+        ("order_ref" = Option<String>, Query, pattern = r"^[^\u0000]*$", description = "Only payments of this order (exact match); no U+0000."),
+        ("status" = Option<crate::openapi::PaymentStatusSchema>, Query, description = "Only payments in this status."),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 100, description = "Page size, 1 to 100; default 20."),
+        ("cursor" = Option<String>, Query, format = Uuid, description = "`next_cursor` of the previous page: answers the next (older) page."),
+    ),
+    responses(
+        (status = 200, description = "A page of payments, newest first.", body = PaymentList),
+        ListPaymentsRefusals,
+    ),
+)]
 async fn list_payments(
     State(state): State<AppState>,
     account: Account,
@@ -435,7 +559,7 @@ async fn begin_payment_operation(
     Fields::new(body.0, &[]).finish()?;
     let mut path = BTreeMap::new();
     path.insert("payment_id", id.to_string());
-    let keyed = Keyed::new(account, operation, key, &path, &serde_json::json!({}))?;
+    let keyed = Keyed::new(account, operation, key, &path, &EmptyBody {})?;
     Ok(
         match keyed::begin(state, &keyed, (ResourceType::Payment, id.as_uuid())).await? {
             Begun::Answered(response) => Start::Answered(response),
@@ -444,6 +568,30 @@ async fn begin_payment_operation(
     )
 }
 
+crate::openapi::refusals!(
+    /// What `capture_payment` refuses.
+    CapturePaymentRefusals = keyed [NotFound, NotCapturable]
+);
+
+/// Capture an authorised payment
+///
+/// Operation `payment.capture`, for `manual` capture payments in
+/// `authorized`: moves it to `capturing` and enqueues the capture
+/// attempt (intent `{order_ref}:capture-v{n}`). Captures the whole
+/// authorised amount.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/capture",
+    operation_id = "capturePayment",
+    tag = "payments",
+    params(("id" = String, Path, format = Uuid, description = "The payment id.")),
+    request_body(content = EmptyBody, content_type = "application/json",
+        description = "Empty, or `{}`. Any field is refused."),
+    responses(
+        (status = 202, description = "Accepted: the payment in `capturing`, without `attempts`.", body = views::PaymentView),
+        CapturePaymentRefusals,
+    ),
+)]
 #[tracing::instrument(
     name = "payment.capture",
     skip_all,
@@ -512,6 +660,35 @@ async fn capture_payment(
     Ok(response)
 }
 
+crate::openapi::refusals!(
+    /// What `cancel_payment` refuses.
+    CancelPaymentRefusals = keyed [NotFound, NotCancelable]
+);
+
+/// Cancel (void) a payment
+///
+/// Operation `payment.cancel`, for `manual` capture payments only. An
+/// `authorized` payment moves to `canceling` and a void attempt is
+/// enqueued (intent `{order_ref}:cancel-v{n}`). A payment whose
+/// authorisation outcome is not known yet (`processing`,
+/// `requires_reconciliation`, `needs_review`) keeps its status: the
+/// request is recorded (`cancel_requested: true`) and carried out once
+/// the outcome is known, never as a second incompatible decision.
+/// Automatic-capture payments move money at authorisation: they are
+/// refused with 422 `payment-not-cancelable`; refund them instead.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/cancel",
+    operation_id = "cancelPayment",
+    tag = "payments",
+    params(("id" = String, Path, format = Uuid, description = "The payment id.")),
+    request_body(content = EmptyBody, content_type = "application/json",
+        description = "Empty, or `{}`. Any field is refused."),
+    responses(
+        (status = 202, description = "Accepted: the payment in `canceling`, or in its pending status with `cancel_requested: true`; without `attempts`.", body = views::PaymentView),
+        CancelPaymentRefusals,
+    ),
+)]
 #[tracing::instrument(
     name = "payment.cancel",
     skip_all,
@@ -625,12 +802,48 @@ async fn authorisation_open(tx: &mut WriteTx, payment: PaymentId) -> Result<bool
         .any(|a| a.operation == Operation::Authorize && a.state.is_unresolved()))
 }
 
-#[derive(Serialize, Debug)]
+/// Body of `POST /v1/payments/{id}/refunds`. `null` reads as absent.
+// In the code: the request after validation, what the fingerprint covers.
+#[derive(Serialize, Debug, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CreateRefundRequest)]
 struct CreateRefund {
+    /// Minor units to refund; the sum of refunds that are not failed may
+    /// not exceed the captured amount.
+    #[schema(value_type = crate::openapi::AmountSchema)]
     amount: i64,
+    /// Free text, at most 500 characters, without U+0000.
+    #[schema(max_length = 500, pattern = "^[^\\u0000]*$")]
     reason: Option<String>,
 }
 
+crate::openapi::refusals!(
+    /// What `create_refund` refuses.
+    CreateRefundRefusals = keyed [NotFound, NotRefundable, RefundExceedsCaptured]
+);
+
+/// Refund a captured payment
+///
+/// Operation `refund.create`, for payments in `captured` or
+/// `partially_refunded`. Creates the refund in `processing` (intent
+/// `{order_ref}:refund-v{n}`) and its attempt. The sum of refunds that
+/// are not failed never exceeds the captured amount, also under
+/// concurrent refunds with different keys.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/refunds",
+    operation_id = "createRefund",
+    tag = "refunds",
+    params(("id" = String, Path, format = Uuid, description = "The payment id.")),
+    request_body(content = CreateRefund, content_type = "application/json",
+        description = "At most 16 KiB. Unknown fields are refused."),
+    responses(
+        (status = 201, description = "Created: the refund in `processing`. A replay of a tombstone answers the refund as it is now.",
+            body = views::RefundView,
+            headers(("Location" = String, description = "`/v1/payments/{id}/refunds/{refund_id}`. Sent on the first answer only: replays of a refund do not carry it."))),
+        CreateRefundRefusals,
+    ),
+)]
 #[tracing::instrument(
     name = "refund.create",
     skip_all,
@@ -741,6 +954,26 @@ async fn create_refund(
     Ok(response)
 }
 
+crate::openapi::refusals!(
+    /// What `get_refund` refuses.
+    GetRefundRefusals = read [NotFound]
+);
+
+/// Read a refund
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}/refunds/{refund_id}",
+    operation_id = "getRefund",
+    tag = "refunds",
+    params(
+        ("id" = String, Path, format = Uuid, description = "The payment id."),
+        ("refund_id" = String, Path, format = Uuid, description = "The refund id; a refund of another payment answers 404."),
+    ),
+    responses(
+        (status = 200, description = "The refund.", body = views::RefundView),
+        GetRefundRefusals,
+    ),
+)]
 async fn get_refund(
     State(state): State<AppState>,
     account: Account,

@@ -16,16 +16,17 @@
 
 use crate::AppState;
 use crate::error::{ApiError, FieldError};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use axum::{Json, Router};
 use cobro_provider::{WebhookScheme, WebhookSecret};
 use cobro_settle::Delivered;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// The largest webhook body accepted: provider events carry a whole charge
 /// or refund, so more room than a merchant request.
@@ -75,13 +76,57 @@ impl std::fmt::Debug for WebhookReceiver {
     }
 }
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/webhooks/{provider}", post(receive))
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(receive))
         // Inner to the router-wide 16 KiB limit, so it wins for this route.
         .layer(DefaultBodyLimit::max(WEBHOOK_BODY_LIMIT))
 }
 
+crate::openapi::refusals!(
+    /// What `receive` refuses: no token, no key; the signature and the body.
+    WebhookRefusals = [
+        NotFound,
+        BodyTooLarge,
+        WebhookSignatureInvalid,
+        Validation,
+        RateLimited,
+        RequestTimeout,
+        Unavailable,
+        Internal,
+    ]
+);
+
+/// Receive a provider event
+///
+/// For the payment provider, not for merchants: no bearer token and no
+/// `Idempotency-Key`; the `Fake-Signature` header authenticates the
+/// request (`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw
+/// body>")>`, compared in constant time; a timestamp more than the
+/// tolerance, 300 s by default, from the server's clock is refused).
+/// The event id is the deduplication key: the event, its effect and its
+/// outcome commit in one transaction and only then is 200 answered; a
+/// redelivery answers 200 `duplicate_delivery` and changes nothing. A
+/// charge event older than what is recorded for its charge (by
+/// `sequence`) is stored as `ignored_stale` and never moves a payment
+/// backwards.
+#[utoipa::path(
+    post,
+    path = "/v1/webhooks/{provider}",
+    operation_id = "receiveWebhook",
+    tag = "webhooks",
+    params(
+        ("provider" = String, Path, description = "The provider's name as configured (`fake`); any other answers 404."),
+        ("Fake-Signature" = String, Header, description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<raw body>\")>`; several `v1` values may be sent."),
+    ),
+    request_body(content = crate::openapi::schemas::WebhookEvent, content_type = "application/json",
+        description = "At most 64 KiB, signed as received (the raw bytes)."),
+    responses(
+        (status = 200, description = "Stored (and applied where it proves something new), or a redelivery of an event already stored.",
+            body = crate::openapi::schemas::WebhookReceipt),
+        WebhookRefusals,
+    ),
+)]
 async fn receive(
     State(state): State<AppState>,
     Path(provider): Path<String>,
@@ -114,7 +159,7 @@ async fn receive(
         state.settings.webhook_tolerance,
     );
     if let Err(reason) = verified {
-        if !state.webhook_refusals.allow(provider.clone(), now) {
+        if !state.webhook_refusals.allow(provider.clone()) {
             cobro_telemetry::metrics::webhook_event(&provider, "signature_rate_limited");
             return Err(ApiError::RateLimited);
         }

@@ -45,7 +45,7 @@ async fn assert_events_match(rig: &Rig, payment_id: &str) -> Vec<String> {
         .app
         .db
         .store
-        .events_of_payment(id)
+        .events_of_payment_any_account(id)
         .await
         .expect("events");
     let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
@@ -241,7 +241,7 @@ async fn every_status_change_has_its_event_and_the_last_event_is_the_final_state
 
 async fn event_count(store: &Store, payment: PaymentId) -> usize {
     store
-        .events_of_payment(payment)
+        .events_of_payment_any_account(payment)
         .await
         .expect("events")
         .len()
@@ -311,7 +311,7 @@ async fn a_rolled_back_change_and_a_lost_compare_and_set_write_no_event(backend:
     // And the feed shows only the committed one.
     store.sequence_events(t0()).await.expect("sequence");
     let feed = store
-        .list_events(
+        .events_for_account(
             account,
             &EventFilter {
                 limit: 100,
@@ -382,7 +382,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
                 assert!(tokio::time::Instant::now() < deadline, "reader timed out");
                 store.sequence_events(t0()).await.expect("sequence");
                 let page = store
-                    .list_events(
+                    .events_for_account(
                         account,
                         &EventFilter {
                             after,
@@ -410,7 +410,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     }
     let seen = reader.await.expect("reader");
     let all = store
-        .list_events(
+        .events_for_account(
             account,
             &EventFilter {
                 limit: 1000,
@@ -428,7 +428,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     // Per payment, the feed keeps the sequence order.
     let mut last: BTreeMap<uuid::Uuid, i64> = BTreeMap::new();
     for e in store
-        .list_events(
+        .events_for_account(
             account,
             &EventFilter {
                 limit: 1000,
@@ -736,7 +736,7 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
             .app
             .db
             .store
-            .refunds_for_payment(id.parse().expect("id"))
+            .refunds_of_payment_any_account(id.parse().expect("id"))
             .await
             .expect("refunds")
         {

@@ -345,7 +345,7 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(backend: Back
     let summary = reconcile(&rig, Scope::default()).await;
     assert_eq!(summary.items[0].verdict, Verdict::Retried);
     let first = rig.attempts(&id).await.remove(0);
-    assert_eq!(first.state, "no_effect");
+    assert_eq!(first.state.as_str(), "no_effect");
 
     // Evidence arrives that the first attempt did charge after all.
     let mut tx = rig.app.db.store.begin().await.expect("begin");
@@ -418,9 +418,9 @@ async fn a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconci
         .attempts(&id)
         .await
         .into_iter()
-        .find(|a| a.operation == "payment.capture")
+        .find(|a| a.operation.as_str() == "payment.capture")
         .expect("the first capture");
-    assert_eq!(first_capture.state, "no_effect");
+    assert_eq!(first_capture.state.as_str(), "no_effect");
 
     // The late reconciler's reading of A1: the charge, captured.
     let charge_id = captured["provider_ref"]
@@ -518,7 +518,7 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
         cobro_store::SendMark::Marked
     );
     let payment = store
-        .payment_unscoped(id.parse().expect("id"))
+        .payment_any_account(id.parse().expect("id"))
         .await
         .expect("read")
         .expect("payment");

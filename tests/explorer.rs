@@ -823,7 +823,7 @@ impl Explorer {
         for (_, id) in &self.payments {
             let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
             for a in store
-                .attempts_for_payment(pid)
+                .attempts_of_payment_any_account(pid)
                 .await
                 .map_err(|e| e.to_string())?
             {
@@ -856,7 +856,7 @@ impl Explorer {
         for (_, id) in &self.payments {
             let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
             let Some(p) = store
-                .payment_unscoped(pid)
+                .payment_any_account(pid)
                 .await
                 .map_err(|e| e.to_string())?
             else {
@@ -881,12 +881,13 @@ impl Explorer {
                 "requires_reconciliation" | "needs_review"
             ) {
                 let attempts = store
-                    .attempts_for_payment(pid)
+                    .attempts_of_payment_any_account(pid)
                     .await
                     .map_err(|e| e.to_string())?;
                 if let Some(a) = attempts.iter().find(|a| {
-                    a.last_send_at
-                        .is_some_and(|t| t.0 > p.status_changed_at.0 && a.state == "pending")
+                    a.last_send_at.is_some_and(|t| {
+                        t.0 > p.status_changed_at.0 && a.state.as_str() == "pending"
+                    })
                 }) {
                     return Err(format!(
                         "attempt {} of payment {id} was sent while it was {}",
@@ -922,12 +923,12 @@ impl Explorer {
         for (_, id) in &self.payments {
             let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
             let p = store
-                .payment_unscoped(pid)
+                .payment_any_account(pid)
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or("payment vanished")?;
             let keys: Vec<String> = store
-                .attempts_for_payment(pid)
+                .attempts_of_payment_any_account(pid)
                 .await
                 .map_err(|e| e.to_string())?
                 .into_iter()
@@ -940,16 +941,16 @@ impl Explorer {
                 .filter(|c| c.idempotency_key.as_ref().is_some_and(|k| keys.contains(k)))
                 .collect();
             let flagged = store
-                .conflicts_for(pid)
+                .conflicts_of_payment_any_account(pid)
                 .await
                 .map_err(|e| e.to_string())?
                 .len()
                 + store
-                    .decisions_for(pid)
+                    .decisions_of_payment_any_account(pid)
                     .await
                     .map_err(|e| e.to_string())?
                     .iter()
-                    .filter(|d| d.decision == "escalate")
+                    .filter(|d| d.decision.as_str() == "escalate")
                     .count();
             let expected_charge = match p.status.as_str() {
                 "needs_review" if flagged > 0 => continue,
@@ -999,7 +1000,7 @@ impl Explorer {
                 ));
             }
             let refunds = store
-                .refunds_for_payment(pid)
+                .refunds_of_payment_any_account(pid)
                 .await
                 .map_err(|e| e.to_string())?;
             let by_status: BTreeMap<&str, usize> =

@@ -511,7 +511,7 @@ async fn one_payment_is_one_trace_from_the_request_to_the_providers_answer() {
     let provider_keys: Vec<String> = site
         .db
         .store
-        .attempts_for_payment(payment_id.parse().expect("payment id"))
+        .attempts_of_payment_any_account(payment_id.parse().expect("payment id"))
         .await
         .expect("attempts")
         .into_iter()

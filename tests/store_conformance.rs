@@ -18,6 +18,9 @@ on_both_backends!(
     compaction_keeps_scope_key_fingerprint_and_resource,
     the_same_key_in_another_account_is_another_record,
     a_token_is_refused_from_its_expiry_on_and_once_revoked,
+    typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt,
+    an_account_name_is_taken_once_whatever_the_code_above_checked,
+    migrating_a_database_with_shared_account_names_fails_naming_the_fix,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -127,7 +130,7 @@ async fn concurrent_reservations_of_one_key_have_exactly_one_winner(backend: Bac
     // Only the winner's business rows exist.
     let payments = db
         .store
-        .list_payments(
+        .payments_for_account(
             account,
             &cobro_store::PaymentFilter {
                 limit: 100,
@@ -168,7 +171,7 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     assert_eq!(wins, 1);
     assert_eq!(
         db.store
-            .count_payments_for_order(account, "pedido-842")
+            .count_order_payments_for_account(account, "pedido-842")
             .await
             .expect("count"),
         1
@@ -177,7 +180,7 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     // A terminal failure frees the order for the next payment.
     let existing = db
         .store
-        .list_payments(
+        .payments_for_account(
             account,
             &cobro_store::PaymentFilter {
                 limit: 1,
@@ -210,10 +213,125 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
     tx.commit().await.expect("commit");
     assert_eq!(
         db.store
-            .count_payments_for_order(account, "pedido-842")
+            .count_order_payments_for_account(account, "pedido-842")
             .await
             .expect("count"),
         2
+    );
+}
+
+async fn an_account_name_is_taken_once_whatever_the_code_above_checked(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.store.create_account("acme", t0()).await.expect("first");
+    let again = db.store.create_account("acme", t0()).await;
+    assert!(
+        matches!(again, Err(cobro_store::StoreError::UniqueViolation { .. })),
+        "{again:?}"
+    );
+    assert_eq!(db.count("accounts WHERE name = 'acme'").await, 1);
+}
+
+/// The error and every cause under it, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text = format!("{text}: {c}");
+        cause = c.source();
+    }
+    text
+}
+
+async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // A database from before 0008, when only `cobro accounts create`'s own
+    // look-up kept names apart (two concurrent creates could both pass).
+    db.exec("DROP INDEX accounts_name_key").await;
+    db.exec("DELETE FROM _sqlx_migrations WHERE version = 8")
+        .await;
+    db.store.create_account("acme", t0()).await.expect("first");
+    db.store
+        .create_account("acme", t0())
+        .await
+        .expect("shared name, before 0008");
+
+    let refused = db
+        .store
+        .migrate()
+        .await
+        .expect_err("0008 must refuse shared names");
+    let text = chain(&refused);
+    assert!(text.contains("account names must be unique"), "{text}");
+    assert!(text.contains("then run cobro migrate again"), "{text}");
+    assert_eq!(
+        db.store.schema_version().await.expect("version"),
+        7,
+        "nothing applied"
+    );
+    assert_eq!(
+        db.count("accounts WHERE name = 'acme'").await,
+        2,
+        "nothing changed"
+    );
+
+    db.exec(
+        "UPDATE accounts SET name = 'acme-2' WHERE id = \
+         (SELECT id FROM accounts WHERE name = 'acme' ORDER BY id DESC LIMIT 1)",
+    )
+    .await;
+    // A new process, as `cobro migrate` is: on PostgreSQL the failed run's
+    // pooled connection still holds sqlx's migration advisory lock.
+    db.store.close().await;
+    let store = Store::connect(&cobro_store::StoreConfig::new(db.url.clone()))
+        .await
+        .expect("connect");
+    store
+        .migrate()
+        .await
+        .expect("0008 once the names are unique");
+    assert!(store.create_account("acme", t0()).await.is_err());
+}
+
+async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let id = seed_payment_with_attempt(&db.store, account, "o-1").await;
+    let row = db
+        .store
+        .payment_for_account(account, id)
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(row.status, PaymentStatus::Processing);
+    assert_eq!(row.currency.code(), "EUR");
+    assert_eq!(row.capture_method, cobro_core::CaptureMethod::Automatic);
+    let attempts = db
+        .store
+        .attempts_of_payment_any_account(id)
+        .await
+        .expect("attempts");
+    assert_eq!(attempts[0].operation, Operation::Authorize);
+    assert_eq!(attempts[0].state, cobro_core::AttemptState::Pending);
+
+    // (`capture_method` has a CHECK, so no other value can be stored.)
+    for (column, value) in [("status", "processing_v2"), ("currency", "eur")] {
+        db.exec(&format!(
+            "UPDATE payments SET {column} = '{value}' WHERE order_ref = 'o-1'"
+        ))
+        .await;
+        let read = db.store.payment_for_account(account, id).await;
+        assert!(
+            matches!(read, Err(cobro_store::StoreError::Corrupt(_))),
+            "{column} = {value:?} must not be read as a value: {read:?}"
+        );
+        db.exec("UPDATE payments SET status = 'processing', currency = 'EUR'")
+            .await;
+    }
+    db.exec("UPDATE attempts SET state = 'limbo'").await;
+    let read = db.store.attempts_of_payment_any_account(id).await;
+    assert!(
+        matches!(read, Err(cobro_store::StoreError::Corrupt(_))),
+        "{read:?}"
     );
 }
 
@@ -250,11 +368,11 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
     tx.commit().await.expect("commit");
     let row = db
         .store
-        .payment(account, id)
+        .payment_for_account(account, id)
         .await
         .expect("read")
         .expect("exists");
-    assert_eq!(row.status().expect("status"), PaymentStatus::Authorized);
+    assert_eq!(row.status, PaymentStatus::Authorized);
 
     // Another account cannot move it either.
     let other = db.store.create_account("b", t0()).await.expect("account");
@@ -329,7 +447,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     tx.commit().await.expect("commit");
     let attempts = db
         .store
-        .attempts_for_payment(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .attempts_of_payment_any_account(PaymentId::from_uuid(fresh.attempt.payment_id.0))
         .await
         .expect("attempts");
     assert_eq!(attempts[0].send_count, 1, "the stale send was not recorded");
@@ -354,7 +472,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     tx.commit().await.expect("commit");
     let attempts = db
         .store
-        .attempts_for_payment(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .attempts_of_payment_any_account(PaymentId::from_uuid(fresh.attempt.payment_id.0))
         .await
         .expect("attempts");
     assert_eq!(attempts[0].send_count, 2);

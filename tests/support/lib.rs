@@ -347,8 +347,8 @@ pub fn new_payment(account: cobro_core::AccountId, order: &str) -> cobro_store::
         intent: cobro_core::IntentName::new(&order_ref, cobro_core::Operation::Authorize, 1),
         order_ref,
         amount: 1999,
-        currency: "EUR".into(),
-        capture_method: "automatic".into(),
+        currency: cobro_core::Currency::parse("EUR").expect("EUR"),
+        capture_method: cobro_core::CaptureMethod::Automatic,
         payment_method: "pm_card_visa".into(),
         description: None,
         metadata: "{}".into(),
@@ -579,7 +579,7 @@ impl Rig {
         self.app
             .db
             .store
-            .attempts_for_payment(id)
+            .attempts_of_payment_any_account(id)
             .await
             .expect("attempts")
     }

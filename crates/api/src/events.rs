@@ -150,7 +150,7 @@ async fn list_events(
         object,
         limit: limit + 1,
     };
-    let mut rows = state.store.list_events(account.0, &filter).await?;
+    let mut rows = state.store.events_for_account(account.0, &filter).await?;
     let has_more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
     let next_after = rows.last().and_then(|r| r.feed_position).unwrap_or(after);
@@ -187,7 +187,7 @@ async fn get_event(
     state.store.sequence_events(state.clock.now()).await?;
     let row = state
         .store
-        .event(account.0, id)
+        .event_for_account(account.0, id)
         .await?
         .ok_or(ApiError::NotFound)?;
     Ok(Json(row.to_json()))

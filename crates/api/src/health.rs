@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Json, Router};
 use chrono::{DateTime, Utc};
+use cobro_core::{PaymentStatus, RefundStatus};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{Store, StoreError};
 use serde::Serialize;
@@ -157,14 +158,6 @@ fn age_seconds(now: DateTime<Utc>, since: Option<DateTime<Utc>>) -> i64 {
     since.map_or(0, |t| (now - t).num_seconds().max(0))
 }
 
-const PAYMENT_STATUSES: [&str; 5] = [
-    "processing",
-    "requires_reconciliation",
-    "needs_review",
-    "capturing",
-    "canceling",
-];
-const REFUND_STATUSES: [&str; 3] = ["processing", "requires_reconciliation", "needs_review"];
 const CONFLICT_KINDS: [ConflictKind; 5] = [
     ConflictKind::EffectAfterNoEffect,
     ConflictKind::OtherObject,
@@ -183,13 +176,13 @@ async fn database_metrics(store: &Store, now: DateTime<Utc>) -> Result<String, S
     let unknown = store.unknown_attempts(now).await?;
     let conflicts = store.open_conflict_counts().await?;
     let mut text = String::new();
-    let payment = |status: &str| payments.iter().find(|c| c.status == status);
+    let payment = |status: PaymentStatus| payments.iter().find(|c| c.status == status);
     gauge_header(
         &mut text,
         "cobro_payments_unsettled",
         "Payments in an unsettled status.",
     );
-    for status in PAYMENT_STATUSES {
+    for &status in PaymentStatus::UNSETTLED {
         let n = payment(status).map_or(0, |c| c.count);
         text.push_str(&format!(
             "cobro_payments_unsettled{{status=\"{status}\"}} {n}\n"
@@ -200,19 +193,19 @@ async fn database_metrics(store: &Store, now: DateTime<Utc>) -> Result<String, S
         "cobro_payments_oldest_unsettled_seconds",
         "Age of the oldest payment in each unsettled status (since it entered it).",
     );
-    for status in PAYMENT_STATUSES {
+    for &status in PaymentStatus::UNSETTLED {
         let age = age_seconds(now, payment(status).and_then(|c| c.oldest).map(|t| t.0));
         text.push_str(&format!(
             "cobro_payments_oldest_unsettled_seconds{{status=\"{status}\"}} {age}\n"
         ));
     }
-    let refund = |status: &str| refunds.iter().find(|c| c.status == status);
+    let refund = |status: RefundStatus| refunds.iter().find(|c| c.status == status);
     gauge_header(
         &mut text,
         "cobro_refunds_unsettled",
         "Refunds in an unsettled status.",
     );
-    for status in REFUND_STATUSES {
+    for &status in RefundStatus::UNSETTLED {
         let n = refund(status).map_or(0, |c| c.count);
         text.push_str(&format!(
             "cobro_refunds_unsettled{{status=\"{status}\"}} {n}\n"
@@ -223,7 +216,7 @@ async fn database_metrics(store: &Store, now: DateTime<Utc>) -> Result<String, S
         "cobro_refunds_oldest_unsettled_seconds",
         "Age of the oldest refund in each unsettled status (since it entered it).",
     );
-    for status in REFUND_STATUSES {
+    for &status in RefundStatus::UNSETTLED {
         let age = age_seconds(now, refund(status).and_then(|c| c.oldest).map(|t| t.0));
         text.push_str(&format!(
             "cobro_refunds_oldest_unsettled_seconds{{status=\"{status}\"}} {age}\n"

@@ -56,7 +56,7 @@ struct CreatePayment {
     /// ISO 4217 alpha-3 code that cobro knows (see `Currency`), in any
     /// case: `eur` is `EUR`. Answers carry it upper-cased.
     #[schema(value_type = crate::openapi::CurrencyInputSchema, example = "EUR")]
-    currency: String,
+    currency: Currency,
     /// The provider's payment method token: 1 to 128 visible ASCII characters.
     #[schema(
         min_length = 1,
@@ -169,7 +169,7 @@ fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
         ) => Ok(CreatePayment {
             order_ref,
             amount: amount.minor_units(),
-            currency: currency.code().to_owned(),
+            currency,
             payment_method,
             capture_method,
             description,
@@ -293,8 +293,8 @@ async fn create_payment(
         order_ref: request.order_ref.clone(),
         intent: intent.clone(),
         amount: request.amount,
-        currency: request.currency.clone(),
-        capture_method: request.capture_method.as_str().to_owned(),
+        currency: request.currency,
+        capture_method: request.capture_method,
         payment_method: request.payment_method.clone(),
         description: request.description.clone(),
         metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
@@ -338,7 +338,7 @@ async fn active_payment_for_order(
     order_ref: &OrderRef,
 ) -> Result<Option<PaymentId>, ApiError> {
     let mut tx = state.store.begin().await?;
-    let found = tx.active_payment_for_order(account, order_ref).await?;
+    let found = tx.active_payment_for_account(account, order_ref).await?;
     tx.rollback().await?;
     Ok(found)
 }
@@ -349,10 +349,10 @@ pub(crate) async fn load_payment(
     account: AccountId,
     id: PaymentId,
 ) -> Result<Option<views::PaymentView>, ApiError> {
-    let Some(row) = state.store.payment(account, id).await? else {
+    let Some(row) = state.store.payment_for_account(account, id).await? else {
         return Ok(None);
     };
-    let attempts = state.store.attempts_for_payment(id).await?;
+    let attempts = state.store.attempts_of_payment_any_account(id).await?;
     Ok(Some(views::payment(&row, Some(&attempts))))
 }
 
@@ -363,7 +363,7 @@ pub(crate) async fn load_refund_by_id(
 ) -> Result<Option<views::RefundView>, ApiError> {
     Ok(state
         .store
-        .refund_by_id(account, id)
+        .refund_for_account(account, id)
         .await?
         .map(|r| views::refund(&r)))
 }
@@ -529,7 +529,7 @@ async fn list_payments(
         before,
         limit,
     };
-    let rows = state.store.list_payments(account.0, &filter).await?;
+    let rows = state.store.payments_for_account(account.0, &filter).await?;
     let next_cursor = (rows.len() == limit as usize)
         .then(|| rows.last().map(|r| r.id.0.to_string()))
         .flatten();
@@ -612,10 +612,10 @@ async fn capture_payment(
     let now = state.clock.now();
     // Decide from the row this transaction holds: a refusal stored against
     // the key must never rest on a read a worker has already overtaken.
-    let Some(current) = tx.lock_payment(account.0, id).await? else {
+    let Some(current) = tx.lock_payment_for_account(account.0, id).await? else {
         return Err(ApiError::NotFound);
     };
-    let moved = if current.status == PaymentStatus::Authorized.as_str() {
+    let moved = if current.status == PaymentStatus::Authorized {
         tx.transition_payment(
             account.0,
             id,
@@ -630,7 +630,7 @@ async fn capture_payment(
     let Some(row) = moved else {
         let refusal = ApiError::NotCapturable {
             payment_id: id.to_string(),
-            status: current.status.clone(),
+            status: current.status.to_string(),
         };
         return keyed::commit_refusal(tx, &keyed, refusal).await;
     };
@@ -708,14 +708,14 @@ async fn cancel_payment(
         };
     let now = state.clock.now();
     // Decided from the row this transaction holds (see capture).
-    let Some(current) = tx.lock_payment(account.0, id).await? else {
+    let Some(current) = tx.lock_payment_for_account(account.0, id).await? else {
         return Err(ApiError::NotFound);
     };
-    let status = current.status()?;
-    let manual = current.capture_method == CaptureMethod::Manual.as_str();
+    let status = current.status;
+    let manual = current.capture_method == CaptureMethod::Manual;
     let refusal = || ApiError::NotCancelable {
         payment_id: id.to_string(),
-        status: current.status.clone(),
+        status: current.status.to_string(),
     };
     let row = if status == PaymentStatus::Authorized {
         let Some(row) = tx
@@ -734,11 +734,8 @@ async fn cancel_payment(
         };
         // A cancel already held (asked while the authorisation was
         // unknown) is the one that runs: one cancel intent, not two.
-        let held = tx.held_attempts(id).await?;
-        match held
-            .iter()
-            .find(|a| a.operation == Operation::Cancel.as_str())
-        {
+        let held = tx.held_attempts_any_account(id).await?;
+        match held.iter().find(|a| a.operation == Operation::Cancel) {
             Some(attempt) => {
                 tx.release_held(cobro_core::AttemptId::from_uuid(attempt.id.0), now)
                     .await?;
@@ -764,11 +761,8 @@ async fn cancel_payment(
         // intent of its own, its attempt `held` until the authorisation is
         // proven; then it runs once, or ends with the payment's truth
         // (cobro_settle::apply). A second request finds it already held.
-        let held = tx.held_attempts(id).await?;
-        if !held
-            .iter()
-            .any(|a| a.operation == Operation::Cancel.as_str())
-        {
+        let held = tx.held_attempts_any_account(id).await?;
+        if !held.iter().any(|a| a.operation == Operation::Cancel) {
             hold_cancel(&mut tx, account.0, &current, now).await?;
         }
         match tx.request_cancel(account.0, id, status, now).await? {
@@ -801,10 +795,11 @@ async fn cancel_payment(
 /// `needs_review` for another reason (a capture escalated, a conflict)
 /// refuses the cancel instead of holding it forever.
 async fn authorisation_open(tx: &mut WriteTx, payment: PaymentId) -> Result<bool, ApiError> {
-    Ok(tx.attempts_of(payment).await?.iter().any(|a| {
-        a.operation == Operation::Authorize.as_str()
-            && cobro_core::AttemptState::parse(&a.state).is_some_and(|s| s.is_unresolved())
-    }))
+    Ok(tx
+        .attempts_of_payment_any_account(payment)
+        .await?
+        .iter()
+        .any(|a| a.operation == Operation::Authorize && a.state.is_unresolved()))
 }
 
 /// Body of `POST /v1/payments/{id}/refunds`. `null` reads as absent.
@@ -889,7 +884,7 @@ async fn create_refund(
     let now = state.clock.now();
     // Locked first: the decision and the intent count below are made from
     // the row this transaction holds, serialised with concurrent refunds.
-    if tx.lock_payment(account.0, id).await?.is_none() {
+    if tx.lock_payment_for_account(account.0, id).await?.is_none() {
         return Err(ApiError::NotFound);
     }
     match tx
@@ -899,7 +894,10 @@ async fn create_refund(
         Ok(()) => {}
         Err(RefundRefusal::NotFound) => return Err(ApiError::NotFound),
         Err(refusal) => {
-            let current = tx.payment(account.0, id).await?.ok_or(ApiError::NotFound)?;
+            let current = tx
+                .lock_payment_for_account(account.0, id)
+                .await?
+                .ok_or(ApiError::NotFound)?;
             let error = if refusal == RefundRefusal::ExceedsCaptured {
                 ApiError::RefundExceedsCaptured {
                     payment_id: id.to_string(),
@@ -907,13 +905,16 @@ async fn create_refund(
             } else {
                 ApiError::NotRefundable {
                     payment_id: id.to_string(),
-                    status: current.status,
+                    status: current.status.to_string(),
                 }
             };
             return keyed::commit_refusal(tx, &keyed, error).await;
         }
     }
-    let payment = tx.payment(account.0, id).await?.ok_or(ApiError::NotFound)?;
+    let payment = tx
+        .lock_payment_for_account(account.0, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
     let intent = tx
         .next_intent_name(account.0, &payment.order_ref, Operation::Refund)
         .await?;
@@ -982,8 +983,10 @@ async fn get_refund(
     let refund_id: RefundId = refund_id.parse().map_err(|_| ApiError::NotFound)?;
     let row = state
         .store
-        .refund(account.0, id, refund_id)
+        .refund_for_account(account.0, refund_id)
         .await?
+        // A refund of another of the account's payments is not found here.
+        .filter(|r| r.payment_id.0 == id.as_uuid())
         .ok_or(ApiError::NotFound)?;
     Ok(Json(views::refund(&row)))
 }

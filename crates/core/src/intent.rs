@@ -1,40 +1,21 @@
 //! Operations, order references and intent names (`pedido-842:authorize-v1`).
 
+use crate::stored::string_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A keyed, money-moving operation. Its name scopes idempotency records and
-/// enters the fingerprint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Operation {
-    #[serde(rename = "payment.authorize")]
-    Authorize,
-    #[serde(rename = "payment.capture")]
-    Capture,
-    #[serde(rename = "payment.cancel")]
-    Cancel,
-    #[serde(rename = "refund.create")]
-    Refund,
-}
+string_enum!(
+    /// A keyed, money-moving operation. Its name scopes idempotency records
+    /// and enters the fingerprint.
+    Operation {
+        Authorize => "payment.authorize",
+        Capture => "payment.capture",
+        Cancel => "payment.cancel",
+        Refund => "refund.create",
+    }
+);
 
 impl Operation {
-    pub const ALL: [Operation; 4] = [
-        Operation::Authorize,
-        Operation::Capture,
-        Operation::Cancel,
-        Operation::Refund,
-    ];
-
-    /// The scope name stored with idempotency records (`payment.authorize`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Operation::Authorize => "payment.authorize",
-            Operation::Capture => "payment.capture",
-            Operation::Cancel => "payment.cancel",
-            Operation::Refund => "refund.create",
-        }
-    }
-
     /// The verb used in intent names (`authorize`).
     pub fn verb(&self) -> &'static str {
         match self {
@@ -43,16 +24,6 @@ impl Operation {
             Operation::Cancel => "cancel",
             Operation::Refund => "refund",
         }
-    }
-
-    pub fn parse(raw: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|op| op.as_str() == raw)
-    }
-}
-
-impl fmt::Display for Operation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -176,7 +147,7 @@ mod tests {
 
     #[test]
     fn operation_names_round_trip() {
-        for op in Operation::ALL {
+        for &op in Operation::ALL {
             assert_eq!(Operation::parse(op.as_str()), Some(op));
         }
         assert_eq!(Operation::parse("payment.delete"), None);

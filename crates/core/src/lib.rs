@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod clock;
+pub mod decision;
 pub mod fingerprint;
 pub mod ids;
 pub mod intent;
@@ -8,9 +9,11 @@ pub mod key;
 pub mod money;
 pub mod signature;
 pub mod state;
+mod stored;
 pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::Decision;
 pub use fingerprint::{CONTRACT_VERSION, Fingerprint};
 pub use ids::{
     AccountId, AttemptId, EndpointId, EventId, IntentId, OutboxId, PaymentId, RefundId, RunId,

@@ -103,6 +103,14 @@ impl fmt::Display for Currency {
     }
 }
 
+// Stored as its upper-case code exactly: `eur` in a row is not a spelling
+// cobro writes, so it is refused like an unknown code.
+crate::stored::sqlx_text!(
+    Currency,
+    |raw| Currency::parse(raw).ok().filter(|c| c.code() == raw),
+    |v| v.code()
+);
+
 impl TryFrom<String> for Currency {
     type Error = CurrencyError;
     fn try_from(value: String) -> Result<Self, Self::Error> {

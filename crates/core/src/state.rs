@@ -4,35 +4,7 @@
 //! here, so two incompatible decisions can never both commit: the second one
 //! finds the state changed and updates zero rows.
 
-use serde::{Deserialize, Serialize};
-use std::fmt;
-
-macro_rules! string_enum {
-    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum $name { $($(#[$vdoc])* $variant),+ }
-
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            pub fn as_str(&self) -> &'static str {
-                match self { $($name::$variant => $text),+ }
-            }
-
-            pub fn parse(raw: &str) -> Option<Self> {
-                match raw { $($text => Some($name::$variant),)+ _ => None }
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
+use crate::stored::string_enum;
 
 string_enum!(
     /// When the money moves: at authorisation, or on an explicit capture.
@@ -129,6 +101,17 @@ pub struct IllegalTransition {
 }
 
 impl PaymentStatus {
+    /// The statuses whose outcome is not settled yet: what the reconciler
+    /// and operators watch, and the partial index `payments_unsettled`
+    /// (migration 0001; a test checks that its predicate is this list).
+    pub const UNSETTLED: &'static [PaymentStatus] = &[
+        PaymentStatus::Processing,
+        PaymentStatus::RequiresReconciliation,
+        PaymentStatus::NeedsReview,
+        PaymentStatus::Capturing,
+        PaymentStatus::Canceling,
+    ];
+
     /// Where `event` takes a payment in this state, or why it cannot.
     pub fn apply(self, event: PaymentEvent) -> Result<PaymentStatus, IllegalTransition> {
         use PaymentEvent as E;
@@ -193,6 +176,16 @@ impl PaymentStatus {
                 | PaymentStatus::NeedsReview
         )
     }
+}
+
+impl RefundStatus {
+    /// The statuses of a refund whose outcome is not settled yet (the
+    /// partial index `refunds_unsettled`, migration 0001).
+    pub const UNSETTLED: &'static [RefundStatus] = &[
+        RefundStatus::Processing,
+        RefundStatus::RequiresReconciliation,
+        RefundStatus::NeedsReview,
+    ];
 }
 
 impl AttemptState {

@@ -432,7 +432,7 @@ mod tests {
             Outcome::Failed { code, object, .. } => {
                 assert_eq!(code, "charge_not_voidable");
                 let charge = object.expect("the charge travels with the refusal");
-                assert_eq!(charge.status, "captured");
+                assert_eq!(charge.status, crate::ProviderStatus::Captured);
                 assert_eq!(
                     charge.metadata.get("cobro_attempt").map(String::as_str),
                     Some("a")

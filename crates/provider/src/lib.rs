@@ -15,9 +15,7 @@ use std::future::Future;
 pub struct ProviderObject {
     /// The provider's id (`ch_...`, `re_...`).
     pub id: String,
-    /// `authorized`, `captured`, `declined`, `voided` for charges;
-    /// `succeeded` (or `failed`) for refunds.
-    pub status: String,
+    pub status: ProviderStatus,
     #[serde(default)]
     pub reference: Option<String>,
     #[serde(default)]
@@ -39,6 +37,79 @@ pub struct ProviderObject {
     /// ([`metadata`] keys), echoed by the provider.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+}
+
+/// A provider object's status. Charges are `authorized`, `captured`,
+/// `declined` or `voided`; refunds `succeeded`, `failed` or `canceled`.
+/// Anything else is kept as the provider spelled it (`Other`), proves
+/// nothing, and is shown as it came.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum ProviderStatus {
+    Authorized,
+    Captured,
+    Declined,
+    Voided,
+    Succeeded,
+    Failed,
+    Canceled,
+    /// A status cobro does not know (`pending`, a new one): never evidence.
+    Other(String),
+}
+
+impl ProviderStatus {
+    const KNOWN: [ProviderStatus; 7] = [
+        ProviderStatus::Authorized,
+        ProviderStatus::Captured,
+        ProviderStatus::Declined,
+        ProviderStatus::Voided,
+        ProviderStatus::Succeeded,
+        ProviderStatus::Failed,
+        ProviderStatus::Canceled,
+    ];
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            ProviderStatus::Authorized => "authorized",
+            ProviderStatus::Captured => "captured",
+            ProviderStatus::Declined => "declined",
+            ProviderStatus::Voided => "voided",
+            ProviderStatus::Succeeded => "succeeded",
+            ProviderStatus::Failed => "failed",
+            ProviderStatus::Canceled => "canceled",
+            ProviderStatus::Other(raw) => raw,
+        }
+    }
+}
+
+impl From<String> for ProviderStatus {
+    fn from(raw: String) -> Self {
+        Self::KNOWN
+            .into_iter()
+            .find(|known| known.as_str() == raw)
+            .unwrap_or(ProviderStatus::Other(raw))
+    }
+}
+
+impl From<&str> for ProviderStatus {
+    fn from(raw: &str) -> Self {
+        ProviderStatus::from(raw.to_owned())
+    }
+}
+
+impl From<ProviderStatus> for String {
+    fn from(status: ProviderStatus) -> Self {
+        match status {
+            ProviderStatus::Other(raw) => raw,
+            known => known.as_str().to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for ProviderStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The metadata keys under which cobro sends an attempt's identity.
@@ -79,6 +150,23 @@ pub enum Outcome {
     /// key inside the key window, else reconcile. Never a reason to charge
     /// with a new key.
     Unknown(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_statuses_keep_their_spelling_and_unknown_ones_are_other() {
+        for known in ProviderStatus::KNOWN {
+            assert_eq!(ProviderStatus::from(known.as_str()), known);
+        }
+        let odd = ProviderStatus::from("pending");
+        assert_eq!(odd, ProviderStatus::Other("pending".into()));
+        assert_eq!(String::from(odd), "pending");
+        // `Other` never swallows a known name.
+        assert_eq!(ProviderStatus::from("voided"), ProviderStatus::Voided);
+    }
 }
 
 impl Outcome {

@@ -2,10 +2,10 @@
 
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AttemptId, AttemptState, Clock, IntentId, Operation, PaymentEvent, PaymentId, PaymentStatus,
-    RefundId, RefundStatus, RunId,
+    AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent, PaymentId,
+    PaymentStatus, RefundId, RefundStatus, RunId,
 };
-use cobro_provider::{Provider, ProviderObject, QueryError};
+use cobro_provider::{Provider, ProviderObject, ProviderStatus, QueryError};
 use cobro_settle::evidence::proof_from;
 use cobro_settle::{
     Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
@@ -327,7 +327,7 @@ impl<P: Provider> Reconciler<P> {
         loop {
             let page = self
                 .store
-                .reconcile_candidates(cutoff, scope.payment, after, self.config.page)
+                .reconcile_candidates_any_account(cutoff, scope.payment, after, self.config.page)
                 .await?;
             let Some(last) = page.last() else { break };
             after = Some(AttemptId::from_uuid(last.id.0));
@@ -349,7 +349,7 @@ impl<P: Provider> Reconciler<P> {
                             payment_id: attempt.payment_id.0.to_string(),
                             attempt_id: attempt.id.0.to_string(),
                             reference: attempt.reference.clone(),
-                            operation: attempt.operation.clone(),
+                            operation: attempt.operation.to_string(),
                             provider_said: serde_json::Value::Null,
                             verdict: Verdict::Error {
                                 error: e.to_string(),
@@ -405,7 +405,7 @@ impl<P: Provider> Reconciler<P> {
         };
         let observed = self
             .store
-            .observations_for(AttemptId::from_uuid(attempt.id.0))
+            .observations_of_attempt_any_account(AttemptId::from_uuid(attempt.id.0))
             .await
             .map_err(|e| QueryError(format!("reading observations: {e}")))?;
         for (_, _, detail) in observed {
@@ -457,16 +457,19 @@ impl<P: Provider> Reconciler<P> {
                 tracestate.as_deref(),
             );
         }
-        let operation = Operation::parse(&attempt.operation)
-            .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+        let operation = attempt.operation;
         let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
         let payment = self
             .store
-            .payment_unscoped(payment_id)
+            .payment_any_account(payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
         let refund = match attempt.refund_id {
-            Some(r) => self.store.refund_unscoped(RefundId::from_uuid(r.0)).await?,
+            Some(r) => {
+                self.store
+                    .refund_any_account(RefundId::from_uuid(r.0))
+                    .await?
+            }
             None => None,
         };
         // An attempt made before references were unique carries the bare
@@ -498,7 +501,7 @@ impl<P: Provider> Reconciler<P> {
                 payment_id: payment_id.to_string(),
                 attempt_id: attempt.id.0.to_string(),
                 reference: attempt.reference.clone(),
-                operation: attempt.operation.clone(),
+                operation: attempt.operation.to_string(),
                 provider_said: serde_json::Value::Null,
                 applied: !dry_run && verdict == Verdict::Escalated,
                 verdict,
@@ -534,7 +537,7 @@ impl<P: Provider> Reconciler<P> {
             payment_id: payment_id.to_string(),
             attempt_id: attempt.id.0.to_string(),
             reference: attempt.reference.clone(),
-            operation: attempt.operation.clone(),
+            operation: attempt.operation.to_string(),
             provider_said,
             applied: !dry_run
                 && !matches!(
@@ -569,7 +572,8 @@ impl<P: Provider> Reconciler<P> {
         // For a capture or void, a charge still authorized is no effect yet:
         // like "not found", it proves no effect only by the rules below.
         let not_yet = |o: &ProviderObject| {
-            matches!(operation, Operation::Capture | Operation::Cancel) && o.status == "authorized"
+            matches!(operation, Operation::Capture | Operation::Cancel)
+                && o.status == ProviderStatus::Authorized
         };
         for object in found.iter().filter(|o| !not_yet(o)) {
             match fit(operation, attempt, payment, refund, object) {
@@ -613,7 +617,7 @@ impl<P: Provider> Reconciler<P> {
         // worker no longer sends, and only once the provider's search has
         // had time to see its last send (which may have reached the
         // provider until the request timed out).
-        if attempt.state != AttemptState::Reconciling.as_str() {
+        if attempt.state != AttemptState::Reconciling {
             return Finding::Unknown("not found; the worker still owns this attempt".into());
         }
         let last = attempt
@@ -644,7 +648,7 @@ impl<P: Provider> Reconciler<P> {
         ctx: &Ctx<'_>,
         before: &str,
         after: &str,
-        decision: &str,
+        decision: Decision,
         reason: Option<String>,
     ) -> NewDecision {
         let Ctx {
@@ -658,7 +662,7 @@ impl<P: Provider> Reconciler<P> {
             state_before: before.to_owned(),
             state_after: after.to_owned(),
             provider_said: said.to_string(),
-            decision: decision.to_owned(),
+            decision,
             actor: self.config.actor.clone(),
             reason,
         }
@@ -706,7 +710,7 @@ impl<P: Provider> Reconciler<P> {
         let payment = PaymentId::from_uuid(ctx.attempt.payment_id.0);
         let mut tx = self.store.begin().await?;
         let current = tx
-            .payment_by_id(payment)
+            .lock_payment_any_account(payment)
             .await?
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
         // The same finding again: kept once. A new finding on a payment
@@ -731,9 +735,9 @@ impl<P: Provider> Reconciler<P> {
         .await?;
         let d = self.decision(
             ctx,
-            &current.status,
+            current.status.as_str(),
             PaymentStatus::NeedsReview.as_str(),
-            "conflict",
+            Decision::Conflict,
             Some(detail.to_owned()),
         );
         tx.record_decision(&d, ctx.now).await?;
@@ -763,7 +767,7 @@ impl<P: Provider> Reconciler<P> {
         let refund_id = attempt.refund_id.map(|r| RefundId::from_uuid(r.0));
         let mut tx = self.store.begin().await?;
         // Lock order: the payment row, then the attempt.
-        tx.payment_by_id(payment_id).await?;
+        tx.lock_payment_any_account(payment_id).await?;
         if !tx
             .resolve_no_effect(
                 AttemptId::from_uuid(attempt.id.0),
@@ -776,22 +780,23 @@ impl<P: Provider> Reconciler<P> {
             return Ok(Verdict::AlreadySettled);
         }
         let payment = tx
-            .payment_by_id(payment_id)
+            .lock_payment_any_account(payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
-        let before = payment.status()?;
+        let before = payment.status;
         let refund_status = match refund_id {
-            Some(r) => tx
-                .refund_by_id(r)
-                .await?
-                .and_then(|r| RefundStatus::parse(&r.status)),
+            Some(r) => tx.refund_any_account(r).await?.map(|r| r.status),
             None => None,
         };
         let in_review = before == PaymentStatus::NeedsReview
             || refund_status == Some(RefundStatus::NeedsReview);
         let (verdict, after, name) = if in_review {
             // Recorded, nothing enabled: needs_review blocks every new send.
-            (Verdict::NoEffectInReview, before, "no_effect_in_review")
+            (
+                Verdict::NoEffectInReview,
+                before,
+                Decision::NoEffectInReview,
+            )
         } else if self.config.retry_on_no_effect {
             // The state the new attempt depends on moves first; zero rows
             // means nothing is created.
@@ -851,7 +856,7 @@ impl<P: Provider> Reconciler<P> {
                 now,
             )
             .await?;
-            (Verdict::Retried, after, "no_effect_retry")
+            (Verdict::Retried, after, Decision::NoEffectRetry)
         } else {
             let failure = (
                 "no_effect_at_provider".to_owned(),
@@ -871,7 +876,7 @@ impl<P: Provider> Reconciler<P> {
                         .unwrap_or(before);
                     if operation == Operation::Authorize && after == PaymentStatus::Failed {
                         let failed = tx
-                            .payment_by_id(payment_id)
+                            .lock_payment_any_account(payment_id)
                             .await?
                             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
                         settle_held_cancels(&mut tx, &failed, after, now).await?;
@@ -893,7 +898,7 @@ impl<P: Provider> Reconciler<P> {
                     before
                 }
             };
-            (Verdict::FailedNoEffect, after, "no_effect_fail")
+            (Verdict::FailedNoEffect, after, Decision::NoEffectFail)
         };
         let d = self.decision(
             ctx,
@@ -950,14 +955,14 @@ impl<P: Provider> Reconciler<P> {
         } = *ctx;
         let mut tx = self.store.begin().await?;
         // Lock order: the payment row first, as everywhere.
-        tx.payment_by_id(PaymentId::from_uuid(payment.id.0)).await?;
+        tx.lock_payment_any_account(PaymentId::from_uuid(payment.id.0))
+            .await?;
         let (before, after) = if operation == Operation::Refund {
             let Some(refund) = refund else {
                 tx.rollback().await?;
                 return Ok(Verdict::Escalated);
             };
-            let from = RefundStatus::parse(&refund.status)
-                .ok_or_else(|| StoreError::Corrupt("refund status".into()))?;
+            let from = refund.status;
             if from == RefundStatus::NeedsReview {
                 tx.rollback().await?;
                 return Ok(Verdict::Escalated);
@@ -981,7 +986,7 @@ impl<P: Provider> Reconciler<P> {
                 RefundStatus::NeedsReview.as_str().to_owned(),
             )
         } else {
-            let before = payment.status()?;
+            let before = payment.status;
             if before == PaymentStatus::NeedsReview {
                 tx.rollback().await?;
                 return Ok(Verdict::Escalated);
@@ -1009,7 +1014,13 @@ impl<P: Provider> Reconciler<P> {
             .await?;
             (before.as_str().to_owned(), after.as_str().to_owned())
         };
-        let d = self.decision(ctx, &before, &after, "escalate", Some(reason.to_owned()));
+        let d = self.decision(
+            ctx,
+            &before,
+            &after,
+            Decision::Escalate,
+            Some(reason.to_owned()),
+        );
         tx.record_decision(&d, now).await?;
         finish(tx, dry_run).await?;
         tracing::warn!(payment_id = %attempt.payment_id.0, reference = %attempt.reference, "unresolved past the horizon: needs_review");
@@ -1163,24 +1174,23 @@ pub async fn resolve_by_hand(
 ) -> Result<String, ResolveError> {
     let mut tx = store.begin().await?;
     let payment = tx
-        .payment_by_id(r.payment)
+        .lock_payment_any_account(r.payment)
         .await?
         .ok_or(ResolveError::NotFound)?;
-    if payment.status != PaymentStatus::NeedsReview.as_str() {
-        return Err(ResolveError::NotInReview(payment.status));
+    if payment.status != PaymentStatus::NeedsReview {
+        return Err(ResolveError::NotInReview(payment.status.to_string()));
     }
-    let attempts = tx.attempts_of(r.payment).await?;
+    let attempts = tx.attempts_of_payment_any_account(r.payment).await?;
     // In flight: sent and still the worker's; or another attempt the
     // reconciler is still working out (only the named one is decided here).
     if let Some(busy) = attempts.iter().find(|a| {
-        let state = AttemptState::parse(&a.state);
-        let worker_owned = matches!(state, Some(AttemptState::Pending | AttemptState::Unknown))
-            && a.send_count > 0;
+        let worker_owned =
+            matches!(a.state, AttemptState::Pending | AttemptState::Unknown) && a.send_count > 0;
         // Refunds do not decide the payment's status: one still being
         // reconciled does not block resolving another attempt.
-        let other_open = state == Some(AttemptState::Reconciling)
+        let other_open = a.state == AttemptState::Reconciling
             && a.id.0 != r.attempt.as_uuid()
-            && a.operation != Operation::Refund.as_str();
+            && a.operation != Operation::Refund;
         worker_owned || other_open
     }) {
         return Err(ResolveError::InFlight(busy.id.0.to_string()));
@@ -1189,15 +1199,14 @@ pub async fn resolve_by_hand(
         .iter()
         .find(|a| a.id.0 == r.attempt.as_uuid())
         .ok_or_else(|| ResolveError::NotThisPaymentsAttempt(r.attempt.to_string()))?;
-    let operation = Operation::parse(&attempt.operation)
-        .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+    let operation = attempt.operation;
     let operator = format!("operator:{}", r.operator);
     let asserted = serde_json::json!({
         "operator_asserted": format!("{:?}", r.outcome),
         "provider_ref": r.provider_ref,
     })
     .to_string();
-    let unresolved = AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved());
+    let unresolved = attempt.state.is_unresolved();
     // The operator has looked at the evidence: the conflicts are closed
     // first, so the decision below is applied, not kept as one more.
     tx.resolve_conflicts(r.payment, now).await?;
@@ -1216,17 +1225,13 @@ pub async fn resolve_by_hand(
         // "Captured" for a payment that was captured and partly or fully
         // refunded when the conflict stopped it restores that status; the
         // captured and refunded amounts stay what they were.
-        let restored = payment
-            .review_from
-            .as_deref()
-            .and_then(PaymentStatus::parse)
-            .filter(|from| {
-                to == PaymentStatus::Captured
-                    && matches!(
-                        from,
-                        PaymentStatus::PartiallyRefunded | PaymentStatus::Refunded
-                    )
-            });
+        let restored = payment.review_from.filter(|from| {
+            to == PaymentStatus::Captured
+                && matches!(
+                    from,
+                    PaymentStatus::PartiallyRefunded | PaymentStatus::Refunded
+                )
+        });
         if let Some(from) = restored {
             to = from;
         }
@@ -1263,7 +1268,7 @@ pub async fn resolve_by_hand(
             state_before: before,
             state_after: after.clone(),
             provider_said: asserted,
-            decision: "manual_resolve".into(),
+            decision: Decision::ManualResolve,
             actor: operator,
             reason: Some(r.reason.clone()),
         },

@@ -9,8 +9,8 @@
 
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AccountId, AttemptId, AttemptState, Operation, PaymentEvent, PaymentId, PaymentStatus,
-    RefundId, RefundStatus,
+    AccountId, AttemptId, AttemptState, Decision, Operation, PaymentEvent, PaymentId,
+    PaymentStatus, RefundId, RefundStatus,
 };
 use cobro_store::conflicts::{ConflictKind, NewConflict};
 use cobro_store::settle::PaymentOutcome;
@@ -49,12 +49,12 @@ pub enum Proof {
 }
 
 impl Proof {
-    /// `adopt_succeeded` and the like, for the audit trail.
-    pub fn decision(&self) -> &'static str {
+    /// What adopting it is called in the audit trail.
+    pub fn decision(&self) -> Decision {
         match self {
-            Proof::Succeeded { .. } => "adopt_succeeded",
-            Proof::Declined { .. } => "adopt_declined",
-            Proof::Failed { .. } => "adopt_failed",
+            Proof::Succeeded { .. } => Decision::AdoptSucceeded,
+            Proof::Declined { .. } => Decision::AdoptDeclined,
+            Proof::Failed { .. } => Decision::AdoptFailed,
         }
     }
 
@@ -165,7 +165,7 @@ async fn refuse(
 /// Whether `proof` contradicts what is recorded for an attempt that is
 /// already settled (`None`: it proves the same again).
 fn contradiction(recorded: &AttemptRow, proof: &Proof) -> Option<(ConflictKind, String)> {
-    let state = AttemptState::parse(&recorded.state)?;
+    let state = recorded.state;
     match proof {
         Proof::Succeeded { provider_ref, .. } if state.recorded_no_money() => Some((
             ConflictKind::EffectAfterNoEffect,
@@ -177,8 +177,8 @@ fn contradiction(recorded: &AttemptRow, proof: &Proof) -> Option<(ConflictKind, 
         Proof::Succeeded { provider_ref, .. } => match recorded.provider_ref.as_deref() {
             Some(known)
                 if known != provider_ref
-                    && recorded.operation != Operation::Capture.as_str()
-                    && recorded.operation != Operation::Cancel.as_str() =>
+                    && recorded.operation != Operation::Capture
+                    && recorded.operation != Operation::Cancel =>
             {
                 Some((
                     ConflictKind::OtherObject,
@@ -211,13 +211,13 @@ async fn retried_since(
     recorded: &AttemptRow,
     proof: &Proof,
 ) -> Result<bool, StoreError> {
-    let charge_state = recorded.operation == Operation::Capture.as_str()
-        || recorded.operation == Operation::Cancel.as_str();
+    let charge_state =
+        recorded.operation == Operation::Capture || recorded.operation == Operation::Cancel;
     if !charge_state || !matches!(proof, Proof::Succeeded { .. }) {
         return Ok(false);
     }
     let later = tx
-        .attempts_of(PaymentId::from_uuid(recorded.payment_id.0))
+        .attempts_of_payment_any_account(PaymentId::from_uuid(recorded.payment_id.0))
         .await?
         .into_iter()
         .any(|a| {
@@ -288,7 +288,7 @@ async fn apply_proof_in_span(
     };
     // Lock order everywhere: the payment row, then the attempt.
     let payment = tx
-        .payment_by_id(payment_id)
+        .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| corrupt("attempt without payment"))?;
     if !tx
@@ -296,7 +296,7 @@ async fn apply_proof_in_span(
         .await?
     {
         let recorded = tx
-            .attempt(attempt_id)
+            .attempt_any_account(attempt_id)
             .await?
             .ok_or_else(|| corrupt("attempt vanished"))?;
         return match contradiction(&recorded, proof) {
@@ -305,14 +305,13 @@ async fn apply_proof_in_span(
             None => Ok(Applied::AlreadySettled),
         };
     }
-    let operation = Operation::parse(&attempt.operation)
-        .ok_or_else(|| corrupt(format!("operation {}", attempt.operation)))?;
+    let operation = attempt.operation;
     // A payment stopped by conflicting evidence stays stopped: the attempt
     // is settled (what it proved is kept), the payment waits for an
     // operator. A refund still settles (below): its money moved, and the
     // payment's status stays in review either way.
     if operation != Operation::Refund
-        && payment.status == PaymentStatus::NeedsReview.as_str()
+        && payment.status == PaymentStatus::NeedsReview
         && tx.has_open_conflicts(payment_id).await?
     {
         let detail = format!(
@@ -322,15 +321,15 @@ async fn apply_proof_in_span(
         );
         return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
     }
-    let before = payment.status()?;
+    let before = payment.status;
 
     if operation == Operation::Refund {
         let refund_id = refund_id.ok_or_else(|| corrupt("refund attempt without refund"))?;
         let refund = tx
-            .refund_by_id(refund_id)
+            .refund_any_account(refund_id)
             .await?
             .ok_or_else(|| corrupt("missing refund"))?;
-        let from = RefundStatus::parse(&refund.status).ok_or_else(|| corrupt("refund status"))?;
+        let from = refund.status;
         let (to, failure) = match proof {
             Proof::Succeeded { .. } => (RefundStatus::Succeeded, None),
             Proof::Declined { code, message } | Proof::Failed { code, message, .. } => (
@@ -341,9 +340,9 @@ async fn apply_proof_in_span(
         tx.settle_refund(refund_id, from, to, provider_ref, failure, now)
             .await?;
         let after = tx
-            .payment_by_id(payment_id)
+            .lock_payment_any_account(payment_id)
             .await?
-            .map(|p| p.status)
+            .map(|p| p.status.as_str().to_owned())
             .unwrap_or_default();
         return Ok(Applied::Settled {
             before: before.as_str().to_owned(),
@@ -442,7 +441,7 @@ pub async fn settle_held_cancels(
 ) -> Result<PaymentStatus, StoreError> {
     let payment_id = PaymentId::from_uuid(payment.id.0);
     let mut status = status;
-    for held in tx.held_attempts(payment_id).await? {
+    for held in tx.held_attempts_any_account(payment_id).await? {
         let held_id = AttemptId::from_uuid(held.id.0);
         if status == PaymentStatus::Authorized {
             let canceling = status
@@ -515,7 +514,7 @@ pub async fn hand_to_reconciler(
 ) -> Result<bool, StoreError> {
     let (attempt_id, payment_id, refund_id) = ids(attempt);
     // Lock order: the payment row, then the attempt.
-    tx.payment_by_id(payment_id).await?;
+    tx.lock_payment_any_account(payment_id).await?;
     if !tx
         .resolve_attempt(
             attempt_id,
@@ -528,8 +527,8 @@ pub async fn hand_to_reconciler(
     {
         return Ok(false);
     }
-    match Operation::parse(&attempt.operation) {
-        Some(Operation::Authorize) => {
+    match attempt.operation {
+        Operation::Authorize => {
             let to = PaymentStatus::Processing
                 .apply(PaymentEvent::OutcomeUnknown)
                 .map_err(|e| corrupt(e.to_string()))?;
@@ -542,7 +541,7 @@ pub async fn hand_to_reconciler(
             )
             .await?;
         }
-        Some(Operation::Refund) => {
+        Operation::Refund => {
             if let Some(refund) = refund_id {
                 tx.settle_refund(
                     refund,

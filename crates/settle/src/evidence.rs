@@ -11,7 +11,7 @@
 
 use crate::apply::{ChargeNow, Proof};
 use cobro_core::{CaptureMethod, Operation};
-use cobro_provider::{ProviderObject, metadata};
+use cobro_provider::{ProviderObject, ProviderStatus as S, metadata};
 use cobro_store::{AttemptRow, PaymentRow, RefundRow};
 use std::collections::BTreeMap;
 
@@ -135,24 +135,24 @@ fn charge_fits(payment: &PaymentRow, object: &ProviderObject) -> Fit {
         None => return Fit::NotOurs("the charge reports no amount".into()),
     }
     match object.currency.as_deref() {
-        Some(c) if c.eq_ignore_ascii_case(&payment.currency) => {}
+        Some(c) if c.eq_ignore_ascii_case(payment.currency.code()) => {}
         Some(c) => {
             return Fit::Mismatch(format!("currency {c}, asked for {}", payment.currency));
         }
         None => return Fit::NotOurs("the charge reports no currency".into()),
     }
     if let Some(mode) = object.capture_method.as_deref()
-        && mode != payment.capture_method
+        && mode != payment.capture_method.as_str()
     {
         return Fit::Mismatch(format!(
             "capture method {mode}, asked for {}",
             payment.capture_method
         ));
     }
-    let automatic = payment.capture_method == CaptureMethod::Automatic.as_str();
-    match (automatic, object.status.as_str()) {
-        (_, "declined" | "captured") | (false, "authorized" | "voided") => Fit::Ours,
-        (true, "authorized" | "voided") => Fit::Mismatch(format!(
+    let automatic = payment.capture_method == CaptureMethod::Automatic;
+    match (automatic, &object.status) {
+        (_, S::Declined | S::Captured) | (false, S::Authorized | S::Voided) => Fit::Ours,
+        (true, S::Authorized | S::Voided) => Fit::Mismatch(format!(
             "an automatic-capture charge reported {}",
             object.status
         )),
@@ -162,12 +162,12 @@ fn charge_fits(payment: &PaymentRow, object: &ProviderObject) -> Fit {
 
 /// The status a charge is in now, when it is one a capture or void can end in.
 pub fn charge_now(object: &ProviderObject) -> Option<ChargeNow> {
-    match object.status.as_str() {
-        "authorized" => Some(ChargeNow::Authorized),
-        "captured" => Some(ChargeNow::Captured {
+    match object.status {
+        S::Authorized => Some(ChargeNow::Authorized),
+        S::Captured => Some(ChargeNow::Captured {
             amount: object.amount_captured.or(object.amount).unwrap_or_default(),
         }),
-        "voided" => Some(ChargeNow::Voided),
+        S::Voided => Some(ChargeNow::Voided),
         _ => None,
     }
 }
@@ -175,14 +175,14 @@ pub fn charge_now(object: &ProviderObject) -> Option<ChargeNow> {
 /// What an object that [`fit`]s an attempt of `operation` proves; `None`:
 /// nothing yet (in progress).
 pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof> {
-    let status = object.status.as_str();
+    let status = &object.status;
     match operation {
         Operation::Authorize => match status {
-            "captured" | "authorized" | "voided" => Some(Proof::Succeeded {
+            S::Captured | S::Authorized | S::Voided => Some(Proof::Succeeded {
                 provider_ref: object.id.clone(),
-                captured: status == "captured",
+                captured: *status == S::Captured,
             }),
-            "declined" => Some(Proof::Declined {
+            S::Declined => Some(Proof::Declined {
                 code: "card_declined".into(),
                 message: format!("declined at the provider ({})", object.id),
             }),
@@ -190,19 +190,19 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
         },
         Operation::Capture | Operation::Cancel => {
             let done = if operation == Operation::Capture {
-                "captured"
+                S::Captured
             } else {
-                "voided"
+                S::Voided
             };
-            if status == done {
+            if *status == done {
                 return Some(Proof::Succeeded {
                     provider_ref: object.id.clone(),
-                    captured: done == "captured",
+                    captured: done == S::Captured,
                 });
             }
             // Still authorized: the capture or void has not happened (yet);
             // only an explicit refusal carries that as its truth.
-            if status == "authorized" {
+            if *status == S::Authorized {
                 return None;
             }
             let charge = charge_now(object)?;
@@ -213,11 +213,11 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
             })
         }
         Operation::Refund => match status {
-            "succeeded" => Some(Proof::Succeeded {
+            S::Succeeded => Some(Proof::Succeeded {
                 provider_ref: object.id.clone(),
                 captured: false,
             }),
-            "failed" | "canceled" => Some(Proof::Failed {
+            S::Failed | S::Canceled => Some(Proof::Failed {
                 code: "refund_failed".into(),
                 message: format!("refund {} {status} at the provider", object.id),
                 charge: None,
@@ -244,12 +244,12 @@ mod tests {
             order_ref: "o-1".into(),
             intent: "o-1:authorize-v1".into(),
             amount: 1999,
-            currency: "EUR".into(),
-            capture_method: capture.into(),
+            currency: cobro_core::Currency::parse("EUR").expect("EUR"),
+            capture_method: CaptureMethod::parse(capture).expect("capture method"),
             payment_method: "pm_card_visa".into(),
             description: None,
             metadata: "{}".into(),
-            status: "processing".into(),
+            status: cobro_core::PaymentStatus::Processing,
             amount_captured: 0,
             amount_refund_reserved: 0,
             amount_refunded: 0,
@@ -273,13 +273,13 @@ mod tests {
             intent_id: DbId(Uuid::now_v7()),
             payment_id: payment.id,
             refund_id: None,
-            operation: "payment.authorize".into(),
+            operation: Operation::Authorize,
             provider_key: "k".into(),
             reference: cobro_core::attempt_reference(
                 "o-1:authorize-v1",
                 cobro_core::AttemptId::from_uuid(id),
             ),
-            state: "reconciling".into(),
+            state: cobro_core::AttemptState::Reconciling,
             send_count: 1,
             first_send_at: Some(now()),
             last_send_at: Some(now()),
@@ -298,8 +298,8 @@ mod tests {
             amount: Some(p.amount),
             amount_captured: None,
             sequence: None,
-            currency: Some(p.currency.clone()),
-            capture_method: Some(p.capture_method.clone()),
+            currency: Some(p.currency.to_string()),
+            capture_method: Some(p.capture_method.to_string()),
             charge: None,
             metadata: identity(a, p),
         }
@@ -410,7 +410,7 @@ mod tests {
         let mut p = payment("automatic");
         p.provider_ref = Some("ch_1".into());
         let mut a = attempt(&p);
-        a.operation = "refund.create".into();
+        a.operation = Operation::Refund;
         let refund = RefundRow {
             id: DbId(Uuid::now_v7()),
             account_id: p.account_id,
@@ -418,7 +418,7 @@ mod tests {
             intent: "o-1:refund-v1".into(),
             amount: 700,
             reason: None,
-            status: "processing".into(),
+            status: cobro_core::RefundStatus::Processing,
             provider_ref: None,
             failure_code: None,
             failure_message: None,

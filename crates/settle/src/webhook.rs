@@ -112,7 +112,9 @@ async fn process(
     if kind == EventKind::Other {
         return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
     }
-    let named = tx.attempts_by_reference(&event.reference).await?;
+    let named = tx
+        .attempts_by_reference_any_account(&event.reference)
+        .await?;
     let [named] = named.as_slice() else {
         // Nothing of cobro's (or, for attempts made before references were
         // unique, several accounts' attempts): reported, never guessed from.
@@ -139,17 +141,16 @@ async fn process(
     }
     let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
     let payment = tx
-        .payment_by_id(payment_id)
+        .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
     if kind.is_charge() && event.sequence <= payment.provider_sequence {
         return done(WebhookOutcome::IgnoredStale);
     }
     let attempt = target_attempt(tx, named, &payment, kind).await?;
-    let operation = Operation::parse(&attempt.operation)
-        .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+    let operation = attempt.operation;
     let refund = match attempt.refund_id {
-        Some(r) => tx.refund_by_id(RefundId::from_uuid(r.0)).await?,
+        Some(r) => tx.refund_any_account(RefundId::from_uuid(r.0)).await?,
         None => None,
     };
     let outcome = match fit(
@@ -237,8 +238,8 @@ async fn target_attempt(
     payment: &PaymentRow,
     kind: EventKind,
 ) -> Result<AttemptRow, StoreError> {
-    let authorisation_open = AttemptState::parse(&named.state).is_some_and(|s| s.is_unresolved());
-    if named.operation != Operation::Authorize.as_str() || authorisation_open {
+    let authorisation_open = named.state.is_unresolved();
+    if named.operation != Operation::Authorize || authorisation_open {
         return Ok(named.clone());
     }
     let payment_id = PaymentId::from_uuid(payment.id.0);
@@ -248,9 +249,11 @@ async fn target_attempt(
         _ => &[],
     };
     for &operation in follow_ups {
-        if let Some(attempt) = tx.attempt_for_event(payment_id, operation, None).await?
-            && AttemptState::parse(&attempt.state).is_some_and(|s| s.is_unresolved())
-            && attempt.state != AttemptState::Held.as_str()
+        if let Some(attempt) = tx
+            .attempt_for_event_any_account(payment_id, operation, None)
+            .await?
+            && attempt.state.is_unresolved()
+            && attempt.state != AttemptState::Held
         {
             return Ok(attempt);
         }

@@ -40,6 +40,8 @@ pub struct AccountRow {
 }
 
 impl Store {
+    /// A new account. A name already taken is refused by the unique index
+    /// `accounts_name_key`: `StoreError::UniqueViolation`.
     pub async fn create_account(&self, name: &str, now: DateTime<Utc>) -> Result<AccountId> {
         let id = AccountId::new();
         let sql = "INSERT INTO accounts (id, name, created_at) VALUES ($1, $2, $3)";
@@ -59,7 +61,7 @@ impl Store {
     }
 
     pub async fn find_account_by_name(&self, name: &str) -> Result<Option<AccountId>> {
-        let sql = "SELECT id FROM accounts WHERE name = $1 ORDER BY created_at LIMIT 1";
+        let sql = "SELECT id FROM accounts WHERE name = $1";
         let found: Option<DbId> =
             on_pool!(self, pool => sqlx::query_scalar(sql).bind(name).fetch_optional(pool).await?);
         Ok(found.map(|id| AccountId::from_uuid(id.0)))

@@ -4,7 +4,7 @@
 
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, PaymentId, RefundId, RunId};
+use cobro_core::{AttemptId, Decision, PaymentId, RefundId, RunId};
 
 /// One decision, as written to `reconciliation_decisions`.
 #[derive(Clone, Debug)]
@@ -18,8 +18,7 @@ pub struct NewDecision {
     pub state_after: String,
     /// What the provider said (JSON text), or what the operator asserted.
     pub provider_said: String,
-    /// e.g. `adopt_succeeded`, `adopt_declined`, `no_effect_retry`, `escalate`.
-    pub decision: String,
+    pub decision: Decision,
     /// `reconciler:<owner>`, `webhook:<provider>`, `operator:<name>`.
     pub actor: String,
     pub reason: Option<String>,
@@ -33,7 +32,7 @@ pub struct DecisionRow {
     pub state_before: String,
     pub state_after: String,
     pub provider_said: String,
-    pub decision: String,
+    pub decision: Decision,
     pub actor: String,
     pub reason: Option<String>,
     pub decided_at: DbTime,
@@ -53,7 +52,7 @@ impl WriteTx {
             .bind(&d.state_before)
             .bind(&d.state_after)
             .bind(&d.provider_said)
-            .bind(&d.decision)
+            .bind(d.decision)
             .bind(&d.actor)
             .bind(&d.reason)
             .bind(DbTime(now))
@@ -66,7 +65,10 @@ impl WriteTx {
 
 impl Store {
     /// The decisions about one payment, oldest first.
-    pub async fn decisions_for(&self, payment: PaymentId) -> Result<Vec<DecisionRow>> {
+    pub async fn decisions_of_payment_any_account(
+        &self,
+        payment: PaymentId,
+    ) -> Result<Vec<DecisionRow>> {
         let sql = "SELECT run_id, attempt_id, state_before, state_after, provider_said, decision, \
             actor, reason, decided_at FROM reconciliation_decisions WHERE payment_id = $1 \
             ORDER BY decided_at, id";

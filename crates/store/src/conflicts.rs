@@ -108,7 +108,7 @@ impl WriteTx {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<PaymentRow>> {
-        let before = self.payment_by_id(payment).await?;
+        let before = self.lock_payment_any_account(payment).await?;
         let Some(before) = before else {
             return Ok(None);
         };
@@ -121,14 +121,14 @@ impl WriteTx {
                  AND o.status NOT IN ('declined', 'failed', 'canceled'))) \
              RETURNING {PAYMENT_COLUMNS}"
         );
-        let moved: Option<PaymentRow> = if before.status == "needs_review" {
+        let moved: Option<PaymentRow> = if before.status == cobro_core::PaymentStatus::NeedsReview {
             None
         } else {
             on_tx!(self, conn => sqlx::query_as(&sql)
                 .bind(DbId::from(payment))
                 .bind(reason)
                 .bind(DbTime(now))
-                .bind(&before.status)
+                .bind(before.status)
                 .fetch_optional(&mut *conn)
                 .await?)
         };
@@ -194,7 +194,7 @@ impl WriteTx {
 
 impl Store {
     /// Conflicts not yet resolved, oldest first (the operators' list).
-    pub async fn open_conflicts(&self, limit: u32) -> Result<Vec<ConflictRow>> {
+    pub async fn open_conflicts_any_account(&self, limit: u32) -> Result<Vec<ConflictRow>> {
         let sql = format!(
             "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE resolved_at IS NULL \
              ORDER BY found_at LIMIT $1"
@@ -206,7 +206,10 @@ impl Store {
     }
 
     /// Every conflict of one payment, oldest first.
-    pub async fn conflicts_for(&self, payment: PaymentId) -> Result<Vec<ConflictRow>> {
+    pub async fn conflicts_of_payment_any_account(
+        &self,
+        payment: PaymentId,
+    ) -> Result<Vec<ConflictRow>> {
         let sql = format!(
             "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE payment_id = $1 \
              ORDER BY found_at"

@@ -245,7 +245,11 @@ impl Store {
     }
 
     /// The account's sequenced events after `f.after`, oldest first.
-    pub async fn list_events(&self, account: AccountId, f: &EventFilter) -> Result<Vec<EventRow>> {
+    pub async fn events_for_account(
+        &self,
+        account: AccountId,
+        f: &EventFilter,
+    ) -> Result<Vec<EventRow>> {
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE account_id = $1 \
              AND feed_position IS NOT NULL AND feed_position > $2 \
@@ -264,7 +268,11 @@ impl Store {
     }
 
     /// One sequenced event of the account.
-    pub async fn event(&self, account: AccountId, id: EventId) -> Result<Option<EventRow>> {
+    pub async fn event_for_account(
+        &self,
+        account: AccountId,
+        id: EventId,
+    ) -> Result<Option<EventRow>> {
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE id = $1 AND account_id = $2 \
              AND feed_position IS NOT NULL"
@@ -278,7 +286,7 @@ impl Store {
 
     /// Every event of a payment (and its refunds), by sequence, sequenced
     /// or not: for operators and tests.
-    pub async fn events_of_payment(&self, payment: PaymentId) -> Result<Vec<EventRow>> {
+    pub async fn events_of_payment_any_account(&self, payment: PaymentId) -> Result<Vec<EventRow>> {
         let sql =
             format!("SELECT {EVENT_COLUMNS} FROM events WHERE payment_id = $1 ORDER BY sequence");
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
@@ -289,7 +297,7 @@ impl Store {
 
     /// Events of every account (operators: `cobro events list`), after a
     /// position, oldest first.
-    pub async fn list_all_events(&self, after: i64, limit: u32) -> Result<Vec<EventRow>> {
+    pub async fn events_any_account(&self, after: i64, limit: u32) -> Result<Vec<EventRow>> {
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE feed_position > $1 \
              ORDER BY feed_position LIMIT $2"
@@ -716,7 +724,10 @@ impl Store {
     }
 
     /// The deliveries of an event, for operators and tests.
-    pub async fn deliveries_of(&self, event: EventId) -> Result<Vec<DeliveryRow>> {
+    pub async fn deliveries_of_event_any_account(
+        &self,
+        event: EventId,
+    ) -> Result<Vec<DeliveryRow>> {
         let sql = "SELECT event_id, endpoint_id, state, attempts, last_status, last_error, due_at \
             FROM event_deliveries WHERE event_id = $1 ORDER BY endpoint_id";
         Ok(on_pool!(self, pool => sqlx::query_as(sql)

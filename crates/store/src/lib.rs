@@ -100,12 +100,27 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_) => StoreError::Unavailable(e),
+            // A stored value that is no known variant (a status cobro never
+            // writes): the row is unreadable, never read as a default.
+            sqlx::Error::ColumnDecode { .. } => StoreError::Corrupt(e.to_string()),
             _ => StoreError::Database(e),
         }
     }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// `'a', 'b'` for a `WHERE ... IN (...)` over the domain's own names (the
+/// constants of `cobro_core`, never user text), so a list such as
+/// `PaymentStatus::UNSETTLED` is written once and the SQL literal matches
+/// the partial index's predicate, which PostgreSQL needs to use the index.
+pub(crate) fn sql_names<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names
+        .into_iter()
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// How to reach the database.
 #[derive(Clone, Debug)]

@@ -8,12 +8,12 @@
 
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
-use cobro_core::AttemptId;
+use cobro_core::{AttemptId, RefundStatus};
 
 /// Refunds in one unsettled status.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundCount {
-    pub status: String,
+    pub status: RefundStatus,
     pub count: i64,
     pub oldest: Option<DbTime>,
 }
@@ -52,10 +52,12 @@ pub type TraceColumns = (Option<String>, Option<String>);
 
 impl Store {
     pub async fn refund_unsettled_counts(&self) -> Result<Vec<RefundCount>> {
-        let sql = "SELECT status, COUNT(*) AS count, MIN(status_changed_at) AS oldest FROM refunds \
-            WHERE status IN ('processing', 'requires_reconciliation', 'needs_review') \
-            GROUP BY status";
-        Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?))
+        let sql = format!(
+            "SELECT status, COUNT(*) AS count, MIN(status_changed_at) AS oldest FROM refunds \
+             WHERE status IN ({}) GROUP BY status",
+            crate::sql_names(RefundStatus::UNSETTLED.iter().map(RefundStatus::as_str))
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql).fetch_all(pool).await?))
     }
 
     pub async fn outbox_depth(&self, now: DateTime<Utc>) -> Result<OutboxDepth> {

@@ -146,7 +146,10 @@ impl WriteTx {
     }
 
     /// The held attempts of a payment (at most one per intent).
-    pub async fn held_attempts(&mut self, payment: PaymentId) -> Result<Vec<AttemptRow>> {
+    pub async fn held_attempts_any_account(
+        &mut self,
+        payment: PaymentId,
+    ) -> Result<Vec<AttemptRow>> {
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 AND state = 'held' \
              ORDER BY created_at, id"
@@ -398,7 +401,10 @@ impl Store {
     /// `(lease_token, outcome class, detail)` of every observation, oldest
     /// first. A `succeeded`/`declined` observation's detail is the
     /// provider's object as JSON.
-    pub async fn observations_for(&self, attempt: AttemptId) -> Result<Vec<(i64, String, String)>> {
+    pub async fn observations_of_attempt_any_account(
+        &self,
+        attempt: AttemptId,
+    ) -> Result<Vec<(i64, String, String)>> {
         let sql = "SELECT lease_token, outcome, detail FROM attempt_observations \
             WHERE attempt_id = $1 ORDER BY observed_at";
         Ok(on_pool!(self, pool => sqlx::query_as(sql)

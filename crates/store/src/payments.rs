@@ -6,7 +6,8 @@
 use crate::{DbId, DbTime, Result, Store, StoreError, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AccountId, IntentId, IntentName, Operation, OrderRef, PaymentId, PaymentStatus, RefundId,
+    AccountId, AttemptState, CaptureMethod, Currency, IntentId, IntentName, Operation, OrderRef,
+    PaymentId, PaymentStatus, RefundId, RefundStatus,
 };
 
 /// The columns of a payment, as stored.
@@ -17,12 +18,12 @@ pub struct PaymentRow {
     pub order_ref: String,
     pub intent: String,
     pub amount: i64,
-    pub currency: String,
-    pub capture_method: String,
+    pub currency: Currency,
+    pub capture_method: CaptureMethod,
     pub payment_method: String,
     pub description: Option<String>,
     pub metadata: String,
-    pub status: String,
+    pub status: PaymentStatus,
     pub amount_captured: i64,
     pub amount_refund_reserved: i64,
     pub amount_refunded: i64,
@@ -37,14 +38,7 @@ pub struct PaymentRow {
     /// Why the payment is in `needs_review` (cleared when it leaves).
     pub review_reason: Option<String>,
     /// The status it had when conflicting evidence stopped it.
-    pub review_from: Option<String>,
-}
-
-impl PaymentRow {
-    pub fn status(&self) -> Result<PaymentStatus> {
-        PaymentStatus::parse(&self.status)
-            .ok_or_else(|| StoreError::Corrupt(format!("payment status {}", self.status)))
-    }
+    pub review_from: Option<PaymentStatus>,
 }
 
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
@@ -60,7 +54,7 @@ pub struct RefundRow {
     pub intent: String,
     pub amount: i64,
     pub reason: Option<String>,
-    pub status: String,
+    pub status: RefundStatus,
     pub provider_ref: Option<String>,
     pub failure_code: Option<String>,
     pub failure_message: Option<String>,
@@ -78,12 +72,12 @@ pub struct AttemptRow {
     pub intent_id: DbId,
     pub payment_id: DbId,
     pub refund_id: Option<DbId>,
-    pub operation: String,
+    pub operation: Operation,
     /// The provider's idempotency key: sent to the provider, never shown to
     /// merchants or written to logs.
     pub provider_key: String,
     pub reference: String,
-    pub state: String,
+    pub state: AttemptState,
     pub send_count: i32,
     pub first_send_at: Option<DbTime>,
     pub last_send_at: Option<DbTime>,
@@ -97,6 +91,50 @@ pub(crate) const ATTEMPT_COLUMNS: &str = "id, intent_id, payment_id, refund_id, 
     provider_key, reference, state, send_count, first_send_at, last_send_at, provider_ref, \
     last_error, created_at, updated_at";
 
+/// `c1, c2` as `t.c1, t.c2`, for a query that joins or names its table.
+pub(crate) fn qualified(columns: &str, table: &str) -> String {
+    columns
+        .split(", ")
+        .map(|c| format!("{table}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whose rows a read may return: the named account's (`$2`), or any
+/// account's (the worker, the reconciler and operators).
+#[derive(Clone, Copy)]
+pub(crate) enum Scope {
+    ForAccount,
+    AnyAccount,
+}
+
+impl Scope {
+    fn clause(self) -> &'static str {
+        match self {
+            Scope::ForAccount => " AND account_id = $2",
+            Scope::AnyAccount => "",
+        }
+    }
+}
+
+/// The one SELECT of a payment by id (`$1`); `lock` is
+/// [`WriteTx::lock_clause`] or empty.
+pub(crate) fn payment_by_id(scope: Scope, lock: &str) -> String {
+    let scope = scope.clause();
+    format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1{scope}{lock}")
+}
+
+/// The one SELECT of a refund by id (`$1`).
+pub(crate) fn refund_by_id(scope: Scope) -> String {
+    let scope = scope.clause();
+    format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1{scope}")
+}
+
+/// Every attempt of a payment (`$1`), oldest first.
+pub(crate) fn attempts_of_payment() -> String {
+    format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 ORDER BY created_at, id")
+}
+
 /// A payment about to be created (validated by the caller).
 #[derive(Clone, Debug)]
 pub struct NewPayment {
@@ -105,8 +143,8 @@ pub struct NewPayment {
     pub order_ref: OrderRef,
     pub intent: IntentName,
     pub amount: i64,
-    pub currency: String,
-    pub capture_method: String,
+    pub currency: Currency,
+    pub capture_method: CaptureMethod,
     pub payment_method: String,
     pub description: Option<String>,
     /// Canonical JSON text of the metadata map.
@@ -164,8 +202,8 @@ impl WriteTx {
             .bind(p.order_ref.as_str())
             .bind(p.intent.as_str())
             .bind(p.amount)
-            .bind(&p.currency)
-            .bind(&p.capture_method)
+            .bind(p.currency)
+            .bind(p.capture_method)
             .bind(&p.payment_method)
             .bind(&p.description)
             .bind(&p.metadata)
@@ -201,7 +239,7 @@ impl WriteTx {
             on_tx!(self, conn => sqlx::query_scalar(sql)
                 .bind(DbId::from(account))
                 .bind(order_ref.as_str())
-                .bind(operation.as_str())
+                .bind(operation)
                 .fetch_one(&mut *conn)
                 .await?)
         };
@@ -243,11 +281,7 @@ impl WriteTx {
             // One round trip instead of three on the hot path: PostgreSQL
             // runs the three INSERTs of one statement in order, and they
             // commit or roll back with the transaction like any other.
-            let columns = ATTEMPT_COLUMNS
-                .split(", ")
-                .map(|c| format!("a.{c}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let columns = qualified(ATTEMPT_COLUMNS, "a");
             let sql = format!(
                 "WITH i AS (INSERT INTO intents (id, account_id, payment_id, refund_id, operation, \
                      name, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id), \
@@ -267,7 +301,7 @@ impl WriteTx {
                 .bind(DbId::from(account))
                 .bind(DbId::from(payment))
                 .bind(refund.map(DbId::from))
-                .bind(operation.as_str())
+                .bind(operation)
                 .bind(name.as_str())
                 .bind(DbTime(now))
                 .bind(DbId::from(attempt_id))
@@ -313,7 +347,7 @@ impl WriteTx {
             .bind(DbId::from(account))
             .bind(DbId::from(payment))
             .bind(refund.map(DbId::from))
-            .bind(operation.as_str())
+            .bind(operation)
             .bind(name.as_str())
             .bind(DbTime(now))
             .execute(&mut *conn)
@@ -340,8 +374,8 @@ impl WriteTx {
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
-            .bind(from.as_str())
-            .bind(to.as_str())
+            .bind(from)
+            .bind(to)
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
             .await?))
@@ -365,7 +399,7 @@ impl WriteTx {
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
-            .bind(while_in.as_str())
+            .bind(while_in)
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
             .await?))
@@ -398,14 +432,16 @@ impl WriteTx {
             return Ok(Ok(()));
         }
         let status_sql = "SELECT status FROM payments WHERE id = $1 AND account_id = $2";
-        let status: Option<String> = on_tx!(self, conn => sqlx::query_scalar(status_sql)
+        let status: Option<PaymentStatus> = on_tx!(self, conn => sqlx::query_scalar(status_sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
             .fetch_optional(&mut *conn)
             .await?);
-        Ok(Err(match status.as_deref() {
+        Ok(Err(match status {
             None => RefundRefusal::NotFound,
-            Some("captured" | "partially_refunded") => RefundRefusal::ExceedsCaptured,
+            Some(PaymentStatus::Captured | PaymentStatus::PartiallyRefunded) => {
+                RefundRefusal::ExceedsCaptured
+            }
             Some(_) => RefundRefusal::NotRefundable,
         }))
     }
@@ -433,30 +469,12 @@ impl WriteTx {
     /// the one write lock). Handlers decide from this row, so a refusal
     /// stored against a key is never based on a read a concurrent worker
     /// has already overtaken.
-    pub async fn lock_payment(
+    pub async fn lock_payment_for_account(
         &mut self,
         account: AccountId,
         id: PaymentId,
     ) -> Result<Option<PaymentRow>> {
-        let sql = format!(
-            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND account_id = $2{}",
-            self.lock_clause()
-        );
-        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
-            .bind(DbId::from(id))
-            .bind(DbId::from(account))
-            .fetch_optional(&mut *conn)
-            .await?))
-    }
-
-    /// A payment as seen inside this transaction.
-    pub async fn payment(
-        &mut self,
-        account: AccountId,
-        id: PaymentId,
-    ) -> Result<Option<PaymentRow>> {
-        let sql =
-            format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND account_id = $2");
+        let sql = payment_by_id(Scope::ForAccount, self.lock_clause());
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .bind(DbId::from(account))
@@ -465,7 +483,7 @@ impl WriteTx {
     }
 
     /// The payment that holds an order, if one that is not a terminal failure does.
-    pub async fn active_payment_for_order(
+    pub async fn active_payment_for_account(
         &mut self,
         account: AccountId,
         order_ref: &OrderRef,
@@ -484,9 +502,12 @@ impl WriteTx {
 impl Store {
     /// A payment of this account; another account's payment is `None`,
     /// exactly like one that does not exist.
-    pub async fn payment(&self, account: AccountId, id: PaymentId) -> Result<Option<PaymentRow>> {
-        let sql =
-            format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND account_id = $2");
+    pub async fn payment_for_account(
+        &self,
+        account: AccountId,
+        id: PaymentId,
+    ) -> Result<Option<PaymentRow>> {
+        let sql = payment_by_id(Scope::ForAccount, "");
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .bind(DbId::from(account))
@@ -495,7 +516,7 @@ impl Store {
     }
 
     /// Payments of an account, newest first (ids are time-ordered).
-    pub async fn list_payments(
+    pub async fn payments_for_account(
         &self,
         account: AccountId,
         f: &PaymentFilter,
@@ -508,7 +529,7 @@ impl Store {
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(account))
             .bind(f.order_ref.as_deref())
-            .bind(f.status.map(|s| s.as_str()))
+            .bind(f.status)
             .bind(f.before.map(DbId::from))
             .bind(i64::from(f.limit))
             .fetch_all(pool)
@@ -516,7 +537,7 @@ impl Store {
     }
 
     /// How many payments an account has for one order, in any state.
-    pub async fn count_payments_for_order(
+    pub async fn count_order_payments_for_account(
         &self,
         account: AccountId,
         order_ref: &str,
@@ -529,49 +550,37 @@ impl Store {
             .await?))
     }
 
-    pub async fn attempts_for_payment(&self, payment: PaymentId) -> Result<Vec<AttemptRow>> {
-        let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 ORDER BY created_at, id"
-        );
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+    pub async fn attempts_of_payment_any_account(
+        &self,
+        payment: PaymentId,
+    ) -> Result<Vec<AttemptRow>> {
+        Ok(
+            on_pool!(self, pool => sqlx::query_as(&attempts_of_payment())
             .bind(DbId::from(payment))
             .fetch_all(pool)
+            .await?),
+        )
+    }
+
+    /// A refund of this account by its id; another account's refund is
+    /// `None`, exactly like one that does not exist.
+    pub async fn refund_for_account(
+        &self,
+        account: AccountId,
+        refund: RefundId,
+    ) -> Result<Option<RefundRow>> {
+        let sql = refund_by_id(Scope::ForAccount);
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(refund))
+            .bind(DbId::from(account))
+            .fetch_optional(pool)
             .await?))
     }
 
-    pub async fn refund(
+    pub async fn refunds_of_payment_any_account(
         &self,
-        account: AccountId,
         payment: PaymentId,
-        refund: RefundId,
-    ) -> Result<Option<RefundRow>> {
-        let sql = format!(
-            "SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1 AND payment_id = $2 AND account_id = $3"
-        );
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
-            .bind(DbId::from(refund))
-            .bind(DbId::from(payment))
-            .bind(DbId::from(account))
-            .fetch_optional(pool)
-            .await?))
-    }
-
-    /// A refund of this account by its id alone (tombstone replays know
-    /// only the resource id).
-    pub async fn refund_by_id(
-        &self,
-        account: AccountId,
-        refund: RefundId,
-    ) -> Result<Option<RefundRow>> {
-        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1 AND account_id = $2");
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
-            .bind(DbId::from(refund))
-            .bind(DbId::from(account))
-            .fetch_optional(pool)
-            .await?))
-    }
-
-    pub async fn refunds_for_payment(&self, payment: PaymentId) -> Result<Vec<RefundRow>> {
+    ) -> Result<Vec<RefundRow>> {
         let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE payment_id = $1 ORDER BY id");
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(payment))

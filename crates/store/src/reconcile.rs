@@ -6,7 +6,7 @@
 use crate::payments::{ATTEMPT_COLUMNS, PAYMENT_COLUMNS};
 use crate::{AttemptRow, DbId, DbTime, PaymentRow, Result, Store, on_pool};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, PaymentId};
+use cobro_core::{AttemptId, PaymentId, PaymentStatus, RefundStatus};
 
 impl Store {
     /// Attempts whose outcome the reconciler should establish:
@@ -20,18 +20,14 @@ impl Store {
     /// One page of at most `limit`, in id order after `after` (ids are
     /// time-ordered), so a caller can page through every candidate.
     /// `only_payment` narrows to one payment (`cobro reconcile --payment`).
-    pub async fn reconcile_candidates(
+    pub async fn reconcile_candidates_any_account(
         &self,
         stuck_before: DateTime<Utc>,
         only_payment: Option<PaymentId>,
         after: Option<AttemptId>,
         limit: u32,
     ) -> Result<Vec<AttemptRow>> {
-        let columns = ATTEMPT_COLUMNS
-            .split(", ")
-            .map(|c| format!("a.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let columns = crate::payments::qualified(ATTEMPT_COLUMNS, "a");
         let sql = format!(
             "SELECT {columns} FROM attempts a WHERE a.id IN ( \
                 SELECT id FROM attempts WHERE state = 'reconciling' \
@@ -40,10 +36,12 @@ impl Store {
                     WHERE p.status IN ('capturing', 'canceling') AND p.status_changed_at < $1 \
                     AND at.state IN ('pending', 'unknown', 'reconciling') \
                 UNION SELECT at.id FROM refunds r JOIN attempts at ON at.refund_id = r.id \
-                    WHERE r.status IN ('processing', 'requires_reconciliation', 'needs_review') \
+                    WHERE r.status IN ({refunds_unsettled}) \
                     AND r.status_changed_at < $1 AND at.state IN ('pending', 'unknown', 'reconciling') \
              ) AND ($2 IS NULL OR a.payment_id = $2) AND ($4 IS NULL OR a.id > $4) \
-             ORDER BY a.id LIMIT $3"
+             ORDER BY a.id LIMIT $3",
+            refunds_unsettled =
+                crate::sql_names(RefundStatus::UNSETTLED.iter().map(RefundStatus::as_str))
         );
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbTime(stuck_before))
@@ -58,7 +56,7 @@ impl Store {
     /// `query`, longest in their status first. With no status filter it
     /// reads the whole table (bounded by the time filters and the limit);
     /// with the unsettled statuses it starts from their partial index.
-    pub async fn operator_payments(&self, query: &OperatorQuery<'_>) -> Result<Vec<PaymentRow>> {
+    pub async fn payments_any_account(&self, query: &OperatorQuery<'_>) -> Result<Vec<PaymentRow>> {
         // Statuses are checked names, never free text: the placeholders
         // are generated, the values bound.
         let status_clause = match query.statuses {
@@ -95,7 +93,7 @@ impl Store {
 #[derive(Clone, Debug, Default)]
 pub struct OperatorQuery<'a> {
     /// Only these statuses; `None`: every status.
-    pub statuses: Option<&'a [&'a str]>,
+    pub statuses: Option<&'a [PaymentStatus]>,
     /// Created at or after this.
     pub created_from: Option<DateTime<Utc>>,
     /// Created before this.
@@ -109,7 +107,7 @@ pub struct OperatorQuery<'a> {
 /// one does (the figures an operator alerts on).
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct UnsettledCount {
-    pub status: String,
+    pub status: PaymentStatus,
     pub count: i64,
     pub oldest: Option<DbTime>,
 }
@@ -118,9 +116,11 @@ impl Store {
     /// Counts per unsettled status, read through the partial index
     /// `payments_unsettled` (cheap however large the table grows).
     pub async fn unsettled_counts(&self) -> Result<Vec<UnsettledCount>> {
-        let sql = "SELECT status, COUNT(*) AS count, MIN(status_changed_at) AS oldest FROM payments \
-            WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
-            GROUP BY status";
-        Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?))
+        let sql = format!(
+            "SELECT status, COUNT(*) AS count, MIN(status_changed_at) AS oldest FROM payments \
+             WHERE status IN ({}) GROUP BY status",
+            crate::sql_names(PaymentStatus::UNSETTLED.iter().map(PaymentStatus::as_str))
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql).fetch_all(pool).await?))
     }
 }

@@ -2,7 +2,10 @@
 //! and refund outcomes. All compare-and-set; `None`/`false` means someone
 //! (another worker, the reconciler, a webhook) recorded first.
 
-use crate::payments::{ATTEMPT_COLUMNS, PAYMENT_COLUMNS, REFUND_COLUMNS};
+use crate::payments::{
+    ATTEMPT_COLUMNS, PAYMENT_COLUMNS, REFUND_COLUMNS, Scope, attempts_of_payment, payment_by_id,
+    refund_by_id,
+};
 use crate::{
     AttemptRow, DbId, DbTime, PaymentRow, RefundRow, Result, Store, WriteTx, on_pool, on_tx,
 };
@@ -25,26 +28,23 @@ impl WriteTx {
     /// A payment by id, inside this transaction (workers and the reconciler
     /// act across accounts), locked until the transaction ends: a decision
     /// made from it cannot be overtaken by a concurrent change.
-    pub async fn payment_by_id(&mut self, id: PaymentId) -> Result<Option<PaymentRow>> {
-        let sql = format!(
-            "SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1{}",
-            self.lock_clause()
-        );
+    pub async fn lock_payment_any_account(&mut self, id: PaymentId) -> Result<Option<PaymentRow>> {
+        let sql = payment_by_id(Scope::AnyAccount, self.lock_clause());
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .fetch_optional(&mut *conn)
             .await?))
     }
 
-    pub async fn refund_by_id(&mut self, id: RefundId) -> Result<Option<RefundRow>> {
-        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1");
+    pub async fn refund_any_account(&mut self, id: RefundId) -> Result<Option<RefundRow>> {
+        let sql = refund_by_id(Scope::AnyAccount);
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .fetch_optional(&mut *conn)
             .await?))
     }
 
-    pub async fn attempt(&mut self, id: AttemptId) -> Result<Option<AttemptRow>> {
+    pub async fn attempt_any_account(&mut self, id: AttemptId) -> Result<Option<AttemptRow>> {
         let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = $1");
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
@@ -68,11 +68,7 @@ impl WriteTx {
             return Ok(false);
         }
         // The states are our own constants, never user text.
-        let from = sources
-            .iter()
-            .map(|s| format!("'{}'", s.as_str()))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let from = crate::sql_names(sources.iter().map(AttemptState::as_str));
         let sql = format!(
             "UPDATE attempts SET state = $2, provider_ref = COALESCE($3, provider_ref), \
              last_error = COALESCE($4, last_error), updated_at = $5 \
@@ -80,7 +76,7 @@ impl WriteTx {
         );
         let n = on_tx!(self, conn => sqlx::query(&sql)
             .bind(DbId::from(id))
-            .bind(to.as_str())
+            .bind(to)
             .bind(provider_ref)
             .bind(note)
             .bind(DbTime(now))
@@ -135,8 +131,8 @@ impl WriteTx {
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
-            .bind(from.as_str())
-            .bind(to.as_str())
+            .bind(from)
+            .bind(to)
             .bind(outcome.provider_ref.as_deref())
             .bind(outcome.amount_captured)
             .bind(code)
@@ -170,8 +166,8 @@ impl WriteTx {
         );
         let row: Option<RefundRow> = on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
-            .bind(from.as_str())
-            .bind(to.as_str())
+            .bind(from)
+            .bind(to)
             .bind(provider_ref)
             .bind(failure.map(|f| f.0))
             .bind(failure.map(|f| f.1))
@@ -220,11 +216,11 @@ impl WriteTx {
     }
 
     /// Every attempt of a payment, oldest first, inside this transaction.
-    pub async fn attempts_of(&mut self, payment: PaymentId) -> Result<Vec<AttemptRow>> {
-        let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 ORDER BY created_at, id"
-        );
-        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+    pub async fn attempts_of_payment_any_account(
+        &mut self,
+        payment: PaymentId,
+    ) -> Result<Vec<AttemptRow>> {
+        Ok(on_tx!(self, conn => sqlx::query_as(&attempts_of_payment())
             .bind(DbId::from(payment))
             .fetch_all(&mut *conn)
             .await?))
@@ -255,8 +251,8 @@ impl WriteTx {
 impl Store {
     /// A payment by id across accounts: for the worker and the reconciler
     /// only, never for a merchant-facing read.
-    pub async fn payment_unscoped(&self, id: PaymentId) -> Result<Option<PaymentRow>> {
-        let sql = format!("SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1");
+    pub async fn payment_any_account(&self, id: PaymentId) -> Result<Option<PaymentRow>> {
+        let sql = payment_by_id(Scope::AnyAccount, "");
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .fetch_optional(pool)
@@ -264,8 +260,8 @@ impl Store {
     }
 
     /// A refund by id across accounts: for the worker and the reconciler only.
-    pub async fn refund_unscoped(&self, id: RefundId) -> Result<Option<RefundRow>> {
-        let sql = format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1");
+    pub async fn refund_any_account(&self, id: RefundId) -> Result<Option<RefundRow>> {
+        let sql = refund_by_id(Scope::AnyAccount);
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .fetch_optional(pool)

@@ -136,7 +136,10 @@ impl WriteTx {
     /// The attempts sent under `reference`. References are unique to one
     /// attempt (`{intent}/{attempt id}`); only attempts made before that
     /// (the bare intent name) can share one across accounts.
-    pub async fn attempts_by_reference(&mut self, reference: &str) -> Result<Vec<AttemptRow>> {
+    pub async fn attempts_by_reference_any_account(
+        &mut self,
+        reference: &str,
+    ) -> Result<Vec<AttemptRow>> {
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE reference = $1 ORDER BY created_at, id"
         );
@@ -150,7 +153,7 @@ impl WriteTx {
     /// given) that an event is about: the unresolved one if there is one
     /// (at most one per intent, by a partial unique index), else the most
     /// recent settled one. `None`: cobro never made such an attempt.
-    pub async fn attempt_for_event(
+    pub async fn attempt_for_event_any_account(
         &mut self,
         payment: PaymentId,
         operation: Operation,

@@ -337,8 +337,7 @@ impl<P: Provider> Worker<P> {
 
     async fn process_claim(&self, claim: Claim) -> Result<Step, WorkerError> {
         let attempt = &claim.attempt;
-        let state = AttemptState::parse(&attempt.state)
-            .ok_or_else(|| StoreError::Corrupt(format!("attempt state {}", attempt.state)))?;
+        let state = attempt.state;
         let now = self.clock.now();
         if !matches!(state, AttemptState::Pending | AttemptState::Unknown) {
             let mut tx = self.store.begin().await?;
@@ -387,9 +386,9 @@ impl<P: Provider> Worker<P> {
         // settled meanwhile, or a payment under reconciliation or review
         // stops the send before it happens.
         match self.store.record_send(&claim, now).await? {
-            SendMark::Marked if attempt.send_count > 0 => cobro_telemetry::metrics::retry(
-                Operation::parse(&attempt.operation).map_or("other", |o| o.verb()),
-            ),
+            SendMark::Marked if attempt.send_count > 0 => {
+                cobro_telemetry::metrics::retry(attempt.operation.verb())
+            }
             SendMark::Marked => {}
             SendMark::LeaseLost => return Ok(Step::LeaseLost),
             SendMark::Settled => {
@@ -426,15 +425,14 @@ impl<P: Provider> Worker<P> {
         let attempt = &claim.attempt;
         let payment = self
             .store
-            .payment_unscoped(PaymentId::from_uuid(attempt.payment_id.0))
+            .payment_any_account(PaymentId::from_uuid(attempt.payment_id.0))
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
-        let operation = Operation::parse(&attempt.operation)
-            .ok_or_else(|| StoreError::Corrupt(format!("operation {}", attempt.operation)))?;
+        let operation = attempt.operation;
         let refund = match attempt.refund_id {
             Some(id) => Some(
                 self.store
-                    .refund_unscoped(RefundId::from_uuid(id.0))
+                    .refund_any_account(RefundId::from_uuid(id.0))
                     .await?
                     .ok_or_else(|| StoreError::Corrupt("missing refund".into()))?,
             ),
@@ -448,9 +446,9 @@ impl<P: Provider> Worker<P> {
         let call = match operation {
             Operation::Authorize => Some(Call::Authorize(AuthorizeRequest {
                 amount: payment.amount,
-                currency: payment.currency.clone(),
+                currency: payment.currency.code().to_owned(),
                 payment_method: payment.payment_method.clone(),
-                capture: payment.capture_method == CaptureMethod::Automatic.as_str(),
+                capture: payment.capture_method == CaptureMethod::Automatic,
                 reference: attempt.reference.clone(),
                 metadata,
             })),

@@ -141,11 +141,20 @@ async fn create_account(store: &Store, name: &str, output: JsonFlag) -> anyhow::
     if name.is_empty() {
         bail!("an account name must not be empty");
     }
-    if let Some(existing) = store.find_account_by_name(name).await? {
-        bail!("an account named `{name}` already exists: {existing}");
-    }
     let now = SystemClock.now();
-    let id = store.create_account(name, now).await?;
+    // The unique index on accounts.name (migration 0008) decides, so two
+    // concurrent creates cannot both succeed.
+    let id = match store.create_account(name, now).await {
+        Ok(id) => id,
+        Err(cobro_store::StoreError::UniqueViolation { .. }) => {
+            let existing = store
+                .find_account_by_name(name)
+                .await?
+                .context("the account name is taken, yet no account has it")?;
+            bail!("an account named `{name}` already exists: {existing}");
+        }
+        Err(e) => return Err(e.into()),
+    };
     if output.json {
         return say_json(&json!({"id": id.to_string(), "name": name, "created_at": instant(now)}));
     }

@@ -152,9 +152,9 @@ pub async fn run(global: &GlobalSettings, command: EventsCommand) -> anyhow::Res
                         limit,
                         ..Default::default()
                     };
-                    store.list_events(account, &filter).await?
+                    store.events_for_account(account, &filter).await?
                 }
-                None => store.list_all_events(after, limit).await?,
+                None => store.events_any_account(after, limit).await?,
             };
             if json {
                 let next_after = rows

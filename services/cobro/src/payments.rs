@@ -11,7 +11,7 @@ use crate::settings::{GlobalSettings, ProviderSettings, parse_duration};
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Subcommand, ValueEnum};
-use cobro_core::{Clock, PaymentId, SystemClock};
+use cobro_core::{Clock, PaymentId, PaymentStatus, SystemClock};
 use cobro_reconciler::{ManualOutcome, ManualResolution};
 use cobro_store::Store;
 use comfy_table::Table;
@@ -135,15 +135,6 @@ impl OutcomeArg {
     }
 }
 
-/// Unsettled statuses an operator cares about.
-const UNSETTLED: &[&str] = &[
-    "requires_reconciliation",
-    "needs_review",
-    "processing",
-    "capturing",
-    "canceling",
-];
-
 /// `cobro payments ...`.
 pub async fn run(global: &GlobalSettings, command: PaymentsCommand) -> anyhow::Result<()> {
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
@@ -205,37 +196,30 @@ struct ListFilter {
 }
 
 /// The statuses `--status` names: `None` for `all`.
-fn statuses(given: &[String]) -> anyhow::Result<Option<Vec<&str>>> {
+fn statuses(given: &[String]) -> anyhow::Result<Option<Vec<PaymentStatus>>> {
     if given.is_empty() || given.iter().any(|s| s == "unsettled") {
-        let mut states = UNSETTLED.to_vec();
-        states.extend(
-            given
-                .iter()
-                .map(String::as_str)
-                .filter(|s| *s != "unsettled"),
-        );
-        return checked(states).map(Some);
+        let mut states = PaymentStatus::UNSETTLED.to_vec();
+        states.extend(checked(given.iter().filter(|s| *s != "unsettled"))?);
+        return Ok(Some(states));
     }
     if given.iter().any(|s| s == "all") {
         return Ok(None);
     }
-    checked(given.iter().map(String::as_str).collect()).map(Some)
+    checked(given.iter()).map(Some)
 }
 
-fn checked(states: Vec<&str>) -> anyhow::Result<Vec<&str>> {
-    for s in &states {
-        if cobro_core::PaymentStatus::parse(s).is_none() {
-            let known: Vec<_> = cobro_core::PaymentStatus::ALL
-                .iter()
-                .map(|s| s.as_str())
-                .collect();
-            bail!(
-                "unknown payment status `{s}`: use all, unsettled or one of {}",
-                known.join(", ")
-            );
-        }
-    }
-    Ok(states)
+fn checked<'a>(names: impl Iterator<Item = &'a String>) -> anyhow::Result<Vec<PaymentStatus>> {
+    names
+        .map(|s| {
+            PaymentStatus::parse(s).with_context(|| {
+                let known: Vec<_> = PaymentStatus::ALL.iter().map(|s| s.as_str()).collect();
+                format!(
+                    "unknown payment status `{s}`: use all, unsettled or one of {}",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect()
 }
 
 /// A duration as on-call reads it: `3d04h`, `2h05m`, `4m07s`, `12s`.
@@ -251,7 +235,7 @@ fn age(d: chrono::Duration) -> String {
 }
 
 /// An amount in minor units, as the API takes it, with its currency.
-fn amount(minor: i64, currency: &str) -> String {
+fn amount(minor: i64, currency: &cobro_core::Currency) -> String {
     format!("{minor} {currency}")
 }
 
@@ -269,12 +253,13 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
         in_status_before,
         limit: filter.limit,
     };
-    let rows = store.operator_payments(&query).await?;
+    let rows = store.payments_any_account(&query).await?;
     let truncated = rows.len() == filter.limit as usize;
-    let conflicts = store.open_conflicts(1000).await?;
-    let which = states
-        .as_ref()
-        .map_or_else(|| "all".to_owned(), |s| s.join(", "));
+    let conflicts = store.open_conflicts_any_account(1000).await?;
+    let which = states.as_ref().map_or_else(
+        || "all".to_owned(),
+        |s| s.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+    );
     if output.json {
         let list: Vec<_> = rows
             .iter()
@@ -310,7 +295,7 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
         table.add_row([
             p.id.0.to_string(),
             p.intent.clone(),
-            p.status.clone(),
+            p.status.to_string(),
             amount(p.amount, &p.currency),
             or_dash(p.provider_ref.as_deref()),
             instant(p.created_at.0),
@@ -373,16 +358,16 @@ fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
 
 async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     let id = parse_payment(id)?;
-    let Some(p) = store.payment_unscoped(id).await? else {
+    let Some(p) = store.payment_any_account(id).await? else {
         bail!("no payment {id}");
     };
-    let attempts = store.attempts_for_payment(id).await?;
-    let decisions = store.decisions_for(id).await?;
-    let conflicts = store.conflicts_for(id).await?;
+    let attempts = store.attempts_of_payment_any_account(id).await?;
+    let decisions = store.decisions_of_payment_any_account(id).await?;
+    let conflicts = store.conflicts_of_payment_any_account(id).await?;
     let mut observations = Vec::new();
     for a in &attempts {
         for (token, outcome, detail) in store
-            .observations_for(cobro_core::AttemptId::from_uuid(a.id.0))
+            .observations_of_attempt_any_account(cobro_core::AttemptId::from_uuid(a.id.0))
             .await?
         {
             observations.push((a.id.0, token, outcome, detail));
@@ -472,8 +457,8 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     for a in &attempts {
         table.add_row([
             a.id.0.to_string(),
-            a.operation.clone(),
-            a.state.clone(),
+            a.operation.to_string(),
+            a.state.to_string(),
             a.send_count.to_string(),
             or_dash(a.last_send_at.as_ref().map(time)),
             or_dash(a.provider_ref.as_deref()),
@@ -507,7 +492,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
         audit.add_row([
             time(&d.decided_at),
             d.actor.clone(),
-            d.decision.clone(),
+            d.decision.to_string(),
             format!("{} -> {}", d.state_before, d.state_after),
             or_dash(d.reason.as_deref()),
         ]);
@@ -528,22 +513,21 @@ async fn verify_charge(
 ) -> anyhow::Result<()> {
     use cobro_provider::Provider;
     let row = store
-        .payment_unscoped(payment)
+        .payment_any_account(payment)
         .await?
         .with_context(|| format!("no payment {payment}"))?;
-    if row.status != cobro_core::PaymentStatus::NeedsReview.as_str() {
+    if row.status != cobro_core::PaymentStatus::NeedsReview {
         bail!(
             "the payment is {}; only a payment in needs_review can be resolved by hand",
             row.status
         );
     }
-    let attempts = store.attempts_for_payment(payment).await?;
+    let attempts = store.attempts_of_payment_any_account(payment).await?;
     let named = attempts
         .iter()
         .find(|a| a.id.0 == attempt.as_uuid())
         .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
-    let operation = cobro_core::Operation::parse(&named.operation)
-        .with_context(|| format!("attempt operation {}", named.operation))?;
+    let operation = named.operation;
     let client = crate::provider::connect(provider, None)
         .await
         .context("looking the charge up needs the provider (or --unverified)")?

@@ -1,0 +1,464 @@
+//! The two schemas stay in step: after migrating a fresh PostgreSQL and a
+//! fresh SQLite database, their tables, columns (name, nullability, type
+//! family), primary keys, unique constraints, foreign keys, CHECK counts,
+//! indexes (name, columns, uniqueness, partial predicate), views and
+//! triggers are compared, and every difference is named. Where the two
+//! legitimately differ, the exception is listed below with its reason.
+
+use cobro_core::{PaymentStatus, RefundStatus};
+use cobro_test_support::{Backend, TestDb};
+use sqlx::Connection;
+use std::collections::BTreeSet;
+
+/// Differences that are meant, each with why. An entry is the exact line
+/// the comparison prints for the difference.
+const EXCEPTIONS: &[(&str, &str)] = &[
+    (
+        "unique constraint: only on SQLite: events (written)",
+        "PostgreSQL numbers events.written from a BIGSERIAL sequence; SQLite's \
+         trigger takes MAX(written) + 1 under its one writer, and the UNIQUE \
+         makes a duplicate fail instead of reordering the feed",
+    ),
+    (
+        "view: only on SQLite: cobro_random_uuid",
+        "SQLite has no gen_random_uuid(): 0006's triggers build event ids \
+         from this view over randomblob",
+    ),
+    (
+        "trigger: only on PostgreSQL: outbox has triggers",
+        "0002's NOTIFY cobro_outbox wakes workers in other processes; SQLite \
+         has no NOTIFY and its worker is woken in memory (0002 is a no-op there)",
+    ),
+];
+
+/// Triggers are compared by the table they fire on. SQLite has no trigger
+/// functions and no statement triggers, so one PostgreSQL trigger can be
+/// several SQLite ones (one per event): the names differ by design.
+/// PostgreSQL-only objects that are not compared at all: the trigger
+/// functions (SQLite repeats the body in each trigger) and sequences (none
+/// are used; ids are UUIDs).
+#[derive(Debug, Default)]
+struct Schema {
+    /// `table.column type nullable`
+    columns: BTreeSet<String>,
+    /// `table (columns)`
+    primary_keys: BTreeSet<String>,
+    /// `table (columns)`: unique constraints, named by their columns (the
+    /// backends name them differently: `x_key` vs `sqlite_autoindex_x_1`).
+    unique_constraints: BTreeSet<String>,
+    /// `table (column) -> table (column) on delete ACTION`
+    foreign_keys: BTreeSet<String>,
+    /// `table: n CHECK constraints`
+    checks: BTreeSet<String>,
+    /// `name on table (columns) [unique] [where predicate]`
+    indexes: BTreeSet<String>,
+    views: BTreeSet<String>,
+    /// `table has triggers`
+    triggers: BTreeSet<String>,
+}
+
+/// The family a declared type belongs to, by the mapping of
+/// migrations/README.md (UUID and TIMESTAMPTZ are TEXT on SQLite; BIGINT
+/// and BOOLEAN are INTEGER; BYTEA is BLOB).
+fn family(declared: &str) -> String {
+    let t = declared.to_ascii_lowercase();
+    let f = match t.as_str() {
+        "uuid" | "text" | "timestamp with time zone" | "character varying" | "jsonb" | "json" => {
+            "text"
+        }
+        "bigint" | "integer" | "smallint" | "boolean" | "int" => "integer",
+        "bytea" | "blob" => "blob",
+        "double precision" | "real" => "real",
+        other => return format!("?{other}"),
+    };
+    f.to_owned()
+}
+
+/// A partial index's predicate in one spelling: PostgreSQL's deparsed
+/// `(status <> ALL (ARRAY['a'::text, 'b'::text]))` and SQLite's
+/// `status NOT IN ('a', 'b')` both become `status not in 'a','b'`.
+fn predicate(raw: &str) -> String {
+    let mut p = raw.to_ascii_lowercase();
+    for cast in ["::text[]", "::text", "::bigint", "::integer"] {
+        p = p.replace(cast, "");
+    }
+    p = p
+        .replace("<> all (array[", " not in (")
+        .replace("= any (array[", " in (")
+        .replace("])", ")");
+    let p: String = p.chars().filter(|c| !matches!(c, '(' | ')')).collect();
+    p.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace(", ", ",")
+}
+
+fn index_line(name: &str, table: &str, columns: &str, unique: bool, pred: Option<&str>) -> String {
+    let mut line = format!("{name} on {table} ({columns})");
+    if unique {
+        line.push_str(" unique");
+    }
+    if let Some(p) = pred {
+        line.push_str(&format!(" where {}", predicate(p)));
+    }
+    line
+}
+
+/// kind, table, columns, referenced table, referenced columns, on delete.
+type ConstraintRow = (
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+);
+
+/// `table has triggers` for each table that has any.
+fn trigger_lines(tables: Vec<(String,)>) -> BTreeSet<String> {
+    tables
+        .into_iter()
+        .map(|(t,)| format!("{t} has triggers"))
+        .collect()
+}
+
+async fn postgres_schema(url: &str) -> Schema {
+    let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+    let mut s = Schema::default();
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text \
+         FROM information_schema.columns c WHERE table_schema = 'public' \
+         AND table_name IN (SELECT table_name FROM information_schema.tables \
+             WHERE table_schema = 'public' AND table_type = 'BASE TABLE') \
+         AND table_name <> '_sqlx_migrations'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("columns");
+    for (t, col, ty, nullable) in rows {
+        let null = if nullable == "YES" {
+            "null"
+        } else {
+            "not null"
+        };
+        s.columns
+            .insert(format!("{t}.{col} {} {null}", family(&ty)));
+    }
+    // Constraints with their columns in key order.
+    let rows: Vec<ConstraintRow> = sqlx::query_as(
+        "SELECT c.contype::text, c.conrelid::regclass::text, \
+                (SELECT string_agg(a.attname, ', ' ORDER BY k.i) FROM unnest(c.conkey) \
+                    WITH ORDINALITY k(n, i) JOIN pg_attribute a \
+                    ON a.attrelid = c.conrelid AND a.attnum = k.n), \
+                c.confrelid::regclass::text, \
+                (SELECT string_agg(a.attname, ', ' ORDER BY k.i) FROM unnest(c.confkey) \
+                    WITH ORDINALITY k(n, i) JOIN pg_attribute a \
+                    ON a.attrelid = c.confrelid AND a.attnum = k.n), \
+                c.confdeltype::text \
+             FROM pg_constraint c WHERE c.connamespace = 'public'::regnamespace \
+             AND c.conrelid::regclass::text <> '_sqlx_migrations'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("constraints");
+    let mut checks = std::collections::BTreeMap::<String, usize>::new();
+    for (kind, table, cols, ref_table, ref_cols, on_delete) in rows {
+        match kind.as_str() {
+            "p" => {
+                s.primary_keys.insert(format!("{table} ({cols})"));
+            }
+            "u" => {
+                s.unique_constraints.insert(format!("{table} ({cols})"));
+            }
+            "f" => {
+                let action = match on_delete.as_str() {
+                    "c" => "CASCADE",
+                    "n" => "SET NULL",
+                    "d" => "SET DEFAULT",
+                    "r" => "RESTRICT",
+                    _ => "NO ACTION",
+                };
+                s.foreign_keys.insert(format!(
+                    "{table} ({cols}) -> {} ({}) on delete {action}",
+                    ref_table.unwrap_or_default(),
+                    ref_cols.unwrap_or_default()
+                ));
+            }
+            "c" => *checks.entry(table).or_default() += 1,
+            _ => {}
+        }
+    }
+    for (table, n) in checks {
+        s.checks.insert(format!("{table}: {n} CHECK constraints"));
+    }
+    // Indexes that no constraint owns (those are compared above).
+    let rows: Vec<(String, String, bool, String, Option<String>)> = sqlx::query_as(
+        "SELECT i.relname::text, t.relname::text, x.indisunique, \
+            (SELECT string_agg(pg_get_indexdef(x.indexrelid, k.i::int, true) || \
+                CASE WHEN x.indoption[k.i - 1] & 1 = 1 THEN ' DESC' ELSE '' END, ', ' ORDER BY k.i) \
+             FROM generate_series(1, x.indnkeyatts) k(i)), \
+            pg_get_expr(x.indpred, x.indrelid, true) \
+         FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+         JOIN pg_class t ON t.oid = x.indrelid \
+         JOIN pg_namespace n ON n.oid = t.relnamespace AND n.nspname = 'public' \
+         WHERE NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid) \
+         AND t.relname <> '_sqlx_migrations'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("indexes");
+    for (name, table, unique, cols, pred) in rows {
+        s.indexes
+            .insert(index_line(&name, &table, &cols, unique, pred.as_deref()));
+    }
+    let views: Vec<(String,)> = sqlx::query_as(
+        "SELECT table_name::text FROM information_schema.views WHERE table_schema = 'public'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("views");
+    s.views = views.into_iter().map(|(v,)| v).collect();
+    let triggers: Vec<(String,)> = sqlx::query_as(
+        "SELECT DISTINCT c.relname::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public' \
+         WHERE NOT t.tgisinternal",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("triggers");
+    s.triggers = trigger_lines(triggers);
+    s
+}
+
+async fn sqlite_schema(url: &str) -> Schema {
+    let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
+    let mut s = Schema::default();
+    let tables: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' \
+         AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .expect("tables");
+    for (table, sql) in &tables {
+        let cols: Vec<(String, String, i64, i64)> =
+            sqlx::query_as("SELECT name, type, \"notnull\", pk FROM pragma_table_info($1)")
+                .bind(table)
+                .fetch_all(&mut c)
+                .await
+                .expect("columns");
+        let mut pk: Vec<(i64, String)> = Vec::new();
+        for (col, ty, notnull, key) in cols {
+            // A primary key column is NOT NULL on PostgreSQL by definition;
+            // SQLite (for a non-INTEGER key) would take a NULL, but cobro
+            // always binds ids, so the key counts as NOT NULL here.
+            let null = if notnull == 1 || key > 0 {
+                "not null"
+            } else {
+                "null"
+            };
+            s.columns
+                .insert(format!("{table}.{col} {} {null}", family(&ty)));
+            if key > 0 {
+                pk.push((key, col));
+            }
+        }
+        pk.sort();
+        if !pk.is_empty() {
+            let cols: Vec<_> = pk.into_iter().map(|(_, c)| c).collect();
+            s.primary_keys
+                .insert(format!("{table} ({})", cols.join(", ")));
+        }
+        let fks: Vec<(i64, i64, String, String, Option<String>, String)> = sqlx::query_as(
+            "SELECT id, seq, \"table\", \"from\", \"to\", on_delete \
+             FROM pragma_foreign_key_list($1) ORDER BY id, seq",
+        )
+        .bind(table)
+        .fetch_all(&mut c)
+        .await
+        .expect("foreign keys");
+        let mut by_id =
+            std::collections::BTreeMap::<i64, (String, Vec<String>, Vec<String>, String)>::new();
+        for (id, _, ref_table, from, to, on_delete) in fks {
+            let e = by_id
+                .entry(id)
+                .or_insert_with(|| (ref_table, Vec::new(), Vec::new(), on_delete));
+            e.1.push(from);
+            // `REFERENCES t` without a column means t's primary key.
+            e.2.push(to.unwrap_or_else(|| "id".to_owned()));
+        }
+        for (_, (ref_table, from, to, on_delete)) in by_id {
+            s.foreign_keys.insert(format!(
+                "{table} ({}) -> {ref_table} ({}) on delete {on_delete}",
+                from.join(", "),
+                to.join(", ")
+            ));
+        }
+        let n = sql.to_ascii_uppercase().matches("CHECK").count();
+        if n > 0 {
+            s.checks.insert(format!("{table}: {n} CHECK constraints"));
+        }
+        let indexes: Vec<(String, i64, String, i64)> =
+            sqlx::query_as("SELECT name, \"unique\", origin, partial FROM pragma_index_list($1)")
+                .bind(table)
+                .fetch_all(&mut c)
+                .await
+                .expect("index list");
+        for (name, unique, origin, _) in indexes {
+            let cols: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT name, \"desc\" FROM pragma_index_xinfo($1) WHERE key = 1 ORDER BY seqno",
+            )
+            .bind(&name)
+            .fetch_all(&mut c)
+            .await
+            .expect("index columns");
+            let cols = cols
+                .into_iter()
+                .map(|(c, desc)| if desc == 1 { format!("{c} DESC") } else { c })
+                .collect::<Vec<_>>()
+                .join(", ");
+            match origin.as_str() {
+                "pk" => {}
+                "u" => {
+                    s.unique_constraints.insert(format!("{table} ({cols})"));
+                }
+                _ => {
+                    let sql: Option<String> =
+                        sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = $1")
+                            .bind(&name)
+                            .fetch_one(&mut c)
+                            .await
+                            .expect("index sql");
+                    let pred = sql.as_deref().and_then(|q| {
+                        let upper = q.to_ascii_uppercase();
+                        upper.rfind(" WHERE ").map(|at| q[at + 7..].to_owned())
+                    });
+                    s.indexes.insert(index_line(
+                        &name,
+                        table,
+                        &cols,
+                        unique == 1,
+                        pred.as_deref(),
+                    ));
+                }
+            }
+        }
+    }
+    let views: Vec<(String,)> =
+        sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'view'")
+            .fetch_all(&mut c)
+            .await
+            .expect("views");
+    s.views = views.into_iter().map(|(v,)| v).collect();
+    let triggers: Vec<(String,)> =
+        sqlx::query_as("SELECT DISTINCT tbl_name FROM sqlite_master WHERE type = 'trigger'")
+            .fetch_all(&mut c)
+            .await
+            .expect("triggers");
+    s.triggers = trigger_lines(triggers);
+    s
+}
+
+/// Every line one side has and the other lacks, as `what: only on X: line`.
+fn differences(pg: &Schema, lite: &Schema) -> Vec<String> {
+    let parts: [(&str, &BTreeSet<String>, &BTreeSet<String>); 8] = [
+        ("column", &pg.columns, &lite.columns),
+        ("primary key", &pg.primary_keys, &lite.primary_keys),
+        (
+            "unique constraint",
+            &pg.unique_constraints,
+            &lite.unique_constraints,
+        ),
+        ("foreign key", &pg.foreign_keys, &lite.foreign_keys),
+        ("checks", &pg.checks, &lite.checks),
+        ("index", &pg.indexes, &lite.indexes),
+        ("view", &pg.views, &lite.views),
+        ("trigger", &pg.triggers, &lite.triggers),
+    ];
+    let mut out = Vec::new();
+    for (what, a, b) in parts {
+        for line in a.difference(b) {
+            out.push(format!("{what}: only on PostgreSQL: {line}"));
+        }
+        for line in b.difference(a) {
+            out.push(format!("{what}: only on SQLite: {line}"));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_postgres_and_sqlite_schemas_say_the_same_thing() {
+    let pg = TestDb::new(Backend::Postgres).await;
+    let lite = TestDb::new(Backend::Sqlite).await;
+    let (pg_schema, lite_schema) = (
+        postgres_schema(&pg.url).await,
+        sqlite_schema(&lite.url).await,
+    );
+    assert!(!pg_schema.columns.is_empty() && !lite_schema.columns.is_empty());
+    // The partial indexes of the unsettled statuses list exactly core's
+    // UNSETTLED (the queries build their IN lists from it; PostgreSQL uses
+    // the index only when the two agree).
+    let quoted = |names: Vec<&str>| {
+        names
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let unsettled = [
+        index_line(
+            "payments_unsettled",
+            "payments",
+            "status, status_changed_at",
+            false,
+            Some(&format!(
+                "status IN ({})",
+                quoted(
+                    PaymentStatus::UNSETTLED
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect()
+                )
+            )),
+        ),
+        index_line(
+            "refunds_unsettled",
+            "refunds",
+            "status, status_changed_at",
+            false,
+            Some(&format!(
+                "status IN ({})",
+                quoted(RefundStatus::UNSETTLED.iter().map(|s| s.as_str()).collect())
+            )),
+        ),
+    ];
+    for line in &unsettled {
+        assert!(pg_schema.indexes.contains(line), "PostgreSQL lacks {line}");
+        assert!(lite_schema.indexes.contains(line), "SQLite lacks {line}");
+    }
+    let found = differences(&pg_schema, &lite_schema);
+    let excused: BTreeSet<&str> = EXCEPTIONS.iter().map(|(line, _)| *line).collect();
+    let unexcused: Vec<_> = found
+        .iter()
+        .filter(|d| !excused.contains(d.as_str()))
+        .collect();
+    let stale: Vec<_> = excused
+        .iter()
+        .filter(|e| !found.iter().any(|d| d == *e))
+        .collect();
+    assert!(
+        unexcused.is_empty() && stale.is_empty(),
+        "the schemas differ:\n{}\nexceptions that no longer apply (remove them):\n{}",
+        unexcused
+            .iter()
+            .map(|d| format!("  {d}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        stale
+            .iter()
+            .map(|d| format!("  {d}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+}

@@ -18,6 +18,7 @@ on_both_backends!(
     a_stale_owners_late_answer_changes_nothing,
     a_cancel_recorded_while_unknown_voids_once_authorized,
     refunds_settle_and_release_what_failed,
+    a_long_poll_wakes_when_the_payment_settles_not_on_a_tick,
 );
 
 fn manual(order: &str) -> Value {
@@ -356,4 +357,72 @@ async fn refunds_settle_and_release_what_failed(backend: Backend) {
     assert_eq!(p["status"], "refunded");
     assert_eq!(p["amount_refunded"], 1000);
     assert_eq!(rig.ledger().totals.refunds, 2);
+}
+
+/// `?wait=` ends when the worker settles the payment, woken by the store,
+/// not by re-reading: the fallback re-read is an hour away and the wait 25
+/// s, so only the notification can answer before the test's deadline. On
+/// PostgreSQL a second payment is settled by a statement on a connection of
+/// its own, as a worker in another process would: only LISTEN
+/// `cobro_payment_settled` (migration 0009) can wake that poll.
+async fn a_long_poll_wakes_when_the_payment_settles_not_on_a_tick(backend: Backend) {
+    let mut rig = Rig::new(backend).await;
+    let settings = cobro_api::ApiSettings {
+        long_poll_fallback: std::time::Duration::from_secs(3600),
+        ..cobro_api::ApiSettings::default()
+    };
+    rig.app.serve_with(settings).await;
+    let deadline = std::time::Duration::from_secs(15);
+    let store = rig.app.db.store.clone();
+    let waiting = |n: usize| {
+        let store = store.clone();
+        async move {
+            tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                while store.payment_move_waiters() < n {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the long poll is waiting");
+        }
+    };
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    let poll = rig.app.get(&format!("/v1/payments/{id}?wait=25")).send();
+    let poll = tokio::spawn(poll);
+    waiting(1).await;
+    assert_eq!(
+        rig.drain(3).await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    let answer = tokio::time::timeout(deadline, poll)
+        .await
+        .expect("woken before the deadline")
+        .expect("task")
+        .expect("answered");
+    let answer: Value = answer.json().await.expect("json");
+    assert_eq!(answer["status"], "captured");
+    assert_eq!(rig.ledger().totals.charges, 1);
+
+    if backend == Backend::Postgres {
+        let q = rig.create_payment("k-2", &payment_body("o-2")).await;
+        let id = q["id"].as_str().expect("id").to_owned();
+        let poll = tokio::spawn(rig.app.get(&format!("/v1/payments/{id}?wait=25")).send());
+        waiting(1).await;
+        let mut other = <sqlx::PgConnection as sqlx::Connection>::connect(&rig.app.db.url)
+            .await
+            .expect("a connection of its own");
+        sqlx::query("UPDATE payments SET status = 'failed' WHERE id = $1::uuid")
+            .bind(&id)
+            .execute(&mut other)
+            .await
+            .expect("settled elsewhere");
+        let answer = tokio::time::timeout(deadline, poll)
+            .await
+            .expect("woken by LISTEN before the deadline")
+            .expect("task")
+            .expect("answered");
+        let answer: Value = answer.json().await.expect("json");
+        assert_eq!(answer["status"], "failed");
+    }
 }

@@ -54,6 +54,10 @@ pub struct ApiSettings {
     /// runs in its own task), so a request that began executing finishes
     /// and its answer is stored against its key.
     pub request_timeout: Duration,
+    /// How often a `?wait=` long poll re-reads when no notification came:
+    /// only a fallback, for a PostgreSQL listener that is down or
+    /// reconnecting (`Store::payment_moves`).
+    pub long_poll_fallback: Duration,
 }
 
 impl Default for ApiSettings {
@@ -65,6 +69,7 @@ impl Default for ApiSettings {
             webhook_tolerance: Duration::from_secs(300),
             rate_limit: rate_limit::RateLimit::default(),
             request_timeout: Duration::from_secs(45),
+            long_poll_fallback: Duration::from_secs(1),
         }
     }
 }

@@ -419,9 +419,10 @@ async fn get_payment(
             }
         },
     };
-    // Long poll: re-read until the payment leaves `processing` or the wait
-    // ends. A short poll interval keeps this correct with workers in other
-    // processes, which cannot signal this one.
+    // Long poll: re-read whenever the store says a payment may have left
+    // `processing` (a commit of this process, or any process's on
+    // PostgreSQL), until this one has or the wait ends. The re-read every
+    // `long_poll_fallback` covers a broken listener.
     // Always answered before the request timeout would cut it off.
     let wait = Duration::from_secs(wait).min(
         state
@@ -430,6 +431,9 @@ async fn get_payment(
             .saturating_sub(Duration::from_secs(1)),
     );
     let deadline = tokio::time::Instant::now() + wait;
+    // Subscribed before the first read, so a move between the read and the
+    // wait is not missed.
+    let mut moves = state.store.payment_moves();
     loop {
         let view = load_payment(&state, account.0, id)
             .await?
@@ -439,10 +443,13 @@ async fn get_payment(
         {
             return Ok(Json(view).into_response());
         }
-        tokio::time::sleep_until(
-            deadline.min(tokio::time::Instant::now() + Duration::from_millis(100)),
-        )
-        .await;
+        let next_poll =
+            deadline.min(tokio::time::Instant::now() + state.settings.long_poll_fallback);
+        tokio::select! {
+            // An error means the store is gone: the re-read will say so.
+            _ = moves.changed() => {}
+            () = tokio::time::sleep_until(next_poll) => {}
+        }
     }
 }
 

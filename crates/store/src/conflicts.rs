@@ -142,6 +142,9 @@ impl WriteTx {
                 .await?
                 .rows_affected());
         }
+        if moved.is_some() {
+            self.moved_payment();
+        }
         Ok(moved.map(|_| before))
     }
 

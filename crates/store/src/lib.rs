@@ -24,6 +24,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Postgres, Sqlite, Transaction};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -163,6 +164,10 @@ enum Backend {
 #[derive(Clone, Debug)]
 pub struct Store {
     backend: Backend,
+    /// Bumped when a payment may have left `processing`: after a commit of
+    /// this process that moved a payment, and (PostgreSQL) on
+    /// `cobro_payment_settled` from any process. Shared by every clone.
+    payment_moves: Arc<PaymentMoves>,
 }
 
 /// Runs `$body` with `$pool` bound to the backend's pool. The body is
@@ -205,6 +210,9 @@ enum TxInner {
 /// it back. Hold it only for local work: never across a network call.
 pub struct WriteTx {
     inner: TxInner,
+    payment_moves: Arc<PaymentMoves>,
+    /// A statement of this transaction moved a payment's status.
+    moved_payment: bool,
 }
 
 impl WriteTx {
@@ -217,7 +225,16 @@ impl WriteTx {
             TxInner::Sqlite(t) => tokio::spawn(t.commit()).await,
         };
         done.map_err(|_| StoreError::Corrupt("the commit task was lost".into()))??;
+        if self.moved_payment {
+            self.payment_moves.bump();
+        }
         Ok(())
+    }
+
+    /// Notes that a statement moved a payment's status, so that long polls
+    /// wake once this transaction commits.
+    pub(crate) fn moved_payment(&mut self) {
+        self.moved_payment = true;
     }
 
     pub async fn rollback(self) -> Result<()> {
@@ -288,7 +305,10 @@ impl Store {
                 "expected postgres://... or sqlite://...".to_owned(),
             ));
         };
-        Ok(Self { backend })
+        Ok(Self {
+            backend,
+            payment_moves: Arc::new(PaymentMoves::default()),
+        })
     }
 
     pub fn backend(&self) -> BackendKind {
@@ -386,7 +406,11 @@ impl Store {
                 )
             }
         };
-        Ok(WriteTx { inner })
+        Ok(WriteTx {
+            inner,
+            payment_moves: Arc::clone(&self.payment_moves),
+            moved_payment: false,
+        })
     }
 
     pub async fn close(&self) {
@@ -411,7 +435,53 @@ impl WorkSignal {
     }
 }
 
+/// Wake-ups for long polls waiting for a payment to leave `processing`.
+#[derive(Debug)]
+struct PaymentMoves {
+    generation: tokio::sync::watch::Sender<u64>,
+    /// The PostgreSQL listener task has been started (once per store).
+    listening: std::sync::Once,
+}
+
+impl Default for PaymentMoves {
+    fn default() -> Self {
+        Self {
+            generation: tokio::sync::watch::Sender::new(0),
+            listening: std::sync::Once::new(),
+        }
+    }
+}
+
+impl PaymentMoves {
+    fn bump(&self) {
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
+}
+
 impl Store {
+    /// A receiver that changes whenever a payment may have left
+    /// `processing`: after a commit of this process that moved a payment,
+    /// and, on PostgreSQL, when any process's commit did (LISTEN
+    /// `cobro_payment_settled`, migration 0009; the listener starts with the
+    /// first call and reconnects after a second when it breaks). A change
+    /// says only "read again": the caller re-reads what it waits for, and
+    /// still polls now and then in case the listener is down.
+    pub fn payment_moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        if let Backend::Postgres(pool) = &self.backend {
+            let (pool, moves) = (pool.clone(), Arc::clone(&self.payment_moves));
+            self.payment_moves.listening.call_once(|| {
+                tokio::spawn(listen_for_payment_moves(pool, moves));
+            });
+        }
+        self.payment_moves.generation.subscribe()
+    }
+
+    /// How many long polls (receivers of [`Store::payment_moves`]) are
+    /// waiting now.
+    pub fn payment_move_waiters(&self) -> usize {
+        self.payment_moves.generation.receiver_count()
+    }
+
     /// Subscribes to work notifications, where the backend has them.
     pub async fn listen_for_work(&self) -> Result<Option<WorkSignal>> {
         match &self.backend {
@@ -422,5 +492,27 @@ impl Store {
             }
             Backend::Sqlite(_) => Ok(None),
         }
+    }
+}
+
+/// Bumps `moves` on every `cobro_payment_settled` notification, for as long
+/// as anyone may wait (the task ends when the pool is closed).
+async fn listen_for_payment_moves(pool: sqlx::PgPool, moves: Arc<PaymentMoves>) {
+    while !pool.is_closed() {
+        let listening = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen("cobro_payment_settled").await?;
+            loop {
+                listener.recv().await?;
+                moves.bump();
+            }
+        };
+        let broke: std::result::Result<(), sqlx::Error> = listening.await;
+        if let Err(e) = broke {
+            tracing::warn!(error = %e, "long-poll listener lost; polling until it is back");
+        }
+        // Whatever was missed while reconnecting is caught by a re-read.
+        moves.bump();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }

@@ -371,14 +371,18 @@ impl WriteTx {
             "UPDATE payments SET status = $4, status_changed_at = $5, updated_at = $5 \
              WHERE id = $1 AND account_id = $2 AND status = $3 RETURNING {PAYMENT_COLUMNS}"
         );
-        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+        let moved: Option<PaymentRow> = on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .bind(DbId::from(account))
             .bind(from)
             .bind(to)
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
-            .await?))
+            .await?);
+        if moved.is_some() {
+            self.moved_payment();
+        }
+        Ok(moved)
     }
 
     /// Records that the merchant asked to cancel while the authorisation

@@ -129,7 +129,7 @@ impl WriteTx {
              review_reason = CASE WHEN $3 = 'needs_review' THEN review_reason END \
              WHERE id = $1 AND status = $2 RETURNING {PAYMENT_COLUMNS}"
         );
-        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+        let moved: Option<PaymentRow> = on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .bind(from)
             .bind(to)
@@ -139,7 +139,11 @@ impl WriteTx {
             .bind(message)
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
-            .await?))
+            .await?);
+        if moved.is_some() {
+            self.moved_payment();
+        }
+        Ok(moved)
     }
 
     /// Compare-and-set of a refund's status; on success the payment's

@@ -511,7 +511,8 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
     let claims = store
         .claim_due("doomed", now, now + Duration::seconds(30), 1)
         .await
-        .expect("claim");
+        .expect("claim")
+        .claims;
     let claim = &claims[0];
     assert_eq!(
         store.record_send(claim, now).await.expect("send"),

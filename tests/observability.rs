@@ -909,7 +909,8 @@ async fn the_outbox_row_keeps_the_requests_trace_context_on_both_backends() {
             .store
             .claim_due("w", now, now + chrono::TimeDelta::seconds(30), 10)
             .await
-            .expect("claim");
+            .expect("claim")
+            .claims;
         let [claim] = claims.as_slice() else {
             panic!("{backend:?}: one row, got {}", claims.len())
         };

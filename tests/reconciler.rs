@@ -20,6 +20,7 @@ on_both_backends!(
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
     a_dry_run_changes_nothing,
+    an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages,
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
@@ -368,4 +369,63 @@ async fn a_dry_run_changes_nothing(backend: Backend) {
     let json = serde_json::to_value(&summary).expect("summary serialises");
     assert_eq!(json["examined"], 1);
     assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+async fn an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let mut ids = Vec::new();
+    for order in ["o-1", "o-2", "o-3"] {
+        ids.push(handed_over(&rig, order, FaultAction::FailAfterEffect).await);
+    }
+    // The run's items name payments by their bare UUID.
+    let uuid = |id: &String| uuid::Uuid::from(id.parse::<PaymentId>().expect("id")).to_string();
+    pass_the_window(&rig, 3).await;
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(25 * 3600));
+    // An operation cobro never writes: o-2's attempt cannot be read back.
+    rig.app
+        .db
+        .corrupt_attempts_of("o-2", "operation", "limbo")
+        .await;
+    // One candidate per page: the cursor must pass the unreadable one.
+    let summary = reconciler(&rig, |c| c.page = 1)
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.examined, 3);
+    assert_eq!(summary.errors, 1);
+    let verdicts: Vec<_> = summary
+        .items
+        .iter()
+        .map(|i| (i.payment_id.clone(), i.verdict.name()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        vec![
+            (uuid(&ids[0]), "resolved"),
+            (uuid(&ids[1]), "error"),
+            (uuid(&ids[2]), "resolved"),
+        ]
+    );
+    for id in [&ids[0], &ids[2]] {
+        assert_eq!(rig.payment(id).await["status"], "captured");
+    }
+    let ledger = rig.ledger();
+    for order in ["o-1", "o-2", "o-3"] {
+        assert_eq!(
+            cobro_test_support::for_intent(&ledger, &format!("{order}:authorize-v1")).charges,
+            1,
+            "{order}: charged at its first send, never again"
+        );
+    }
+    // The next run reports it again and finds nothing else to do.
+    let again = reconciler(&rig, |c| c.page = 1)
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!((again.examined, again.errors), (1, 1));
+    assert_eq!(rig.ledger().totals.charges, 3);
 }

@@ -21,6 +21,8 @@ on_both_backends!(
     typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt,
     an_account_name_is_taken_once_whatever_the_code_above_checked,
     migrating_a_database_with_shared_account_names_fails_naming_the_fix,
+    an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_page,
+    attempts_read_for_an_account_are_empty_for_another_accounts_payment,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -401,7 +403,8 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
         .store
         .claim_due("worker-a", t0(), t0() + lease, 10)
         .await
-        .expect("claim");
+        .expect("claim")
+        .claims;
     assert_eq!(first.len(), 1);
     let stale = first[0].clone();
     assert_eq!(stale.token, 1);
@@ -416,7 +419,8 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
         .store
         .claim_due("worker-b", later, later + lease, 10)
         .await
-        .expect("claim");
+        .expect("claim")
+        .claims;
     assert_eq!(second.len(), 1);
     let fresh = &second[0];
     assert_eq!(fresh.outbox_id, stale.outbox_id);
@@ -484,6 +488,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
             .claim_due("worker-c", far, far + lease, 10)
             .await
             .expect("claim")
+            .claims
             .is_empty()
     );
 }
@@ -499,7 +504,8 @@ async fn a_leased_row_is_not_claimed_again_until_its_lease_expires(backend: Back
         .store
         .claim_due("worker-a", t0(), t0() + lease, 3)
         .await
-        .expect("claim");
+        .expect("claim")
+        .claims;
     let b = db
         .store
         .claim_due(
@@ -509,7 +515,8 @@ async fn a_leased_row_is_not_claimed_again_until_its_lease_expires(backend: Back
             10,
         )
         .await
-        .expect("claim");
+        .expect("claim")
+        .claims;
     assert_eq!(a.len(), 3, "a claim takes at most its batch");
     assert_eq!(b.len(), 2, "a second claim takes only the rows still free");
     let mut ids: Vec<_> = a.iter().chain(&b).map(|c| c.outbox_id).collect();
@@ -522,6 +529,7 @@ async fn a_leased_row_is_not_claimed_again_until_its_lease_expires(backend: Back
             .claim_due("worker-c", just_before, just_before + lease, 10)
             .await
             .expect("claim")
+            .claims
             .is_empty()
     );
 }
@@ -721,4 +729,152 @@ async fn a_token_is_refused_from_its_expiry_on_and_once_revoked(backend: Backend
     let only_b = db.store.list_tokens(Some(b)).await.expect("list");
     assert_eq!(only_b.len(), 1);
     assert_eq!(only_b[0].id.0, forever.as_uuid());
+}
+
+async fn an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_page(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let mut ids = Vec::new();
+    for order in ["o-1", "o-2", "o-3"] {
+        ids.push(seed_payment_with_attempt(&db.store, account, order).await);
+    }
+    db.corrupt_attempts_of("o-2", "state", "limbo").await;
+    let lease = Duration::seconds(30);
+    let claimed = db
+        .store
+        .claim_due("worker-a", t0(), t0() + lease, 10)
+        .await
+        .expect("one bad row does not fail the claim");
+    let mut good: Vec<_> = claimed
+        .claims
+        .iter()
+        .map(|c| PaymentId::from_uuid(c.attempt.payment_id.0))
+        .collect();
+    good.sort();
+    assert_eq!(good, vec![ids[0], ids[2]]);
+    let [bad] = claimed.unreadable.as_slice() else {
+        panic!("one unreadable row: {:?}", claimed.unreadable)
+    };
+    assert_eq!(PaymentId::from_uuid(bad.attempt.payment_id.0), ids[1]);
+    assert!(
+        matches!(bad.attempt.error, cobro_store::StoreError::Corrupt(_)),
+        "{bad:?}"
+    );
+    // It stays leased: no one claims it before its lease expires.
+    let again = db
+        .store
+        .claim_due("worker-b", t0(), t0() + lease, 10)
+        .await
+        .expect("claim");
+    assert_eq!(again.leased(), 0);
+
+    // The reconciler's pages: the bad row takes its place (and the cursor
+    // passes it), the rest read as usual.
+    db.exec("UPDATE attempts SET state = 'reconciling'").await;
+    db.corrupt_attempts_of("o-2", "operation", "limbo").await;
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = db
+            .store
+            .reconcile_candidates_any_account(t0(), None, after, 1)
+            .await
+            .expect("one bad row does not fail the page");
+        let Some(row) = page.into_iter().next() else {
+            break;
+        };
+        let (id, payment, readable) = match row {
+            Ok(a) => (a.id, a.payment_id, true),
+            Err(bad) => {
+                assert!(matches!(bad.error, cobro_store::StoreError::Corrupt(_)));
+                (bad.id, bad.payment_id, false)
+            }
+        };
+        after = Some(cobro_core::AttemptId::from_uuid(id.0));
+        seen.push((PaymentId::from_uuid(payment.0), readable));
+    }
+    assert_eq!(seen, vec![(ids[0], true), (ids[1], false), (ids[2], true)]);
+    // Single-row and other reads stay strict.
+    assert!(matches!(
+        db.store.attempts_of_payment_any_account(ids[1]).await,
+        Err(cobro_store::StoreError::Corrupt(_))
+    ));
+}
+
+async fn attempts_read_for_an_account_are_empty_for_another_accounts_payment(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let a = db.store.create_account("a", t0()).await.expect("account");
+    let b = db.store.create_account("b", t0()).await.expect("account");
+    let id = seed_payment_with_attempt(&db.store, a, "o-1").await;
+    db.exec("UPDATE attempts SET state = 'held'").await;
+    let of = |account| {
+        let store = db.store.clone();
+        async move {
+            let pooled = store
+                .attempts_of_payment_for_account(account, id)
+                .await
+                .expect("attempts");
+            let mut tx = store.begin().await.expect("begin");
+            let in_tx = tx
+                .attempts_of_payment_for_account(account, id)
+                .await
+                .expect("attempts");
+            let held = tx
+                .held_attempts_for_account(account, id)
+                .await
+                .expect("held");
+            tx.rollback().await.expect("rollback");
+            (pooled.len(), in_tx.len(), held.len())
+        }
+    };
+    assert_eq!(of(a).await, (1, 1, 1));
+    assert_eq!(of(b).await, (0, 0, 0), "another account's payment has none");
+}
+
+/// The HTTP API acts on a merchant's behalf: it reads through
+/// `..._for_account` only, so no call order can leak another account's
+/// rows. A source check, since no test of behaviour sees an order bug
+/// before it ships.
+#[test]
+fn the_api_never_calls_an_any_account_read() {
+    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/api/src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    assert!(files.len() > 3, "found the API's sources at {root:?}");
+    let mut calls = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        for (n, line) in text.lines().enumerate() {
+            if let Some(at) = line.find("_any_account") {
+                let name_start = line[..at]
+                    .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .map_or(0, |i| i + 1);
+                let called = line[at + "_any_account".len()..]
+                    .trim_start()
+                    .starts_with('(')
+                    || line[..name_start].ends_with('.')
+                    || line[..name_start].ends_with("::");
+                if called {
+                    calls.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        calls.is_empty(),
+        "the API calls _any_account reads:\n{}",
+        calls.join("\n")
+    );
 }

@@ -19,6 +19,7 @@ on_both_backends!(
     a_cancel_recorded_while_unknown_voids_once_authorized,
     refunds_settle_and_release_what_failed,
     a_long_poll_wakes_when_the_payment_settles_not_on_a_tick,
+    an_unreadable_attempt_is_reported_not_sent_and_its_batch_still_charges_once,
 );
 
 fn manual(order: &str) -> Value {
@@ -425,4 +426,49 @@ async fn a_long_poll_wakes_when_the_payment_settles_not_on_a_tick(backend: Backe
         let answer: Value = answer.json().await.expect("json");
         assert_eq!(answer["status"], "failed");
     }
+}
+
+async fn an_unreadable_attempt_is_reported_not_sent_and_its_batch_still_charges_once(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    for order in ["o-1", "o-2", "o-3"] {
+        rig.create_payment(&format!("k-{order}"), &payment_body(order))
+            .await;
+    }
+    // A state cobro never writes: the row cannot be read back.
+    rig.app
+        .db
+        .corrupt_attempts_of("o-2", "state", "limbo")
+        .await;
+    let mut steps = rig.drain(3).await;
+    steps.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(
+        steps,
+        vec![
+            Step::Recorded { class: "succeeded" },
+            Step::Recorded { class: "succeeded" },
+            Step::Unreadable,
+        ]
+    );
+    // Left leased, not sent: it comes back once its lease expires, and is
+    // reported again, never sent.
+    assert_eq!(
+        rig.app
+            .db
+            .count("outbox WHERE state = 'pending' AND lease_owner IS NOT NULL")
+            .await,
+        1
+    );
+    rig.app.clock.advance(Duration::seconds(31));
+    assert_eq!(rig.drain(3).await, vec![Step::Unreadable]);
+    let ledger = rig.ledger();
+    for (order, charges) in [("o-1", 1), ("o-2", 0), ("o-3", 1)] {
+        assert_eq!(
+            cobro_test_support::for_intent(&ledger, &format!("{order}:authorize-v1")).charges,
+            charges,
+            "{order}"
+        );
+    }
+    assert_eq!(ledger.totals.charges, 2);
 }

@@ -228,6 +228,16 @@ impl TestDb {
         }
     }
 
+    /// Stores `value`, which cobro never writes, in `column` of the attempts
+    /// of the payment for `order_ref`: an attempt that cannot be read back.
+    pub async fn corrupt_attempts_of(&self, order_ref: &str, column: &str, value: &str) {
+        self.exec(&format!(
+            "UPDATE attempts SET {column} = '{value}' \
+             WHERE payment_id = (SELECT id FROM payments WHERE order_ref = '{order_ref}')"
+        ))
+        .await;
+    }
+
     /// `SELECT COUNT(*) FROM <from_where>`: counting rows is how API tests
     /// assert effects before a provider is involved.
     pub async fn count(&self, from_where: &str) -> i64 {

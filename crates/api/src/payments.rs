@@ -352,7 +352,10 @@ pub(crate) async fn load_payment(
     let Some(row) = state.store.payment_for_account(account, id).await? else {
         return Ok(None);
     };
-    let attempts = state.store.attempts_of_payment_any_account(id).await?;
+    let attempts = state
+        .store
+        .attempts_of_payment_for_account(account, id)
+        .await?;
     Ok(Some(views::payment(&row, Some(&attempts))))
 }
 
@@ -741,7 +744,7 @@ async fn cancel_payment(
         };
         // A cancel already held (asked while the authorisation was
         // unknown) is the one that runs: one cancel intent, not two.
-        let held = tx.held_attempts_any_account(id).await?;
+        let held = tx.held_attempts_for_account(account.0, id).await?;
         match held.iter().find(|a| a.operation == Operation::Cancel) {
             Some(attempt) => {
                 tx.release_held(cobro_core::AttemptId::from_uuid(attempt.id.0), now)
@@ -763,12 +766,15 @@ async fn cancel_payment(
             }
         }
         row
-    } else if status.authorisation_pending() && manual && authorisation_open(&mut tx, id).await? {
+    } else if status.authorisation_pending()
+        && manual
+        && authorisation_open(&mut tx, account.0, id).await?
+    {
         // The authorisation outcome is not known yet: the cancel becomes an
         // intent of its own, its attempt `held` until the authorisation is
         // proven; then it runs once, or ends with the payment's truth
         // (cobro_settle::apply). A second request finds it already held.
-        let held = tx.held_attempts_any_account(id).await?;
+        let held = tx.held_attempts_for_account(account.0, id).await?;
         if !held.iter().any(|a| a.operation == Operation::Cancel) {
             hold_cancel(&mut tx, account.0, &current, now).await?;
         }
@@ -801,9 +807,13 @@ async fn cancel_payment(
 /// authorize attempt unresolved): only then is a cancel held. A payment in
 /// `needs_review` for another reason (a capture escalated, a conflict)
 /// refuses the cancel instead of holding it forever.
-async fn authorisation_open(tx: &mut WriteTx, payment: PaymentId) -> Result<bool, ApiError> {
+async fn authorisation_open(
+    tx: &mut WriteTx,
+    account: AccountId,
+    payment: PaymentId,
+) -> Result<bool, ApiError> {
     Ok(tx
-        .attempts_of_payment_any_account(payment)
+        .attempts_of_payment_for_account(account, payment)
         .await?
         .iter()
         .any(|a| a.operation == Operation::Authorize && a.state.is_unresolved()))

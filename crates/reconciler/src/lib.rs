@@ -329,11 +329,17 @@ impl<P: Provider> Reconciler<P> {
                 .store
                 .reconcile_candidates_any_account(cutoff, scope.payment, after, self.config.page)
                 .await?;
+            // The cursor passes an unreadable row too: it names its id.
             let Some(last) = page.last() else { break };
-            after = Some(AttemptId::from_uuid(last.id.0));
+            after = Some(AttemptId::from_uuid(match last {
+                Ok(a) => a.id.0,
+                Err(bad) => bad.id.0,
+            }));
             let full = page.len() == self.config.page as usize;
-            for attempt in &page {
-                if scope.older_than.is_some() && attempt.last_send_at.is_some_and(|t| t.0 >= cutoff)
+            for candidate in &page {
+                if let Ok(attempt) = candidate
+                    && scope.older_than.is_some()
+                    && attempt.last_send_at.is_some_and(|t| t.0 >= cutoff)
                 {
                     continue;
                 }
@@ -341,18 +347,36 @@ impl<P: Provider> Reconciler<P> {
                     summary.truncated = true;
                     return Ok(());
                 }
-                let item = match self.examine(attempt, run_id, dry_run).await {
-                    Ok(item) => item,
-                    Err(ReconcileError::Store(e)) => {
-                        tracing::error!(attempt_id = %attempt.id.0, error = %e, "examining an attempt failed; the next run tries again");
+                let item = match candidate {
+                    Ok(attempt) => match self.examine(attempt, run_id, dry_run).await {
+                        Ok(item) => item,
+                        Err(ReconcileError::Store(e)) => {
+                            tracing::error!(attempt_id = %attempt.id.0, error = %e, "examining an attempt failed; the next run tries again");
+                            Examined {
+                                payment_id: attempt.payment_id.0.to_string(),
+                                attempt_id: attempt.id.0.to_string(),
+                                reference: attempt.reference.clone(),
+                                operation: attempt.operation.to_string(),
+                                provider_said: serde_json::Value::Null,
+                                verdict: Verdict::Error {
+                                    error: e.to_string(),
+                                },
+                                applied: false,
+                            }
+                        }
+                    },
+                    // Unreadable (a stored value no known variant matches):
+                    // reported like any failed examination, and the run goes on.
+                    Err(bad) => {
+                        tracing::error!(attempt_id = %bad.id.0, error = %bad.error, "a candidate attempt cannot be read; the next run tries again");
                         Examined {
-                            payment_id: attempt.payment_id.0.to_string(),
-                            attempt_id: attempt.id.0.to_string(),
-                            reference: attempt.reference.clone(),
-                            operation: attempt.operation.to_string(),
+                            payment_id: bad.payment_id.0.to_string(),
+                            attempt_id: bad.id.0.to_string(),
+                            reference: String::new(),
+                            operation: String::new(),
                             provider_said: serde_json::Value::Null,
                             verdict: Verdict::Error {
-                                error: e.to_string(),
+                                error: bad.error.to_string(),
                             },
                             applied: false,
                         }

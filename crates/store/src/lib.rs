@@ -16,7 +16,7 @@ pub mod webhooks;
 
 pub use db_types::{DbId, DbTime};
 pub use idempotency::{KeyScope, Reservation, StoredRecord};
-pub use outbox::{Claim, NewAttempt, SendMark};
+pub use outbox::{Claim, Claimed, NewAttempt, SendMark, UnreadableClaim};
 pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow, RefundRow};
 
 use sqlx::migrate::Migrator;
@@ -110,6 +110,39 @@ impl From<sqlx::Error> for StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// An attempt that a multi-row read found but could not decode (a stored
+/// value that is no known variant): its plain columns still name it, so the
+/// caller can report it and go on with the other rows. One bad row fails
+/// only itself, never its batch or page.
+#[derive(Debug)]
+pub struct UnreadableAttempt {
+    pub id: DbId,
+    pub payment_id: DbId,
+    /// Why it could not be read (`Corrupt`).
+    pub error: StoreError,
+}
+
+/// Decodes one attempt-shaped row (`T` flattens the attempt's columns),
+/// turning a decode failure into an [`UnreadableAttempt`]. Its `id` and
+/// `payment_id` must still decode: without them the row cannot even be
+/// named, and the whole read fails strictly.
+pub(crate) fn decode_attempt<'r, R, T>(row: &'r R) -> Result<Result<T, UnreadableAttempt>>
+where
+    R: sqlx::Row,
+    T: sqlx::FromRow<'r, R>,
+    DbId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    &'static str: sqlx::ColumnIndex<R>,
+{
+    match T::from_row(row) {
+        Ok(decoded) => Ok(Ok(decoded)),
+        Err(e) => Ok(Err(UnreadableAttempt {
+            id: row.try_get("id")?,
+            payment_id: row.try_get("payment_id")?,
+            error: e.into(),
+        })),
+    }
+}
 
 /// `'a', 'b'` for a `WHERE ... IN (...)` over the domain's own names (the
 /// constants of `cobro_core`, never user text), so a list such as

@@ -5,10 +5,16 @@
 //! Every later write by the worker names that token; a write with an older
 //! token updates zero rows, which is how a worker learns it lost its lease.
 
-use crate::payments::ATTEMPT_COLUMNS;
-use crate::{AttemptRow, Backend, DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
+use crate::payments::{ATTEMPT_COLUMNS, Scope, attempts_of_payment};
+use crate::{
+    AttemptRow, Backend, DbId, DbTime, Result, Store, UnreadableAttempt, WriteTx, decode_attempt,
+    on_pool, on_tx,
+};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, AttemptState, IntentId, Operation, OutboxId, PaymentId, RefundId};
+use cobro_core::{
+    AccountId, AttemptId, AttemptState, IntentId, Operation, OutboxId, PaymentId, RefundId,
+};
+use sqlx::Row;
 
 /// An attempt to create with its outbox row, in the caller's transaction.
 #[derive(Clone, Debug)]
@@ -53,6 +59,30 @@ pub struct Claim {
     /// `tracestate`), for the worker's span; `None` when tracing was off.
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+}
+
+/// What one claim took: the rows it leased and could read, and those it
+/// leased but could not decode. An unreadable row stays leased (it is
+/// never sent) and comes back when its lease expires, to be reported again.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub claims: Vec<Claim>,
+    pub unreadable: Vec<UnreadableClaim>,
+}
+
+impl Claimed {
+    /// Every row the claim leased, readable or not.
+    pub fn leased(&self) -> usize {
+        self.claims.len() + self.unreadable.len()
+    }
+}
+
+/// A row leased by a claim whose attempt could not be decoded.
+#[derive(Debug)]
+pub struct UnreadableClaim {
+    pub outbox_id: OutboxId,
+    pub token: i64,
+    pub attempt: UnreadableAttempt,
 }
 
 #[derive(sqlx::FromRow)]
@@ -150,12 +180,24 @@ impl WriteTx {
         &mut self,
         payment: PaymentId,
     ) -> Result<Vec<AttemptRow>> {
-        let sql = format!(
-            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 AND state = 'held' \
-             ORDER BY created_at, id"
-        );
+        let sql = attempts_of_payment(Scope::AnyAccount, Some(AttemptState::Held));
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
+            .fetch_all(&mut *conn)
+            .await?))
+    }
+
+    /// The held attempts of a payment of this account; another account's
+    /// payment has none.
+    pub async fn held_attempts_for_account(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+    ) -> Result<Vec<AttemptRow>> {
+        let sql = attempts_of_payment(Scope::ForAccount, Some(AttemptState::Held));
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
             .fetch_all(&mut *conn)
             .await?))
     }
@@ -219,7 +261,7 @@ impl Store {
         now: DateTime<Utc>,
         lease_until: DateTime<Utc>,
         limit: u32,
-    ) -> Result<Vec<Claim>> {
+    ) -> Result<Claimed> {
         // Each arm returns the (row, fencing token) pairs it leased, so the
         // claim is read back by exactly those tokens, never by owner and
         // expiry (two claims in one instant would share those).
@@ -258,7 +300,7 @@ impl Store {
         };
         tracing::Span::current().record("claimed", leased.len());
         if leased.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Claimed::default());
         }
         let columns = ATTEMPT_COLUMNS
             .split(", ")
@@ -275,27 +317,40 @@ impl Store {
              FROM outbox o JOIN attempts a ON a.id = o.attempt_id \
              WHERE o.id IN ({placeholders}) AND o.state = 'pending'"
         );
-        let rows: Vec<ClaimRow> = on_pool!(self, pool => {
-            let mut q = sqlx::query_as(&sql);
+        // Row by row: one attempt that does not decode fails only itself,
+        // never the batch this claim has already leased.
+        let mut claimed = Claimed::default();
+        on_pool!(self, pool => {
+            let mut q = sqlx::query(&sql);
             for (id, _) in &leased {
                 q = q.bind(*id);
             }
-            q.fetch_all(pool).await?
+            for row in q.fetch_all(pool).await? {
+                let outbox_id: DbId = row.try_get("outbox_id")?;
+                let token: i64 = row.try_get("lease_token")?;
+                // Only the token this claim set: a row claimed again since
+                // (its lease already lost) is not ours.
+                if !leased.contains(&(outbox_id, token)) {
+                    continue;
+                }
+                match decode_attempt::<_, ClaimRow>(&row)? {
+                    Ok(r) => claimed.claims.push(Claim {
+                        outbox_id: OutboxId::from_uuid(r.outbox_id.0),
+                        token: r.lease_token,
+                        lease_expires_at: r.lease_expires_at.0,
+                        attempt: r.attempt,
+                        traceparent: r.traceparent,
+                        tracestate: r.tracestate,
+                    }),
+                    Err(attempt) => claimed.unreadable.push(UnreadableClaim {
+                        outbox_id: OutboxId::from_uuid(outbox_id.0),
+                        token,
+                        attempt,
+                    }),
+                }
+            }
         });
-        Ok(rows
-            .into_iter()
-            // Only the token this claim set: a row claimed again since
-            // (its lease already lost) is not ours.
-            .filter(|r| leased.contains(&(r.outbox_id, r.lease_token)))
-            .map(|r| Claim {
-                outbox_id: OutboxId::from_uuid(r.outbox_id.0),
-                token: r.lease_token,
-                lease_expires_at: r.lease_expires_at.0,
-                attempt: r.attempt,
-                traceparent: r.traceparent,
-                tracestate: r.tracestate,
-            })
-            .collect())
+        Ok(claimed)
     }
 
     /// Extends a lease (the heartbeat). `false`: the lease was lost (another

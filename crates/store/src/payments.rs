@@ -130,9 +130,21 @@ pub(crate) fn refund_by_id(scope: Scope) -> String {
     format!("SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1{scope}")
 }
 
-/// Every attempt of a payment (`$1`), oldest first.
-pub(crate) fn attempts_of_payment() -> String {
-    format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1 ORDER BY created_at, id")
+/// Every attempt of a payment (`$1`) in `state` (`None`: any), oldest
+/// first. Attempts carry no account of their own: for one account (`$2`)
+/// the payment must be that account's, checked by the same statement.
+pub(crate) fn attempts_of_payment(scope: Scope, state: Option<AttemptState>) -> String {
+    let scope = match scope {
+        Scope::ForAccount => {
+            " AND EXISTS (SELECT 1 FROM payments p WHERE p.id = $1 AND p.account_id = $2)"
+        }
+        Scope::AnyAccount => "",
+    };
+    let state = state.map_or(String::new(), |s| format!(" AND state = '{}'", s.as_str()));
+    format!(
+        "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE payment_id = $1{state}{scope} \
+         ORDER BY created_at, id"
+    )
 }
 
 /// A payment about to be created (validated by the caller).
@@ -558,12 +570,26 @@ impl Store {
         &self,
         payment: PaymentId,
     ) -> Result<Vec<AttemptRow>> {
-        Ok(
-            on_pool!(self, pool => sqlx::query_as(&attempts_of_payment())
+        let sql = attempts_of_payment(Scope::AnyAccount, None);
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
             .fetch_all(pool)
-            .await?),
-        )
+            .await?))
+    }
+
+    /// Every attempt of a payment of this account, oldest first; another
+    /// account's payment has none, exactly like one that does not exist.
+    pub async fn attempts_of_payment_for_account(
+        &self,
+        account: AccountId,
+        payment: PaymentId,
+    ) -> Result<Vec<AttemptRow>> {
+        let sql = attempts_of_payment(Scope::ForAccount, None);
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
+            .fetch_all(pool)
+            .await?))
     }
 
     /// A refund of this account by its id; another account's refund is

@@ -4,7 +4,9 @@
 //! refunds not settled), never from the whole payments table.
 
 use crate::payments::{ATTEMPT_COLUMNS, PAYMENT_COLUMNS};
-use crate::{AttemptRow, DbId, DbTime, PaymentRow, Result, Store, on_pool};
+use crate::{
+    AttemptRow, DbId, DbTime, PaymentRow, Result, Store, UnreadableAttempt, decode_attempt, on_pool,
+};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, PaymentId, PaymentStatus, RefundStatus};
 
@@ -20,13 +22,16 @@ impl Store {
     /// One page of at most `limit`, in id order after `after` (ids are
     /// time-ordered), so a caller can page through every candidate.
     /// `only_payment` narrows to one payment (`cobro reconcile --payment`).
+    /// Each row is decoded on its own: one that does not decode is an
+    /// [`UnreadableAttempt`] in its place, so the caller reports it and the
+    /// page (and its cursor) goes on past it.
     pub async fn reconcile_candidates_any_account(
         &self,
         stuck_before: DateTime<Utc>,
         only_payment: Option<PaymentId>,
         after: Option<AttemptId>,
         limit: u32,
-    ) -> Result<Vec<AttemptRow>> {
+    ) -> Result<Vec<Result<AttemptRow, UnreadableAttempt>>> {
         let columns = crate::payments::qualified(ATTEMPT_COLUMNS, "a");
         let sql = format!(
             "SELECT {columns} FROM attempts a WHERE a.id IN ( \
@@ -43,13 +48,16 @@ impl Store {
             refunds_unsettled =
                 crate::sql_names(RefundStatus::UNSETTLED.iter().map(RefundStatus::as_str))
         );
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+        on_pool!(self, pool => sqlx::query(&sql)
             .bind(DbTime(stuck_before))
             .bind(only_payment.map(DbId::from))
             .bind(i64::from(limit))
             .bind(after.map(DbId::from))
             .fetch_all(pool)
-            .await?))
+            .await?
+            .iter()
+            .map(decode_attempt)
+            .collect())
     }
 
     /// The operators' view (`cobro payments list`): payments matching

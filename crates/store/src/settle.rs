@@ -11,7 +11,7 @@ use crate::{
 };
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AttemptId, AttemptState, OutboxId, PaymentId, PaymentStatus, RefundId, RefundStatus,
+    AccountId, AttemptId, AttemptState, OutboxId, PaymentId, PaymentStatus, RefundId, RefundStatus,
 };
 
 /// The fields an outcome may set on a payment besides its status.
@@ -224,8 +224,24 @@ impl WriteTx {
         &mut self,
         payment: PaymentId,
     ) -> Result<Vec<AttemptRow>> {
-        Ok(on_tx!(self, conn => sqlx::query_as(&attempts_of_payment())
+        let sql = attempts_of_payment(Scope::AnyAccount, None);
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
+            .fetch_all(&mut *conn)
+            .await?))
+    }
+
+    /// Every attempt of a payment of this account, oldest first, inside
+    /// this transaction; another account's payment has none.
+    pub async fn attempts_of_payment_for_account(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+    ) -> Result<Vec<AttemptRow>> {
+        let sql = attempts_of_payment(Scope::ForAccount, None);
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(payment))
+            .bind(DbId::from(account))
             .fetch_all(&mut *conn)
             .await?))
     }

@@ -12,7 +12,7 @@ use cobro_provider::{AuthorizeRequest, Outcome, Provider, ProviderObject, Refund
 use cobro_settle::evidence::{Fit, charge_now, fit, identity, proof_from};
 use cobro_settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
-use cobro_store::{Claim, PaymentRow, RefundRow, SendMark, Store, StoreError};
+use cobro_store::{Claim, PaymentRow, RefundRow, SendMark, Store, StoreError, UnreadableClaim};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -104,6 +104,10 @@ pub enum Step {
     /// The answer carried this attempt's identity but not what it asked
     /// for: kept as a conflict, the payment is in `needs_review`.
     Conflict,
+    /// The claimed row's attempt could not be read (a stored value no
+    /// known variant matches): reported, not sent, left leased, so it is
+    /// reported again when the lease expires and never sent while unreadable.
+    Unreadable,
 }
 
 pub struct Worker<P: Provider> {
@@ -115,6 +119,21 @@ pub struct Worker<P: Provider> {
     wake: Arc<Notify>,
     slots: Arc<Semaphore>,
     stopping: AtomicBool,
+}
+
+/// Logs a leased row whose attempt could not be read. It is not released:
+/// released, it would be claimed again at once, in a loop; leased, it comes
+/// back once per lease period, the rest of its batch unaffected.
+fn report_unreadable(bad: &UnreadableClaim) -> Step {
+    tracing::error!(
+        outbox_id = %bad.outbox_id,
+        attempt_id = %bad.attempt.id.0,
+        payment_id = %bad.attempt.payment_id.0,
+        lease_token = bad.token,
+        error = %bad.attempt.error,
+        "claimed an outbox row whose attempt cannot be read; not sent, left leased"
+    );
+    Step::Unreadable
 }
 
 fn to_chrono(d: Duration) -> chrono::Duration {
@@ -181,7 +200,7 @@ impl<P: Provider> Worker<P> {
     /// tests drive. Returns the step of every claimed row.
     pub async fn run_once(self: &Arc<Self>) -> Result<Vec<Step>, WorkerError> {
         let now = self.clock.now();
-        let claims = self
+        let claimed = self
             .store
             .claim_due(
                 &self.config.owner,
@@ -190,12 +209,12 @@ impl<P: Provider> Worker<P> {
                 self.config.batch,
             )
             .await?;
+        let mut steps: Vec<Step> = claimed.unreadable.iter().map(report_unreadable).collect();
         let mut set = JoinSet::new();
-        for claim in claims {
+        for claim in claimed.claims {
             let me = Arc::clone(self);
             set.spawn(async move { me.process(claim).await });
         }
-        let mut steps = Vec::new();
         while let Some(done) = set.join_next().await {
             match done {
                 Ok(Ok(step)) => steps.push(step),
@@ -243,9 +262,12 @@ impl<P: Provider> Worker<P> {
                     )
                     .await
                 {
-                    Ok(claims) => {
-                        claimed = claims.len();
-                        for claim in claims {
+                    Ok(batch) => {
+                        claimed = batch.leased();
+                        for bad in &batch.unreadable {
+                            report_unreadable(bad);
+                        }
+                        for claim in batch.claims {
                             let Ok(permit) = Arc::clone(&self.slots).acquire_owned().await else {
                                 break;
                             };

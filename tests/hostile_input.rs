@@ -3,7 +3,7 @@
 //! stores alike. Each test counts rows (and, for webhooks, the events
 //! stored) before and after.
 
-use cobro_test_support::{Backend, Rig, TestApp, on_both_backends, payment_body};
+use cobro_test_support::{Backend, Rig, TestApp, create, on_both_backends, payment_body};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -28,14 +28,6 @@ async fn effects(app: &TestApp) -> [i64; 4] {
         app.db.count("idempotency_records").await,
         app.db.count("outbox").await,
     ]
-}
-
-async fn create(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
-    app.post("/v1/payments", Some(key))
-        .json(body)
-        .send()
-        .await
-        .expect("send")
 }
 
 async fn nul_in_any_text_field_is_400_and_leaves_the_key_free(backend: Backend) {

@@ -3,7 +3,7 @@
 //! and outbox rows (provider calls belong to the worker).
 
 use chrono::Duration;
-use cobro_test_support::{Backend, TestApp, on_both_backends, payment_body};
+use cobro_test_support::{Backend, TestApp, create, on_both_backends, payment_body};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::collections::HashSet;
@@ -33,14 +33,6 @@ on_both_backends!(
     without_a_database_answers_are_503_and_readyz_fails,
     a_sane_request_id_is_kept_and_any_other_replaced,
 );
-
-async fn create(app: &TestApp, key: &str, body: &Value) -> reqwest::Response {
-    app.post("/v1/payments", Some(key))
-        .json(body)
-        .send()
-        .await
-        .expect("send")
-}
 
 async fn json_of(response: reqwest::Response) -> Value {
     response.json().await.expect("json body")

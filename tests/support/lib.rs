@@ -731,3 +731,12 @@ mod dep_info_tests {
     }
 }
 pub mod process;
+
+/// `POST /v1/payments` with `key` and `body`, answered (any status).
+pub async fn create(app: &TestApp, key: &str, body: &serde_json::Value) -> reqwest::Response {
+    app.post("/v1/payments", Some(key))
+        .json(body)
+        .send()
+        .await
+        .expect("send")
+}

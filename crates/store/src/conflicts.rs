@@ -142,10 +142,7 @@ impl WriteTx {
                 .await?
                 .rows_affected());
         }
-        if moved.is_some() {
-            self.moved_payment();
-        }
-        Ok(moved.map(|_| before))
+        Ok(self.noting_move(moved).map(|_| before))
     }
 
     /// Whether the payment has conflicts no operator has resolved yet.

@@ -264,10 +264,11 @@ impl WriteTx {
         Ok(())
     }
 
-    /// Notes that a statement moved a payment's status, so that long polls
-    /// wake once this transaction commits.
-    pub(crate) fn moved_payment(&mut self) {
-        self.moved_payment = true;
+    /// Passes on what a status update returned, noting a moved payment so
+    /// that long polls wake once this transaction commits.
+    pub(crate) fn noting_move(&mut self, moved: Option<PaymentRow>) -> Option<PaymentRow> {
+        self.moved_payment |= moved.is_some();
+        moved
     }
 
     pub async fn rollback(self) -> Result<()> {

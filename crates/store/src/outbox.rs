@@ -97,6 +97,31 @@ struct ClaimRow {
 }
 
 impl WriteTx {
+    /// A pending outbox row for `attempt`, due at `due_at`, carrying the
+    /// current trace context (so the worker's span continues the request's
+    /// trace).
+    async fn insert_outbox_row(
+        &mut self,
+        attempt: AttemptId,
+        due_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
+            traceparent, tracestate) VALUES ($1, $2, 'pending', $3, $4, $4, $5, $6)";
+        let trace = cobro_telemetry::current_context();
+        on_tx!(self, conn => sqlx::query(outbox)
+            .bind(DbId::from(OutboxId::new()))
+            .bind(DbId::from(attempt))
+            .bind(DbTime(due_at))
+            .bind(DbTime(now))
+            .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
+            .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
     /// Inserts the attempt and its outbox row, due at `due_at`.
     pub async fn enqueue_attempt(
         &mut self,
@@ -106,19 +131,7 @@ impl WriteTx {
     ) -> Result<AttemptRow> {
         let id = a.id;
         let row = self.insert_attempt(a, AttemptState::Pending, now).await?;
-        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
-            traceparent, tracestate) VALUES ($1, $2, 'pending', $3, $4, $4, $5, $6)";
-        let trace = cobro_telemetry::current_context();
-        on_tx!(self, conn => sqlx::query(outbox)
-            .bind(DbId::from(OutboxId::new()))
-            .bind(DbId::from(id))
-            .bind(DbTime(due_at))
-            .bind(DbTime(now))
-            .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
-            .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
+        self.insert_outbox_row(id, due_at, now).await?;
         Ok(row)
     }
 
@@ -216,18 +229,7 @@ impl WriteTx {
         if n != 1 {
             return Ok(false);
         }
-        let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
-            traceparent, tracestate) VALUES ($1, $2, 'pending', $3, $3, $3, $4, $5)";
-        let trace = cobro_telemetry::current_context();
-        on_tx!(self, conn => sqlx::query(outbox)
-            .bind(DbId::from(OutboxId::new()))
-            .bind(DbId::from(attempt))
-            .bind(DbTime(now))
-            .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
-            .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
+        self.insert_outbox_row(attempt, now, now).await?;
         Ok(true)
     }
 

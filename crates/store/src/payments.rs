@@ -391,10 +391,7 @@ impl WriteTx {
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
             .await?);
-        if moved.is_some() {
-            self.moved_payment();
-        }
-        Ok(moved)
+        Ok(self.noting_move(moved))
     }
 
     /// Records that the merchant asked to cancel while the authorisation

@@ -44,13 +44,9 @@ impl Store {
         cutoff: DateTime<Utc>,
         batch: u32,
     ) -> Result<u64> {
-        let pick = "SELECT account_id, operation, idempotency_key FROM idempotency_records \
-            WHERE state = 'completed' AND created_at < $1 ORDER BY created_at LIMIT $2";
-        self.purge_batch(
-            &format!(
-                "UPDATE idempotency_records SET state = 'tombstone', response_body = NULL \
-                 WHERE (account_id, operation, idempotency_key) IN ({pick})"
-            ),
+        self.purge_idempotency(
+            "completed",
+            "UPDATE idempotency_records SET state = 'tombstone', response_body = NULL",
             cutoff,
             batch,
         )
@@ -63,17 +59,30 @@ impl Store {
         cutoff: DateTime<Utc>,
         batch: u32,
     ) -> Result<u64> {
-        let pick = "SELECT account_id, operation, idempotency_key FROM idempotency_records \
-            WHERE state = 'tombstone' AND created_at < $1 ORDER BY created_at LIMIT $2";
-        self.purge_batch(
-            &format!(
-                "DELETE FROM idempotency_records \
-                 WHERE (account_id, operation, idempotency_key) IN ({pick})"
-            ),
+        self.purge_idempotency(
+            "tombstone",
+            "DELETE FROM idempotency_records",
             cutoff,
             batch,
         )
         .await
+    }
+
+    /// `action` (an UPDATE or DELETE of idempotency_records) on the oldest
+    /// `batch` records in `state` created before `cutoff`.
+    async fn purge_idempotency(
+        &self,
+        state: &str,
+        action: &str,
+        cutoff: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<u64> {
+        let sql = format!(
+            "{action} WHERE (account_id, operation, idempotency_key) IN \
+             (SELECT account_id, operation, idempotency_key FROM idempotency_records \
+              WHERE state = '{state}' AND created_at < $1 ORDER BY created_at LIMIT $2)"
+        );
+        self.purge_batch(&sql, cutoff, batch).await
     }
 
     /// Deletes up to `batch` processed webhook event ids received before `cutoff`.

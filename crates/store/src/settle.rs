@@ -140,10 +140,7 @@ impl WriteTx {
             .bind(DbTime(now))
             .fetch_optional(&mut *conn)
             .await?);
-        if moved.is_some() {
-            self.moved_payment();
-        }
-        Ok(moved)
+        Ok(self.noting_move(moved))
     }
 
     /// Compare-and-set of a refund's status; on success the payment's

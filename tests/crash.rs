@@ -1332,6 +1332,19 @@ async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge() 
         .create_payment(&url, "a-1", &payment_body("ord-1"))
         .await;
     let a = id_of(&created_a);
+    // The worker has sent A's charge (and lost it to the fault): only a
+    // sent attempt is the reconciler's to examine.
+    wait_for("A's charge was sent and failed", SETTLE, async || {
+        let fired: u64 = site
+            .provider
+            .control()
+            .faults_fired()
+            .iter()
+            .map(|f| f.count)
+            .sum();
+        (fired > 0).then_some(())
+    })
+    .await;
     let (code, out) = run_cli(
         &site,
         &["reconcile", "--payment", &a, "--older-than", "0s", "--json"],

@@ -91,29 +91,24 @@ pub(crate) trait Resource {
     fn metadata(&self) -> &BTreeMap<String, String>;
 }
 
-impl Resource for Charge {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn reference(&self) -> &str {
-        &self.reference
-    }
-    fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
+/// Charges and refunds carry the same three fields under the same names.
+macro_rules! resource {
+    ($($kind:ty),+) => {$(
+        impl Resource for $kind {
+            fn id(&self) -> &str {
+                &self.id
+            }
+            fn reference(&self) -> &str {
+                &self.reference
+            }
+            fn metadata(&self) -> &BTreeMap<String, String> {
+                &self.metadata
+            }
+        }
+    )+};
 }
 
-impl Resource for Refund {
-    fn id(&self) -> &str {
-        &self.id
-    }
-    fn reference(&self) -> &str {
-        &self.reference
-    }
-    fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-}
+resource!(Charge, Refund);
 
 /// One kind of object in creation order, with the indexes that find it.
 /// Inserting is O(1): a push and three hash-map updates.

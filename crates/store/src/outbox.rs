@@ -267,39 +267,30 @@ impl Store {
         // Each arm returns the (row, fencing token) pairs it leased, so the
         // claim is read back by exactly those tokens, never by owner and
         // expiry (two claims in one instant would share those).
-        let leased: Vec<(DbId, i64)> = match &self.backend {
+        let sql = match &self.backend {
             // SKIP LOCKED: concurrent workers take disjoint rows without waiting.
-            Backend::Postgres(pool) => {
-                sqlx::query_as(
-                    "UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
+            Backend::Postgres(_) => {
+                "UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
                  lease_expires_at = $3, due_at = $3, updated_at = $2 \
                  FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
                        ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-                 WHERE o.id = due.id RETURNING o.id, o.lease_token",
-                )
-                .bind(owner)
-                .bind(DbTime(now))
-                .bind(DbTime(lease_until))
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?
+                 WHERE o.id = due.id RETURNING o.id, o.lease_token"
             }
             // SQLite has one writer: the single UPDATE is the claim.
-            Backend::Sqlite(pool) => {
-                sqlx::query_as(
-                    "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
+            Backend::Sqlite(_) => {
+                "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
                  lease_expires_at = $3, due_at = $3, updated_at = $2 \
                  WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
-                              ORDER BY due_at LIMIT $4) RETURNING id, lease_token",
-                )
-                .bind(owner)
-                .bind(DbTime(now))
-                .bind(DbTime(lease_until))
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?
+                              ORDER BY due_at LIMIT $4) RETURNING id, lease_token"
             }
         };
+        let leased: Vec<(DbId, i64)> = on_pool!(self, pool => sqlx::query_as(sql)
+            .bind(owner)
+            .bind(DbTime(now))
+            .bind(DbTime(lease_until))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await?);
         tracing::Span::current().record("claimed", leased.len());
         if leased.is_empty() {
             return Ok(Claimed::default());

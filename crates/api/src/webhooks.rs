@@ -176,8 +176,10 @@ async fn receive(
                 .collect(),
         )
     })?;
-    // The scheme parsed it, so it is UTF-8.
-    let payload = std::str::from_utf8(&body).unwrap_or_default();
+    // Stored as received: a scheme that let a non-UTF-8 body through must
+    // not leave an empty payload on record.
+    let payload = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::Validation(vec![FieldError::new("body", "is not UTF-8")]))?;
     let span = tracing::info_span!(
         "webhook.receive",
         provider = %provider,

@@ -23,13 +23,16 @@ pub struct HttpProviderConfig {
     pub name: String,
 }
 
-/// How a reference (a query value) or a provider id (a path segment) is
-/// encoded: everything but RFC 3986's unreserved characters.
-const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+/// A reference (a query value) or a provider id (a path segment),
+/// percent-encoded: everything but RFC 3986's unreserved characters.
+fn encoded(text: &str) -> percent_encoding::PercentEncode<'_> {
+    const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(text, UNRESERVED)
+}
 
 impl HttpProviderConfig {
     pub fn new(base_url: impl Into<String>, api_key: impl Into<String>) -> Self {
@@ -189,9 +192,11 @@ impl HttpProvider {
         struct List {
             data: Vec<ProviderObject>,
         }
-        let encoded = percent_encoding::utf8_percent_encode(reference, QUERY_VALUE);
         let list: Option<List> = self
-            .query(operation, &format!("{path}?reference={encoded}"))
+            .query(
+                operation,
+                &format!("{path}?reference={}", encoded(reference)),
+            )
             .await?;
         // A 404 on a search endpoint is not an answer about charges.
         list.map(|l| l.data)
@@ -322,10 +327,7 @@ impl Provider for HttpProvider {
         self.mutate(
             "capture",
             key,
-            &format!(
-                "/v1/charges/{}/capture",
-                percent_encoding::utf8_percent_encode(charge, QUERY_VALUE)
-            ),
+            &format!("/v1/charges/{}/capture", encoded(charge)),
             json!({}),
         )
         .await
@@ -335,10 +337,7 @@ impl Provider for HttpProvider {
         self.mutate(
             "void",
             key,
-            &format!(
-                "/v1/charges/{}/void",
-                percent_encoding::utf8_percent_encode(charge, QUERY_VALUE)
-            ),
+            &format!("/v1/charges/{}/void", encoded(charge)),
             json!({}),
         )
         .await
@@ -350,8 +349,8 @@ impl Provider for HttpProvider {
     }
 
     async fn get_charge(&self, id: &str) -> Result<Option<ProviderObject>, QueryError> {
-        let id = percent_encoding::utf8_percent_encode(id, QUERY_VALUE);
-        self.query("get_charge", &format!("/v1/charges/{id}")).await
+        self.query("get_charge", &format!("/v1/charges/{}", encoded(id)))
+            .await
     }
 
     async fn search_charges(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {

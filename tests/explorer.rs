@@ -520,7 +520,8 @@ impl Explorer {
                 self.reconciler_step(r).await
             }
             88..=89 => self.reconcile(2).await,
-            90..=96 => self.webhook().await,
+            90..=94 => self.webhook().await,
+            95..=96 => self.operator().await,
             _ => self.late_webhook().await,
         }
     }
@@ -792,6 +793,81 @@ impl Explorer {
         }
         let scope = if now { " --older-than 0s" } else { "" };
         self.note(format!("reconcile x{at_once}{scope} -> {verdicts:?}"));
+        Ok(())
+    }
+
+    /// An operator resolves a payment in `needs_review` from the provider's
+    /// truth: the charge one of its own authorizations made (read from the
+    /// ledger by idempotency key), naming that attempt; with none, its
+    /// latest authorization as failed. cobro may refuse (an attempt still in
+    /// flight, say): that is noted, and the invariants judge the rest.
+    async fn operator(&mut self) -> Result<(), String> {
+        use cobro_reconciler::{ManualOutcome, ManualResolution};
+        let store = &self.rig.app.db.store;
+        let in_review = store
+            .payments_any_account(&cobro_store::reconcile::OperatorQuery {
+                statuses: Some(&[cobro_core::PaymentStatus::NeedsReview]),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        if in_review.is_empty() {
+            return Ok(());
+        }
+        let payment =
+            PaymentId::from_uuid(in_review[self.rng.random_range(0..in_review.len())].id.0);
+        let attempts = store
+            .attempts_of_payment_any_account(payment)
+            .await
+            .map_err(|e| e.to_string())?;
+        let authorizations: Vec<_> = attempts
+            .iter()
+            .filter(|a| a.operation == cobro_core::Operation::Authorize)
+            .collect();
+        let ledger = self.rig.ledger();
+        let charged = ledger
+            .charges
+            .iter()
+            .filter(|c| c.status != "declined")
+            .find_map(|c| {
+                authorizations
+                    .iter()
+                    .find(|a| c.idempotency_key.as_deref() == Some(a.provider_key.as_str()))
+                    .map(|a| (*a, c))
+            });
+        let (attempt, outcome, provider_ref) = match charged {
+            Some((a, c)) => (
+                a,
+                match c.status.as_str() {
+                    "authorized" => ManualOutcome::Authorized,
+                    "voided" => ManualOutcome::Canceled,
+                    _ => ManualOutcome::Captured,
+                },
+                Some(c.id.clone()),
+            ),
+            None => match authorizations.last() {
+                Some(a) => (*a, ManualOutcome::Failed, None),
+                None => return Ok(()),
+            },
+        };
+        let resolution = ManualResolution {
+            payment,
+            attempt: cobro_core::AttemptId::from_uuid(attempt.id.0),
+            outcome,
+            provider_ref,
+            operator: "explorer".into(),
+            reason: "the provider's ledger says so".into(),
+        };
+        let result =
+            cobro_reconciler::resolve_by_hand(store, &resolution, self.rig.app.clock.now()).await;
+        let said = match result {
+            Ok(after) => after,
+            Err(e) => format!("refused: {e}"),
+        };
+        self.note(format!(
+            "operator resolves {payment} as {outcome:?} -> {said}"
+        ));
         Ok(())
     }
 

@@ -614,10 +614,13 @@ async fn form_encoding_keeps_nested_keys_and_awkward_values_intact() {
     assert_eq!(charge.metadata, expected);
 }
 
+/// A form, the error code it earns (`""`: none) and the `param` named.
+type Refusal<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+
 #[tokio::test]
 async fn bad_parameters_are_refused_with_stripe_codes_naming_the_param() {
     let p = provider().await;
-    let cases: &[(&[(&str, &str)], &str, &str)] = &[
+    let cases: &[Refusal] = &[
         (&[("currency", "eur")], "parameter_missing", "amount"),
         (
             &[("amount", "12.5"), ("currency", "eur")],

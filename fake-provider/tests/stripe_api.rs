@@ -46,6 +46,10 @@ async fn an_automatic_intent_succeeds_and_is_one_captured_charge_in_the_ledger()
     assert!(pi["created"].as_i64().unwrap() > 1_700_000_000);
     assert!(reply.request_id.as_deref().unwrap().starts_with("req_"));
     assert!(!reply.replayed);
+    let seen = p.control.requests();
+    let seen = seen.last().unwrap();
+    assert_eq!(seen.stripe_version.as_deref(), Some("2024-06-20"));
+    assert_eq!(seen.idempotency_key.as_deref(), Some("k-1"));
 
     let ledger = p.control.ledger();
     assert_eq!(ledger.totals, charges(1));

@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
 mod http;
+pub mod stripe;
 pub mod webhook;
 
 pub use http::{HttpProvider, HttpProviderConfig};
+pub use stripe::{StripeConfig, StripeConfigError, StripeProvider, StripeSecretKey};
 pub use webhook::{EventKind, FakeWebhooks, ProviderEvent, WebhookScheme, WebhookSecret};
 
 use serde::{Deserialize, Serialize};

@@ -5,7 +5,9 @@ pub mod stripe;
 pub mod webhook;
 
 pub use http::{HttpProvider, HttpProviderConfig};
-pub use stripe::{StripeConfig, StripeConfigError, StripeProvider, StripeSecretKey};
+pub use stripe::{
+    StripeConfig, StripeConfigError, StripeProvider, StripeSecretKey, StripeWebhooks,
+};
 pub use webhook::{EventKind, FakeWebhooks, ProviderEvent, WebhookScheme, WebhookSecret};
 
 use serde::{Deserialize, Serialize};

@@ -1,13 +1,14 @@
 //! The Stripe connector: [`StripeProvider`] speaks Stripe's API (pinned to
 //! [`STRIPE_VERSION`]) behind the same [`Provider`] trait as the fake's
-//! adapter.
+//! adapter, and [`StripeWebhooks`] reads Stripe's webhooks.
 //!
 //! Layout:
 //! - `mod.rs`: configuration, the HTTP exchange, the [`Provider`] impl;
 //! - `form.rs`: form bodies with Stripe's nested names, search quoting;
 //! - `objects.rs`: Stripe's objects and their mapping onto
 //!   [`ProviderObject`];
-//! - `classify.rs`: the classification table, one row per kind of answer.
+//! - `classify.rs`: the classification table, one row per kind of answer;
+//! - `webhooks.rs`: `Stripe-Signature`, events, the derived sequence.
 //!
 //! One cobro attempt is one Stripe request: an authorisation creates and
 //! confirms the PaymentIntent in one `POST /v1/payment_intents`; a capture,
@@ -19,8 +20,10 @@
 mod classify;
 mod form;
 mod objects;
+mod webhooks;
 
 pub use classify::{Class, Row, TABLE as CLASSIFICATION};
+pub use webhooks::StripeWebhooks;
 
 use crate::http::{encoded, redact, traceparent};
 use crate::{

@@ -3,7 +3,9 @@
 #   ops/explore.sh --seeds 5000         # 5000 seeds per backend
 #   ops/explore.sh --seed 1234          # replay one seed (its step trace is printed on failure)
 #   ops/explore.sh --seeds 5000 --sqlite   # one backend only (--postgres / --sqlite)
-# Starts its own throwaway PostgreSQL like ops/test.sh.
+# Starts its own throwaway PostgreSQL like ops/test.sh. Built with the
+# `explore` cargo profile (optimised, assertions on): about 5x the seeds/s
+# of the debug build CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 filter='binary(explorer)'
@@ -19,4 +21,4 @@ done
 # shellcheck source=ops/throwaway-postgres.sh
 source ops/throwaway-postgres.sh
 pg_up
-cargo nextest run -p cobro-tests --profile explore --no-fail-fast --no-capture -E "$filter" --test-threads 1
+cargo nextest run -p cobro-tests --cargo-profile explore --profile explore --no-fail-fast --no-capture -E "$filter" --test-threads 1

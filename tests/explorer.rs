@@ -29,7 +29,7 @@
 
 use cobro_core::{Clock, PaymentId};
 use cobro_reconciler::Scope;
-use cobro_test_support::{Backend, Rig};
+use cobro_test_support::{Backend, Rig, TestApp, TestDb};
 use cobro_worker::{Worker, WorkerConfig};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use futures::StreamExt;
@@ -48,6 +48,8 @@ const STEPS: usize = 60;
 const DEFAULT_SEEDS: u64 = 200;
 /// How long one step may take to settle (a parked call, a finished task).
 const STEP_DEADLINE: Duration = Duration::from_secs(20);
+/// Seeds run at once (each on its own database).
+const LANES: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn explore_postgres() {
@@ -76,9 +78,37 @@ async fn explore(backend: Backend) {
         }
     };
     let started = std::time::Instant::now();
+    // Each lane is one migrated database, wiped between its seeds (a fresh
+    // database per seed costs more than the seed). A lane whose seed failed
+    // is kept for inspection and replaced.
+    let lanes = Mutex::new(Vec::new());
+    let failed_lanes = Mutex::new(Vec::new());
     let failures: Vec<String> = futures::stream::iter(seeds.clone())
-        .map(|seed| async move { run_seed(backend, seed).await.err() })
-        .buffer_unordered(4)
+        .map(|seed| {
+            let (lanes, failed_lanes) = (&lanes, &failed_lanes);
+            async move {
+                let spare = lanes.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                let lane = match spare {
+                    Some(lane) => lane,
+                    None => TestDb::new(backend).await,
+                };
+                let outcome = run_seed(backend, seed, lane.lend()).await;
+                if outcome.is_ok() {
+                    lane.wipe().await;
+                    lanes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(lane);
+                } else {
+                    failed_lanes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(lane);
+                }
+                outcome.err()
+            }
+        })
+        .buffer_unordered(LANES)
         .filter_map(|f| async move { f })
         .collect()
         .await;
@@ -87,6 +117,8 @@ async fn explore(backend: Backend) {
         seeds.len(),
         started.elapsed()
     );
+    // Wiped lanes go now; a failed one is kept (dropped while panicking).
+    drop(lanes);
     assert!(
         failures.is_empty(),
         "{} seed(s) violated an invariant:\n{}",
@@ -257,17 +289,19 @@ impl Driven {
         let deadline = tokio::time::Instant::now() + STEP_DEADLINE;
         loop {
             let notified = self.gate.changed.notified();
-            if !self.busy() || self.gate.parked().is_some() {
-                if let Some(task) = self.task.take_if(|t| t.is_finished()) {
-                    task.await.map_err(|e| format!("worker task failed: {e}"))?;
-                }
+            if self.gate.parked().is_some() {
                 return Ok(());
             }
+            let Some(task) = self.task.as_mut() else {
+                return Ok(());
+            };
             tokio::select! {
+                ended = task => {
+                    self.task = None;
+                    return ended.map_err(|e| format!("worker task failed: {e}"));
+                }
                 _ = notified => {}
                 _ = tokio::time::sleep_until(deadline) => return Err("a worker step did not settle".into()),
-                // The task may finish without parking: poll its end.
-                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
             }
         }
     }
@@ -302,8 +336,8 @@ struct Explorer {
     next_key: u64,
 }
 
-async fn run_seed(backend: Backend, seed: u64) -> Result<(), String> {
-    let mut x = Explorer::new(backend, seed).await;
+async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<(), String> {
+    let mut x = Explorer::new(db, seed).await;
     let outcome = x.run().await;
     if std::env::var("EXPLORE_VERBOSE").is_ok() {
         eprintln!("TRACE {seed}:\n    {}", x.trace.join("\n    "));
@@ -318,8 +352,8 @@ async fn run_seed(backend: Backend, seed: u64) -> Result<(), String> {
 }
 
 impl Explorer {
-    async fn new(backend: Backend, seed: u64) -> Self {
-        let mut rig = Rig::new(backend).await;
+    async fn new(db: TestDb, seed: u64) -> Self {
+        let mut rig = Rig::on(TestApp::spawn_on(db).await, |_, _| {}).await;
         rig.accept_webhooks(SECRET, false).await;
         let store = rig.app.db.store.clone();
         let clock: Arc<dyn Clock> = Arc::new(rig.app.clock.clone());
@@ -818,15 +852,32 @@ impl Explorer {
     async fn check(&mut self) -> Result<(), String> {
         let ledger = self.rig.ledger();
         let store = &self.rig.app.db.store;
+        // Every payment and its attempts: one read of the payments, one of
+        // each payment's attempts (at once).
+        let rows = store
+            .payments_any_account(&cobro_store::reconcile::OperatorQuery {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let payments: BTreeMap<String, cobro_store::PaymentRow> =
+            rows.into_iter().map(|p| (p.id.0.to_string(), p)).collect();
+        let attempts_of: BTreeMap<String, Vec<cobro_store::AttemptRow>> =
+            futures::future::try_join_all(payments.values().map(|p| async move {
+                store
+                    .attempts_of_payment_any_account(PaymentId::from_uuid(p.id.0))
+                    .await
+                    .map(|attempts| (p.id.0.to_string(), attempts))
+            }))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .collect();
         // Every attempt's provider key -> (payment, intent).
         let mut owner_of_key: BTreeMap<String, (String, String)> = BTreeMap::new();
-        for (_, id) in &self.payments {
-            let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
-            for a in store
-                .attempts_of_payment_any_account(pid)
-                .await
-                .map_err(|e| e.to_string())?
-            {
+        for (id, attempts) in &attempts_of {
+            for a in attempts {
                 owner_of_key.insert(
                     a.provider_key.clone(),
                     (id.clone(), a.intent_id.0.to_string()),
@@ -854,12 +905,7 @@ impl Explorer {
             return Err(format!("intent {intent} was charged twice: {ids:?}"));
         }
         for (_, id) in &self.payments {
-            let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
-            let Some(p) = store
-                .payment_any_account(pid)
-                .await
-                .map_err(|e| e.to_string())?
-            else {
+            let Some(p) = payments.get(id) else {
                 return Err(format!("payment {id} vanished"));
             };
             if let Some(charge) = p.provider_ref.as_deref() {
@@ -880,10 +926,7 @@ impl Explorer {
                 p.status.as_str(),
                 "requires_reconciliation" | "needs_review"
             ) {
-                let attempts = store
-                    .attempts_of_payment_any_account(pid)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let attempts = attempts_of.get(id).map(Vec::as_slice).unwrap_or_default();
                 if let Some(a) = attempts.iter().find(|a| {
                     a.last_send_at.is_some_and(|t| {
                         t.0 > p.status_changed_at.0 && a.state.as_str() == "pending"

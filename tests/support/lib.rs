@@ -21,8 +21,15 @@ pub struct TestDb {
 }
 
 enum Cleanup {
-    Postgres { admin_url: String, name: String },
-    Sqlite { dir: PathBuf },
+    Postgres {
+        admin_url: String,
+        name: String,
+    },
+    Sqlite {
+        dir: PathBuf,
+    },
+    /// Lent by another `TestDb` ([`TestDb::lend`]), which owns the database.
+    Lent,
 }
 
 /// The superuser URL of the throwaway cluster started by `ops/test.sh`.
@@ -91,6 +98,7 @@ impl Drop for TestDb {
             return;
         }
         match &self.cleanup {
+            Cleanup::Lent => {}
             Cleanup::Sqlite { dir } => {
                 let _ = std::fs::remove_dir_all(dir);
             }
@@ -128,6 +136,7 @@ impl TestDb {
     fn keep_for_inspection(&self) {
         let dir = failure_dir();
         match &self.cleanup {
+            Cleanup::Lent => {}
             Cleanup::Sqlite { dir: db } => {
                 let name = db.file_name().map(|n| n.to_owned()).unwrap_or_default();
                 let kept = dir.join(name);
@@ -161,6 +170,60 @@ impl TestDb {
                     );
                 }
             }
+        }
+    }
+}
+
+impl TestDb {
+    /// A handle on this same database (and store) for one short run of a
+    /// test that runs many (the explorer's seeds): dropping it leaves the
+    /// database to this owner, which [`wipe`](Self::wipe)s it for the next.
+    pub fn lend(&self) -> TestDb {
+        TestDb {
+            store: self.store.clone(),
+            url: self.url.clone(),
+            cleanup: Cleanup::Lent,
+        }
+    }
+
+    /// Deletes every row of every table; the schema, its triggers and the
+    /// migration history stay. Foreign keys and triggers are off for the
+    /// deleting connection only (PostgreSQL: `session_replication_role`,
+    /// the tests' superuser; SQLite: `foreign_keys`).
+    pub async fn wipe(&self) {
+        if self.url.starts_with("postgres") {
+            let mut c = sqlx::PgConnection::connect(&self.url)
+                .await
+                .expect("connect");
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT tablename::text FROM pg_tables \
+                 WHERE schemaname = current_schema() AND tablename <> '_sqlx_migrations'",
+            )
+            .fetch_all(&mut c)
+            .await
+            .expect("list tables");
+            let mut sql = String::from("SET session_replication_role = replica;");
+            for table in tables {
+                sql.push_str(&format!("DELETE FROM {table};"));
+            }
+            sqlx::raw_sql(&sql).execute(&mut c).await.expect("wipe");
+        } else {
+            let mut c = sqlx::SqliteConnection::connect(&self.url)
+                .await
+                .expect("connect");
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT name FROM sqlite_master WHERE type = 'table' \
+                 AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
+            )
+            .fetch_all(&mut c)
+            .await
+            .expect("list tables");
+            let mut sql = String::from("PRAGMA foreign_keys = OFF; BEGIN;");
+            for table in tables {
+                sql.push_str(&format!("DELETE FROM {table};"));
+            }
+            sql.push_str("COMMIT;");
+            sqlx::raw_sql(&sql).execute(&mut c).await.expect("wipe");
         }
     }
 }
@@ -284,7 +347,11 @@ async fn serve_api(listener: tokio::net::TcpListener, router: axum::Router) {
 
 impl TestApp {
     pub async fn spawn(backend: Backend) -> Self {
-        let db = TestDb::new(backend).await;
+        Self::spawn_on(TestDb::new(backend).await).await
+    }
+
+    /// The app over an existing database (e.g. one [`TestDb::lend`]s).
+    pub async fn spawn_on(db: TestDb) -> Self {
         let clock = cobro_core::ManualClock::new(t0());
         let state = cobro_api::AppState::new(
             db.store.clone(),
@@ -392,7 +459,14 @@ impl Rig {
         backend: Backend,
         tweak: impl FnOnce(&mut cobro_provider::HttpProviderConfig, &mut cobro_worker::WorkerConfig),
     ) -> Self {
-        let app = TestApp::spawn(backend).await;
+        Self::on(TestApp::spawn(backend).await, tweak).await
+    }
+
+    /// A rig around an app already spawned (on a lent database, say).
+    pub async fn on(
+        app: TestApp,
+        tweak: impl FnOnce(&mut cobro_provider::HttpProviderConfig, &mut cobro_worker::WorkerConfig),
+    ) -> Self {
         let provider = fake_provider::start(fake_provider::Config {
             admin: true,
             ..Default::default()

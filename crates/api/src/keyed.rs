@@ -7,9 +7,9 @@
 //! answer sent. Anything that returns early without `commit` drops the
 //! transaction, which rolls it back and leaves the key free.
 
-use crate::AppState;
 use crate::error::{ApiError, problem_response};
 use crate::extract::Account;
+use crate::{AppState, HoldPoint, TestHold};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cobro_core::{Fingerprint, IdempotencyKey, Operation, PaymentId, RefundId};
@@ -121,17 +121,21 @@ async fn reserve(
 }
 
 /// Stores the answer against the key, commits, and builds the response.
+/// `hold`: the test-only pause ([`TestHold`]) before or after the commit.
 pub async fn commit(
     mut tx: WriteTx,
     keyed: &Keyed,
-    status: StatusCode,
-    body: Vec<u8>,
-    content_type: &'static str,
+    answer: (StatusCode, Vec<u8>, &'static str),
     location: Option<String>,
+    hold: Option<&TestHold>,
 ) -> Result<Response, ApiError> {
+    let (status, body, content_type) = answer;
+    let key = keyed.scope.key.as_str();
     tx.complete_key(&keyed.scope, status.as_u16(), &body)
         .await?;
+    TestHold::at(hold, HoldPoint::BeforeCommit, key).await;
     tx.commit().await?;
+    TestHold::at(hold, HoldPoint::AfterCommit, key).await;
     Ok(build(status, body, content_type, location, false))
 }
 
@@ -146,9 +150,8 @@ pub async fn commit_refusal(
     commit(
         tx,
         keyed,
-        status,
-        error.problem_bytes(),
-        "application/problem+json",
+        (status, error.problem_bytes(), "application/problem+json"),
+        None,
         None,
     )
     .await

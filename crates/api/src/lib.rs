@@ -58,6 +58,66 @@ pub struct ApiSettings {
     /// only a fallback, for a PostgreSQL listener that is down or
     /// reconnecting (`Store::payment_moves`).
     pub long_poll_fallback: Duration,
+    /// Test-only (`COBRO_TEST_HOLD`): hold matching keyed requests forever
+    /// at one point of their commit. `None` everywhere but in crash tests.
+    pub test_hold: Option<TestHold>,
+}
+
+/// A test-only pause of keyed requests, for the process-level tests of
+/// provider-and-recovery.md section 6 that kill the server at an exact
+/// point: scenario 4 (before the commit: the transaction is open, the key
+/// reserved and the payment written) and scenario 5 (after the commit,
+/// before the answer is sent). Only requests whose `Idempotency-Key`
+/// starts with `key_prefix` are held, and a held request never answers:
+/// the test SIGKILLs the process. Set with
+/// `COBRO_TEST_HOLD=before-commit:<prefix>` or `after-commit:<prefix>`;
+/// never in production.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestHold {
+    pub point: HoldPoint,
+    pub key_prefix: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldPoint {
+    BeforeCommit,
+    AfterCommit,
+}
+
+impl std::str::FromStr for TestHold {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (point, key_prefix) = text
+            .split_once(':')
+            .ok_or("expected before-commit:<key prefix> or after-commit:<key prefix>")?;
+        let point = match point {
+            "before-commit" => HoldPoint::BeforeCommit,
+            "after-commit" => HoldPoint::AfterCommit,
+            other => return Err(format!("unknown hold point {other:?}")),
+        };
+        if key_prefix.is_empty() {
+            return Err("the key prefix is empty (it would hold every request)".into());
+        }
+        Ok(Self {
+            point,
+            key_prefix: key_prefix.to_owned(),
+        })
+    }
+}
+
+impl TestHold {
+    /// Never returns when `hold` is set for this point and key; says so
+    /// on stderr first (the test waits for that line, then kills).
+    pub(crate) async fn at(hold: Option<&TestHold>, point: HoldPoint, key: &str) {
+        if hold.is_some_and(|h| h.point == point && key.starts_with(&h.key_prefix)) {
+            tracing::warn!(
+                ?point,
+                "COBRO_TEST_HOLD: holding this request until the process dies"
+            );
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl Default for ApiSettings {
@@ -70,6 +130,7 @@ impl Default for ApiSettings {
             rate_limit: rate_limit::RateLimit::default(),
             request_timeout: Duration::from_secs(45),
             long_poll_fallback: Duration::from_secs(1),
+            test_hold: None,
         }
     }
 }
@@ -116,11 +177,9 @@ const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// the request span, the body limit and the key echo are layered here, so
 /// tests driving the router with `oneshot` see exactly what clients see.
 pub fn router(state: AppState) -> Router {
-    let (routes, document) = api().split_for_parts();
+    let (routes, document) = routes_and_document();
     routes
-        .layer(axum::Extension(openapi::Served(Arc::new(
-            openapi::complete(document),
-        ))))
+        .layer(axum::Extension(openapi::Served(document)))
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state.settings),
@@ -132,6 +191,20 @@ pub fn router(state: AppState) -> Router {
         // only a sane one, so the others are dropped first and replaced.
         .layer(middleware::map_request(drop_unusable_request_id))
         .with_state(state)
+}
+
+/// The routes and their OpenAPI document, built once per process: the
+/// document is the same for every router, and building it is the costly
+/// part of [`router`] (a tenth of a second in a debug build, paid by every
+/// test app).
+fn routes_and_document() -> (Router<AppState>, Arc<utoipa::openapi::OpenApi>) {
+    static BUILT: std::sync::OnceLock<(Router<AppState>, Arc<utoipa::openapi::OpenApi>)> =
+        std::sync::OnceLock::new();
+    let (routes, document) = BUILT.get_or_init(|| {
+        let (routes, document) = api().split_for_parts();
+        (routes, Arc::new(openapi::complete(document)))
+    });
+    (routes.clone(), Arc::clone(document))
 }
 
 /// A client's `X-Request-Id` is kept when it is 1 to 128 visible ASCII
@@ -286,4 +359,29 @@ async fn request_context(
         response.headers_mut().insert(IDEMPOTENCY_KEY, key);
     }
     response
+}
+
+#[cfg(test)]
+mod test_hold_tests {
+    use super::{HoldPoint, TestHold};
+
+    #[test]
+    fn a_test_hold_names_its_point_and_a_non_empty_key_prefix() {
+        assert_eq!(
+            "after-commit:crash-".parse::<TestHold>(),
+            Ok(TestHold {
+                point: HoldPoint::AfterCommit,
+                key_prefix: "crash-".into()
+            })
+        );
+        assert_eq!(
+            "before-commit:k:1"
+                .parse::<TestHold>()
+                .map(|h| h.key_prefix),
+            Ok("k:1".to_owned())
+        );
+        for refused in ["after-commit:", "after-commit", "during-commit:k", ""] {
+            assert!(refused.parse::<TestHold>().is_err(), "{refused:?}");
+        }
+    }
 }

@@ -192,10 +192,9 @@ async fn commit_and_wake(
     let response = keyed::commit(
         tx,
         keyed,
-        status,
-        to_json(body)?,
-        "application/json",
+        (status, to_json(body)?, "application/json"),
         location,
+        state.settings.test_hold.as_ref(),
     )
     .await?;
     state.work_available.notify_one();

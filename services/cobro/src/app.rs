@@ -107,8 +107,15 @@ impl Application {
                 burst: settings.rate_limit_burst,
             },
             request_timeout: settings.http.http_request_timeout,
+            test_hold: settings.test_hold.clone(),
             ..ApiSettings::default()
         };
+        if let Some(hold) = &api.test_hold {
+            tracing::warn!(
+                ?hold.point,
+                "COBRO_TEST_HOLD is set: requests with keys of its prefix will never be answered (a crash test's hook)"
+            );
+        }
         if let Some(secret) = &webhook_secret {
             let receiver = WebhookReceiver {
                 previous: settings.webhook_secret_previous.clone(),

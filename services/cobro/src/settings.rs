@@ -140,6 +140,13 @@ pub struct ServeSettings {
     #[arg(long, env = "COBRO_WEBHOOK_TOLERANCE", default_value = "300s", value_parser = parse_duration)]
     pub webhook_tolerance: Duration,
 
+    /// Test-only: hold keyed requests whose key starts with a prefix,
+    /// forever, `before-commit:<prefix>` or `after-commit:<prefix>`, so a
+    /// crash test can SIGKILL the server at that point
+    /// (`cobro_api::TestHold`). Never set it in production.
+    #[arg(long, env = "COBRO_TEST_HOLD", hide = true)]
+    pub test_hold: Option<cobro_api::TestHold>,
+
     /// Requests per second per account in this process (0: no limit);
     /// over it: 429 `rate-limited`, never stored against a key.
     #[arg(long, env = "COBRO_RATE_LIMIT", default_value_t = 200)]

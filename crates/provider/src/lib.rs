@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
+mod connector;
 mod http;
 pub mod stripe;
 pub mod webhook;
 
+pub use connector::Connector;
 pub use http::{HttpProvider, HttpProviderConfig};
 pub use stripe::{
     StripeConfig, StripeConfigError, StripeProvider, StripeSecretKey, StripeWebhooks,

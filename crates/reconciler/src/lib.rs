@@ -13,7 +13,9 @@ use cobro_settle::{
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::settle::PaymentOutcome;
-use cobro_store::{AttemptRow, NewAttempt, PaymentRow, RefundRow, Store, StoreError, WriteTx};
+use cobro_store::{
+    AttemptRow, NewAttempt, PaymentRow, ProviderScope, RefundRow, Store, StoreError, WriteTx,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,6 +43,11 @@ pub struct ReconcilerConfig {
     pub retry_on_no_effect: bool,
     /// Candidates read per page; a run pages through all of them.
     pub page: u32,
+    /// Whose attempts this reconciler examines: those sent to the one
+    /// provider it asks (each configured provider has its own reconciler,
+    /// with that provider's `search_lag` and `request_timeout`), or every
+    /// attempt (`None`: a single-provider setup, tests).
+    pub provider: Option<ProviderScope>,
 }
 
 impl Default for ReconcilerConfig {
@@ -53,6 +60,7 @@ impl Default for ReconcilerConfig {
             escalate_after: Duration::from_secs(24 * 3600),
             retry_on_no_effect: true,
             page: 500,
+            provider: None,
         }
     }
 }
@@ -150,6 +158,26 @@ impl Summary {
     /// Anything left that a human or a later run must look at.
     pub fn unresolved(&self) -> usize {
         self.still_unknown + self.escalated + self.conflicts + self.no_effect_in_review
+    }
+
+    /// Adds `other`'s counts and items to this summary (one run per
+    /// provider, shown as one). The run id stays this run's.
+    pub fn absorb(&mut self, other: Summary) {
+        self.run_id = self.run_id.take().or(other.run_id);
+        self.examined += other.examined;
+        for (outcome, n) in other.resolved {
+            *self.resolved.entry(outcome).or_default() += n;
+        }
+        self.retried += other.retried;
+        self.failed_no_effect += other.failed_no_effect;
+        self.no_effect_in_review += other.no_effect_in_review;
+        self.still_unknown += other.still_unknown;
+        self.escalated += other.escalated;
+        self.conflicts += other.conflicts;
+        self.already_settled += other.already_settled;
+        self.errors += other.errors;
+        self.truncated |= other.truncated;
+        self.items.extend(other.items);
     }
 
     fn count(&mut self, verdict: &Verdict) {
@@ -327,7 +355,13 @@ impl<P: Provider> Reconciler<P> {
         loop {
             let page = self
                 .store
-                .reconcile_candidates_any_account(cutoff, scope.payment, after, self.config.page)
+                .reconcile_candidates_of(
+                    cutoff,
+                    scope.payment,
+                    after,
+                    self.config.page,
+                    self.config.provider.as_ref(),
+                )
                 .await?;
             // The cursor passes an unreadable row too: it names its id.
             let Some(last) = page.last() else { break };

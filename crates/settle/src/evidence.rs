@@ -263,6 +263,7 @@ mod tests {
             updated_at: now(),
             review_reason: None,
             review_from: None,
+            provider: None,
         }
     }
 
@@ -287,6 +288,9 @@ mod tests {
             last_error: None,
             created_at: now(),
             updated_at: now(),
+            provider: None,
+            provider_request_id: None,
+            provider_replayed: false,
         }
     }
 

@@ -37,18 +37,33 @@ pub struct AccountRow {
     pub id: DbId,
     pub name: String,
     pub created_at: DbTime,
+    /// The provider its new payments go to; `None`: the default provider.
+    pub provider: Option<String>,
 }
 
 impl Store {
     /// A new account. A name already taken is refused by the unique index
     /// `accounts_name_key`: `StoreError::UniqueViolation`.
     pub async fn create_account(&self, name: &str, now: DateTime<Utc>) -> Result<AccountId> {
+        self.create_account_with_provider(name, None, now).await
+    }
+
+    /// A new account whose payments go to `provider` (`None`: the default
+    /// provider, whichever it is when each payment is created). The name
+    /// is the caller's to check against the configured providers.
+    pub async fn create_account_with_provider(
+        &self,
+        name: &str,
+        provider: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<AccountId> {
         let id = AccountId::new();
-        let sql = "INSERT INTO accounts (id, name, created_at) VALUES ($1, $2, $3)";
+        let sql = "INSERT INTO accounts (id, name, created_at, provider) VALUES ($1, $2, $3, $4)";
         on_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(name)
             .bind(DbTime(now))
+            .bind(provider)
             .execute(pool)
             .await?
             .rows_affected());
@@ -56,7 +71,7 @@ impl Store {
     }
 
     pub async fn list_accounts(&self) -> Result<Vec<AccountRow>> {
-        let sql = "SELECT id, name, created_at FROM accounts ORDER BY created_at";
+        let sql = "SELECT id, name, created_at, provider FROM accounts ORDER BY created_at";
         Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?))
     }
 

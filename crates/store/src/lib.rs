@@ -16,7 +16,7 @@ pub mod webhooks;
 
 pub use db_types::{DbId, DbTime};
 pub use idempotency::{KeyScope, Reservation, StoredRecord};
-pub use outbox::{Claim, Claimed, NewAttempt, SendMark, UnreadableClaim};
+pub use outbox::{Claim, Claimed, NewAttempt, ProviderScope, SendMark, UnreadableClaim};
 pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow, RefundRow};
 
 use sqlx::migrate::Migrator;

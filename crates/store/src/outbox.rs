@@ -169,10 +169,14 @@ impl WriteTx {
         state: AttemptState,
         now: DateTime<Utc>,
     ) -> Result<AttemptRow> {
+        // The provider is the payment's, copied by the statement itself:
+        // whatever the caller knows, a capture, void, refund or retry goes
+        // where its payment went.
         let sql = format!(
             "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
-             provider_key, reference, state, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) RETURNING {ATTEMPT_COLUMNS}"
+             provider_key, reference, state, created_at, updated_at, provider) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, \
+             (SELECT provider FROM payments WHERE id = $3)) RETURNING {ATTEMPT_COLUMNS}"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(a.id))
@@ -250,13 +254,49 @@ impl WriteTx {
     }
 }
 
+impl WriteTx {
+    /// Records what the provider said about the last call of `attempt`
+    /// (its request id, whether the answer was replayed). Call it in the
+    /// transaction whose fenced write records the outcome, so both land or
+    /// neither does.
+    pub async fn record_call(
+        &mut self,
+        attempt: AttemptId,
+        request_id: Option<&str>,
+        replayed: bool,
+    ) -> Result<()> {
+        let sql = "UPDATE attempts SET provider_request_id = COALESCE($2, provider_request_id), \
+            provider_replayed = $3 WHERE id = $1";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(DbId::from(attempt))
+            .bind(request_id)
+            .bind(replayed)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+}
+
+/// Which provider's attempts a worker claims or a reconciler examines:
+/// those naming `name` and, for the default provider, those naming none
+/// (rows older than migration 0010, or payments created without a default).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderScope {
+    pub name: String,
+    pub is_default: bool,
+}
+
+/// `(a.provider = $name OR (a.provider IS NULL AND $is_default))`, or
+/// anything when `$name` is NULL: the SQL of [`ProviderScope`] over an
+/// attempts table aliased `a`, with its two placeholders.
+pub(crate) fn provider_clause(name: usize, is_default: usize) -> String {
+    format!("(${name} IS NULL OR a.provider = ${name} OR (a.provider IS NULL AND ${is_default}))")
+}
+
 impl Store {
-    /// Claims up to `limit` due rows for `owner` until `lease_until`.
-    #[tracing::instrument(
-        name = "outbox.claim",
-        skip_all,
-        fields(owner, limit, claimed = tracing::field::Empty)
-    )]
+    /// Claims up to `limit` due rows of any provider for `owner` until
+    /// `lease_until`.
     pub async fn claim_due(
         &self,
         owner: &str,
@@ -264,31 +304,59 @@ impl Store {
         lease_until: DateTime<Utc>,
         limit: u32,
     ) -> Result<Claimed> {
+        self.claim_due_for(owner, now, lease_until, limit, None)
+            .await
+    }
+
+    /// Claims up to `limit` due rows for `owner` until `lease_until`: only
+    /// `provider`'s attempts when one is given (each provider has its own
+    /// worker, key window and retry budget), still in one statement.
+    #[tracing::instrument(
+        name = "outbox.claim",
+        skip_all,
+        fields(owner, limit, claimed = tracing::field::Empty)
+    )]
+    pub async fn claim_due_for(
+        &self,
+        owner: &str,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+        provider: Option<&ProviderScope>,
+    ) -> Result<Claimed> {
+        let of_provider = format!(
+            "EXISTS (SELECT 1 FROM attempts a WHERE a.id = outbox.attempt_id AND {})",
+            provider_clause(5, 6)
+        );
         // Each arm returns the (row, fencing token) pairs it leased, so the
         // claim is read back by exactly those tokens, never by owner and
         // expiry (two claims in one instant would share those).
         let sql = match &self.backend {
             // SKIP LOCKED: concurrent workers take disjoint rows without waiting.
-            Backend::Postgres(_) => {
+            Backend::Postgres(_) => format!(
                 "UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
                  lease_expires_at = $3, due_at = $3, updated_at = $2 \
                  FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
+                       AND {of_provider} \
                        ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
                  WHERE o.id = due.id RETURNING o.id, o.lease_token"
-            }
+            ),
             // SQLite has one writer: the single UPDATE is the claim.
-            Backend::Sqlite(_) => {
+            Backend::Sqlite(_) => format!(
                 "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
                  lease_expires_at = $3, due_at = $3, updated_at = $2 \
                  WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
+                              AND {of_provider} \
                               ORDER BY due_at LIMIT $4) RETURNING id, lease_token"
-            }
+            ),
         };
-        let leased: Vec<(DbId, i64)> = on_pool!(self, pool => sqlx::query_as(sql)
+        let leased: Vec<(DbId, i64)> = on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(owner)
             .bind(DbTime(now))
             .bind(DbTime(lease_until))
             .bind(i64::from(limit))
+            .bind(provider.map(|p| p.name.as_str()))
+            .bind(provider.is_some_and(|p| p.is_default))
             .fetch_all(pool)
             .await?);
         tracing::Span::current().record("claimed", leased.len());

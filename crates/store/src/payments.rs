@@ -39,12 +39,16 @@ pub struct PaymentRow {
     pub review_reason: Option<String>,
     /// The status it had when conflicting evidence stopped it.
     pub review_from: Option<PaymentStatus>,
+    /// The provider its attempts go to, fixed at creation; `None`: the
+    /// default provider (a payment older than migration 0010).
+    pub provider: Option<String>,
 }
 
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
     capture_method, payment_method, description, metadata, status, amount_captured, \
     amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
-    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason, review_from";
+    failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason, review_from, \
+    provider";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundRow {
@@ -85,11 +89,20 @@ pub struct AttemptRow {
     pub last_error: Option<String>,
     pub created_at: DbTime,
     pub updated_at: DbTime,
+    /// The provider it is sent to (its payment's); `None`: the default
+    /// provider (an attempt older than migration 0010).
+    pub provider: Option<String>,
+    /// The provider's id of the last call that answered (Stripe's
+    /// `Request-Id`), for its support.
+    pub provider_request_id: Option<String>,
+    /// The last answer came from the provider's idempotency store: the
+    /// effect, if any, was made by an earlier send of this attempt.
+    pub provider_replayed: bool,
 }
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "id, intent_id, payment_id, refund_id, operation, \
     provider_key, reference, state, send_count, first_send_at, last_send_at, provider_ref, \
-    last_error, created_at, updated_at";
+    last_error, created_at, updated_at, provider, provider_request_id, provider_replayed";
 
 /// `c1, c2` as `t.c1, t.c2`, for a query that joins or names its table.
 pub(crate) fn qualified(columns: &str, table: &str) -> String {
@@ -192,20 +205,34 @@ pub enum RefundRefusal {
 }
 
 impl WriteTx {
-    /// Inserts a payment in `processing`. A second payment that is not a
-    /// terminal failure for the same order is refused by the partial unique
-    /// index, whatever the code above did: `Ok(None)`. On PostgreSQL the
-    /// transaction is then aborted and must be rolled back.
+    /// [`insert_payment_for`](Self::insert_payment_for) with no default
+    /// provider named: the payment goes to its account's provider, or
+    /// (NULL) to whichever provider is the default.
     pub async fn insert_payment(
         &mut self,
         p: &NewPayment,
         now: DateTime<Utc>,
     ) -> Result<Option<PaymentRow>> {
+        self.insert_payment_for(p, None, now).await
+    }
+
+    /// Inserts a payment in `processing`, its provider fixed by the same
+    /// statement: the account's, else `default_provider`. A second payment
+    /// that is not a terminal failure for the same order is refused by the
+    /// partial unique index, whatever the code above did: `Ok(None)`. On
+    /// PostgreSQL the transaction is then aborted and must be rolled back.
+    pub async fn insert_payment_for(
+        &mut self,
+        p: &NewPayment,
+        default_provider: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<PaymentRow>> {
         let sql = format!(
             "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
             capture_method, payment_method, description, metadata, status, status_changed_at, \
-            created_at, updated_at) \
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11) \
+            created_at, updated_at, provider) \
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11, \
+            COALESCE((SELECT provider FROM accounts WHERE id = $2), $12)) \
             RETURNING {PAYMENT_COLUMNS}"
         );
         let done = on_tx!(self, conn => sqlx::query_as(&sql)
@@ -220,6 +247,7 @@ impl WriteTx {
             .bind(&p.description)
             .bind(&p.metadata)
             .bind(DbTime(now))
+            .bind(default_provider)
             .fetch_one(&mut *conn)
             .await);
         match done.map_err(StoreError::from) {

@@ -32,6 +32,21 @@ impl Store {
         after: Option<AttemptId>,
         limit: u32,
     ) -> Result<Vec<Result<AttemptRow, UnreadableAttempt>>> {
+        self.reconcile_candidates_of(stuck_before, only_payment, after, limit, None)
+            .await
+    }
+
+    /// [`reconcile_candidates_any_account`](Self::reconcile_candidates_any_account)
+    /// of one provider's attempts only (`None`: every provider's): each
+    /// provider's reconciler asks the provider that got the calls.
+    pub async fn reconcile_candidates_of(
+        &self,
+        stuck_before: DateTime<Utc>,
+        only_payment: Option<PaymentId>,
+        after: Option<AttemptId>,
+        limit: u32,
+        provider: Option<&crate::ProviderScope>,
+    ) -> Result<Vec<Result<AttemptRow, UnreadableAttempt>>> {
         let columns = crate::payments::qualified(ATTEMPT_COLUMNS, "a");
         let sql = format!(
             "SELECT {columns} FROM attempts a WHERE a.id IN ( \
@@ -44,15 +59,18 @@ impl Store {
                     WHERE r.status IN ({refunds_unsettled}) \
                     AND r.status_changed_at < $1 AND at.state IN ('pending', 'unknown', 'reconciling') \
              ) AND ($2 IS NULL OR a.payment_id = $2) AND ($4 IS NULL OR a.id > $4) \
-             ORDER BY a.id LIMIT $3",
+             AND {of_provider} ORDER BY a.id LIMIT $3",
             refunds_unsettled =
-                crate::sql_names(RefundStatus::UNSETTLED.iter().map(RefundStatus::as_str))
+                crate::sql_names(RefundStatus::UNSETTLED.iter().map(RefundStatus::as_str)),
+            of_provider = crate::outbox::provider_clause(5, 6),
         );
         on_pool!(self, pool => sqlx::query(&sql)
             .bind(DbTime(stuck_before))
             .bind(only_payment.map(DbId::from))
             .bind(i64::from(limit))
             .bind(after.map(DbId::from))
+            .bind(provider.map(|p| p.name.as_str()))
+            .bind(provider.is_some_and(|p| p.is_default))
             .fetch_all(pool)
             .await?
             .iter()

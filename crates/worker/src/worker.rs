@@ -8,11 +8,15 @@
 use crate::retry::{RetryBudget, backoff};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, CaptureMethod, Clock, Operation, PaymentId, RefundId};
-use cobro_provider::{AuthorizeRequest, Outcome, Provider, ProviderObject, RefundRequest};
+use cobro_provider::{
+    AuthorizeRequest, CallInfo, Mutation, Outcome, Provider, ProviderObject, RefundRequest, Sent,
+};
 use cobro_settle::evidence::{Fit, charge_now, fit, identity, proof_from};
 use cobro_settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
-use cobro_store::{Claim, PaymentRow, RefundRow, SendMark, Store, StoreError, UnreadableClaim};
+use cobro_store::{
+    Claim, PaymentRow, ProviderScope, RefundRow, SendMark, Store, StoreError, UnreadableClaim, WriteTx,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -49,6 +53,10 @@ pub struct WorkerConfig {
     /// How long a row whose payment is under reconciliation or review
     /// waits before the worker looks at it again.
     pub blocked_recheck: Duration,
+    /// Whose attempts this worker claims: one configured provider's (each
+    /// provider has its own worker, key window and retry budget), or every
+    /// provider's (`None`, for a single-provider setup and tests).
+    pub provider: Option<ProviderScope>,
 }
 
 impl Default for WorkerConfig {
@@ -72,6 +80,7 @@ impl Default for WorkerConfig {
             retry_per_second: 5.0,
             retry_max: 50.0,
             blocked_recheck: Duration::from_secs(60),
+            provider: None,
         }
     }
 }
@@ -202,11 +211,12 @@ impl<P: Provider> Worker<P> {
         let now = self.clock.now();
         let claimed = self
             .store
-            .claim_due(
+            .claim_due_for(
                 &self.config.owner,
                 now,
                 now + to_chrono(self.config.lease),
                 self.config.batch,
+                self.config.provider.as_ref(),
             )
             .await?;
         let mut steps: Vec<Step> = claimed.unreadable.iter().map(report_unreadable).collect();
@@ -254,11 +264,12 @@ impl<P: Provider> Worker<P> {
                 let now = self.clock.now();
                 match self
                     .store
-                    .claim_due(
+                    .claim_due_for(
                         &self.config.owner,
                         now,
                         now + to_chrono(self.config.lease),
                         free,
+                        self.config.provider.as_ref(),
                     )
                     .await
                 {
@@ -370,7 +381,7 @@ impl<P: Provider> Worker<P> {
         if let Some(first) = attempt.first_send_at
             && now >= self.send_deadline(first.0)
         {
-            return self.hand_over(&claim, "provider key window closing").await;
+            return self.hand_over(&claim, "provider key window closing", None).await;
         }
         let (call, asked) = match self.prepare(&claim).await? {
             Ok(prepared) => prepared,
@@ -380,12 +391,12 @@ impl<P: Provider> Worker<P> {
                     message: reason,
                     object: None,
                 };
-                return self.record(&claim, &asked, failed).await;
+                return self.record(&claim, &asked, failed, None).await;
             }
         };
         if self.stopping.load(Ordering::SeqCst) {
             return self
-                .reschedule(&claim, now, "released at shutdown")
+                .reschedule(&claim, now, "released at shutdown", None)
                 .await
                 .map(|_| Step::Released);
         }
@@ -397,7 +408,7 @@ impl<P: Provider> Worker<P> {
                     attempt.send_count as u32,
                 )
                 .max(self.budget.next_token_in());
-                self.reschedule(&claim, now + to_chrono(wait), "retry budget spent")
+                self.reschedule(&claim, now + to_chrono(wait), "retry budget spent", None)
                     .await?;
                 return Ok(Step::BudgetWait);
             }
@@ -421,19 +432,22 @@ impl<P: Provider> Worker<P> {
             }
             SendMark::Blocked => {
                 let due = now + to_chrono(self.config.blocked_recheck);
-                self.reschedule(&claim, due, "payment under reconciliation or review")
+                self.reschedule(&claim, due, "payment under reconciliation or review", None)
                     .await?;
                 return Ok(Step::Blocked);
             }
         }
         let heartbeat = Heartbeat::start(self, &claim);
-        let outcome = self.send(call, &attempt.provider_key).await;
+        let Sent { outcome, call } = self.send(call, &attempt.provider_key).await;
         heartbeat.stop().await;
         tracing::info!(
             attempt_id = %attempt.id.0, reference = %attempt.reference, operation = %attempt.operation,
-            sends = attempt.send_count + 1, class = outcome.class(), "provider.call"
+            sends = attempt.send_count + 1, class = outcome.class(),
+            request_id = call.as_ref().and_then(|c| c.request_id.as_deref()),
+            replayed = call.as_ref().is_some_and(|c| c.replayed),
+            "provider.call"
         );
-        self.record(&claim, &asked, outcome).await
+        self.record(&claim, &asked, outcome, call.as_ref()).await
     }
 
     /// What to send, from the stored rows, and what the answer must match.
@@ -561,30 +575,41 @@ impl<P: Provider> Worker<P> {
         }
     }
 
-    async fn send(&self, call: Call, key: &str) -> Outcome {
-        match call {
-            Call::Authorize(r) => self.provider.authorize(key, &r).await,
-            Call::Capture(charge) => self.provider.capture(key, &charge).await,
-            Call::Void(charge) => self.provider.void(key, &charge).await,
-            Call::Refund(r) => self.provider.refund(key, &r).await,
-        }
+    async fn send(&self, call: Call, key: &str) -> Sent {
+        let mutation = match &call {
+            Call::Authorize(r) => Mutation::Authorize(r),
+            Call::Capture(charge) => Mutation::Capture(charge),
+            Call::Void(charge) => Mutation::Void(charge),
+            Call::Refund(r) => Mutation::Refund(r),
+        };
+        self.provider.send(key, mutation).await
     }
 
-    /// Records an outcome in one transaction fenced by the claim's token.
+    /// Records an outcome in one transaction fenced by the claim's token,
+    /// with what the provider said about the call (`call`: its request id,
+    /// whether it replayed) in the same transaction.
+    ///
+    /// An unknown outcome the provider says not to retry
+    /// (`Stripe-Should-Retry: false`) goes to the reconciler at once: a
+    /// resend under the same key would only replay the saved answer, so
+    /// only a query can tell what happened.
     async fn record(
         &self,
         claim: &Claim,
         asked: &Asked,
         outcome: Outcome,
+        call: Option<&CallInfo>,
     ) -> Result<Step, WorkerError> {
         let now = self.clock.now();
         let class = outcome.class();
         let (proof, said) = match self.judge(claim, asked, outcome) {
             Verdict::Proof(proof, said) => (proof, said),
-            Verdict::Conflict(why, said) => return self.conflict(claim, asked, &why, &said).await,
+            Verdict::Conflict(why, said) => {
+                return self.conflict(claim, asked, &why, &said, call).await;
+            }
             Verdict::NotSent(reason) => {
                 let due = now + self.retry_delay(claim);
-                return self.reschedule(claim, due, &reason).await.map(|ok| {
+                return self.reschedule(claim, due, &reason, call).await.map(|ok| {
                     if ok {
                         Step::Rescheduled { class }
                     } else {
@@ -592,7 +617,11 @@ impl<P: Provider> Worker<P> {
                     }
                 });
             }
-            Verdict::Unknown(reason) => return self.record_unknown(claim, &reason, now).await,
+            Verdict::Unknown(reason) if call.and_then(|c| c.should_retry) == Some(false) => {
+                let reason = format!("{reason} (the provider says a retry would not help)");
+                return self.hand_over(claim, &reason, call).await;
+            }
+            Verdict::Unknown(reason) => return self.record_unknown(claim, &reason, now, call).await,
         };
         let mut tx = self.store.begin().await?;
         if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
@@ -600,6 +629,7 @@ impl<P: Provider> Worker<P> {
             self.observe(claim, proof.outcome(), &said, now).await?;
             return Ok(Step::LeaseLost);
         }
+        note_call(&mut tx, claim, call).await?;
         let source = Source {
             name: "worker",
             said: &said,
@@ -619,6 +649,7 @@ impl<P: Provider> Worker<P> {
         asked: &Asked,
         why: &str,
         said: &str,
+        call: Option<&CallInfo>,
     ) -> Result<Step, WorkerError> {
         let now = self.clock.now();
         let mut tx = self.store.begin().await?;
@@ -627,6 +658,7 @@ impl<P: Provider> Worker<P> {
             self.observe(claim, "conflict", said, now).await?;
             return Ok(Step::LeaseLost);
         }
+        note_call(&mut tx, claim, call).await?;
         hand_to_reconciler(&mut tx, &claim.attempt, why, now).await?;
         let source = Source {
             name: "worker",
@@ -661,11 +693,12 @@ impl<P: Provider> Worker<P> {
         claim: &Claim,
         reason: &str,
         now: DateTime<Utc>,
+        call: Option<&CallInfo>,
     ) -> Result<Step, WorkerError> {
         let first = claim.attempt.first_send_at.map(|t| t.0).unwrap_or(now);
         let due = now + self.retry_delay(claim);
         if due >= self.send_deadline(first) {
-            return self.hand_over(claim, reason).await;
+            return self.hand_over(claim, reason, call).await;
         }
         let mut tx = self.store.begin().await?;
         if !tx
@@ -676,6 +709,7 @@ impl<P: Provider> Worker<P> {
             self.observe(claim, "unknown", reason, now).await?;
             return Ok(Step::LeaseLost);
         }
+        note_call(&mut tx, claim, call).await?;
         tx.resolve_attempt(
             AttemptId::from_uuid(claim.attempt.id.0),
             AttemptState::Unknown,
@@ -688,13 +722,19 @@ impl<P: Provider> Worker<P> {
         Ok(Step::Rescheduled { class: "unknown" })
     }
 
-    async fn hand_over(&self, claim: &Claim, reason: &str) -> Result<Step, WorkerError> {
+    async fn hand_over(
+        &self,
+        claim: &Claim,
+        reason: &str,
+        call: Option<&CallInfo>,
+    ) -> Result<Step, WorkerError> {
         let now = self.clock.now();
         let mut tx = self.store.begin().await?;
         if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
             tx.rollback().await?;
             return Ok(Step::LeaseLost);
         }
+        note_call(&mut tx, claim, call).await?;
         hand_to_reconciler(&mut tx, &claim.attempt, reason, now).await?;
         tx.commit().await?;
         tracing::warn!(attempt_id = %claim.attempt.id.0, reference = %claim.attempt.reference, reason, "attempt handed to the reconciler");
@@ -706,12 +746,16 @@ impl<P: Provider> Worker<P> {
         claim: &Claim,
         due: DateTime<Utc>,
         reason: &str,
+        call: Option<&CallInfo>,
     ) -> Result<bool, WorkerError> {
         let now = self.clock.now();
         let mut tx = self.store.begin().await?;
         let ok = tx
             .reschedule_outbox(claim.outbox_id, claim.token, due, now)
             .await?;
+        if ok {
+            note_call(&mut tx, claim, call).await?;
+        }
         tx.commit().await?;
         if !ok {
             self.observe(claim, "not_sent", reason, now).await?;
@@ -739,6 +783,24 @@ impl<P: Provider> Worker<P> {
             .await?;
         Ok(())
     }
+}
+
+/// Writes what the provider said about the call on the attempt, in the
+/// caller's transaction (the one whose fenced write records the outcome).
+async fn note_call(
+    tx: &mut WriteTx,
+    claim: &Claim,
+    call: Option<&CallInfo>,
+) -> Result<(), WorkerError> {
+    if let Some(call) = call {
+        tx.record_call(
+            AttemptId::from_uuid(claim.attempt.id.0),
+            call.request_id.as_deref(),
+            call.replayed,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Renews a claim's lease while its call is in flight.

@@ -61,6 +61,11 @@ pub struct ApiSettings {
     /// Test-only (`COBRO_TEST_HOLD`): hold matching keyed requests forever
     /// at one point of their commit. `None` everywhere but in crash tests.
     pub test_hold: Option<TestHold>,
+    /// The provider a new payment goes to when its account names none,
+    /// written on the payment in the transaction that creates it. `None`:
+    /// the payment names no provider (NULL, read as whichever provider is
+    /// the default).
+    pub default_provider: Option<String>,
 }
 
 /// A test-only pause of keyed requests, for the process-level tests of
@@ -131,6 +136,7 @@ impl Default for ApiSettings {
             request_timeout: Duration::from_secs(45),
             long_poll_fallback: Duration::from_secs(1),
             test_hold: None,
+            default_provider: None,
         }
     }
 }

@@ -298,7 +298,8 @@ async fn create_payment(
         description: request.description.clone(),
         metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
     };
-    let Some(row) = tx.insert_payment(&new, now).await? else {
+    let default_provider = state.settings.default_provider.as_deref();
+    let Some(row) = tx.insert_payment_for(&new, default_provider, now).await? else {
         // The order already has an active payment. Not stored against the
         // key: the client may use it again once that payment fails.
         tx.rollback().await?;

@@ -39,10 +39,17 @@ pub enum AccountsCommand {
         /// The account's unique name, e.g. `acme`.
         #[arg(long)]
         name: String,
+        /// The provider its payments go to, by its name in the providers
+        /// file (`fake` without one). Unset: the default provider,
+        /// whichever it is when each payment is created.
+        #[arg(long, value_name = "NAME")]
+        provider: Option<String>,
+        #[command(flatten)]
+        providers: crate::settings::ProvidersFile,
         #[command(flatten)]
         output: JsonFlag,
     },
-    /// List accounts: id, name, creation time.
+    /// List accounts: id, name, creation time, provider.
     List {
         #[command(flatten)]
         output: JsonFlag,
@@ -127,7 +134,28 @@ pub async fn migrate(global: &GlobalSettings, args: &MigrateArgs) -> anyhow::Res
 pub async fn accounts(global: &GlobalSettings, command: AccountsCommand) -> anyhow::Result<()> {
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
     let result = match command {
-        AccountsCommand::Create { name, output } => create_account(&store, &name, output).await,
+        AccountsCommand::Create {
+            name,
+            provider,
+            providers,
+            output,
+        } => {
+            let provider = match provider {
+                Some(provider) => {
+                    let known =
+                        crate::provider::provider_names(providers.providers_file.as_deref())?;
+                    if !known.contains(&provider) {
+                        bail!(
+                            "no provider is named `{provider}` (configured: {}; see COBRO_PROVIDERS_FILE)",
+                            known.join(", ")
+                        );
+                    }
+                    Some(provider)
+                }
+                None => None,
+            };
+            create_account(&store, &name, provider.as_deref(), output).await
+        }
         AccountsCommand::List { output } => list_accounts(&store, output).await,
     };
     store.close().await;
@@ -136,7 +164,12 @@ pub async fn accounts(global: &GlobalSettings, command: AccountsCommand) -> anyh
 
 /// Prints the new account's id. Names are unique so that `tokens create
 /// --account NAME` is never ambiguous.
-async fn create_account(store: &Store, name: &str, output: JsonFlag) -> anyhow::Result<()> {
+async fn create_account(
+    store: &Store,
+    name: &str,
+    provider: Option<&str>,
+    output: JsonFlag,
+) -> anyhow::Result<()> {
     let name = name.trim();
     if name.is_empty() {
         bail!("an account name must not be empty");
@@ -144,7 +177,7 @@ async fn create_account(store: &Store, name: &str, output: JsonFlag) -> anyhow::
     let now = SystemClock.now();
     // The unique index on accounts.name (migration 0008) decides, so two
     // concurrent creates cannot both succeed.
-    let id = match store.create_account(name, now).await {
+    let id = match store.create_account_with_provider(name, provider, now).await {
         Ok(id) => id,
         Err(cobro_store::StoreError::UniqueViolation { .. }) => {
             let existing = store
@@ -156,7 +189,9 @@ async fn create_account(store: &Store, name: &str, output: JsonFlag) -> anyhow::
         Err(e) => return Err(e.into()),
     };
     if output.json {
-        return say_json(&json!({"id": id.to_string(), "name": name, "created_at": instant(now)}));
+        return say_json(
+            &json!({"id": id.to_string(), "name": name, "created_at": instant(now), "provider": provider}),
+        );
     }
     eprintln!("created account `{name}`");
     say(id)
@@ -168,17 +203,18 @@ async fn list_accounts(store: &Store, output: JsonFlag) -> anyhow::Result<()> {
     if output.json {
         let list: Vec<_> = accounts
             .iter()
-            .map(|a| json!({"id": a.id.0.to_string(), "name": a.name, "created_at": instant(a.created_at.0)}))
+            .map(|a| json!({"id": a.id.0.to_string(), "name": a.name, "created_at": instant(a.created_at.0), "provider": a.provider}))
             .collect();
         return say_json(&json!({ "accounts": list }));
     }
-    say("id\tname\tcreated_at")?;
+    say("id\tname\tcreated_at\tprovider")?;
     for account in accounts {
         say(format_args!(
-            "{}\t{}\t{}",
+            "{}\t{}\t{}\t{}",
             account.id.0,
             account.name,
-            instant(account.created_at.0)
+            instant(account.created_at.0),
+            crate::payments::provider_name(account.provider.as_deref())
         ))?;
     }
     Ok(())

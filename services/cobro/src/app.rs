@@ -16,12 +16,13 @@
 //! `COBRO_SHUTDOWN_GRACE` it returns anyway.
 
 use crate::database::{self, SchemaPolicy};
+use crate::provider::Registry;
 use crate::settings::{GlobalSettings, SenderSettings, ServeSettings};
 use crate::shutdown::{Stopper, stopped};
 use crate::{demo, schedule};
 use anyhow::Context;
 use axum::Router;
-use cobro_api::{ApiSettings, AppState, WebhookReceiver};
+use cobro_api::{ApiSettings, AppState};
 use cobro_core::{Clock, SystemClock};
 use cobro_provider::WebhookSecret;
 use cobro_store::Store;
@@ -64,6 +65,7 @@ impl Application {
             key_window,
             reconcile,
         } = sender;
+        let reconciler_only;
         let policy = if settings.no_migrate {
             SchemaPolicy::Require
         } else {
@@ -91,13 +93,28 @@ impl Application {
             .context("could not read the bound address")?;
         let (stopper, stopping) = Stopper::new();
 
-        // The embedded fake provider (started below when no provider URL is
-        // set) signs its webhooks with a secret made here, unless one is set.
-        let embedded_provider = !settings.no_worker && provider.provider_url.is_none();
-        let webhook_secret = settings
-            .webhook_secret
-            .clone()
-            .or_else(|| embedded_provider.then(generated_webhook_secret));
+        let mut registry = Registry::load(provider, Some(key_window), Some(reconcile))?;
+        // Only the processes that send start the embedded fake provider
+        // (the environment's provider without a URL).
+        let embedded_provider = !settings.no_worker && registry.wants_embedded();
+        match registry.env_provider_mut() {
+            // The environment's provider: COBRO_WEBHOOK_SECRET, or for the
+            // embedded fake provider a secret made here (and given to it).
+            Some(spec) => {
+                spec.webhook_secret = settings
+                    .webhook_secret
+                    .clone()
+                    .or_else(|| embedded_provider.then(generated_webhook_secret));
+                spec.webhook_secret_previous = settings.webhook_secret_previous.clone();
+            }
+            None if settings.webhook_secret.is_some() => anyhow::bail!(
+                "COBRO_WEBHOOK_SECRET is set with COBRO_PROVIDERS_FILE: give each provider its webhook_secret_env or webhook_secret_file in the file"
+            ),
+            None => {}
+        }
+        let webhook_secret = registry
+            .env_provider_mut()
+            .and_then(|spec| spec.webhook_secret.clone());
         let mut api = ApiSettings {
             idempotency_retention: settings.retention.idempotency_retention,
             tombstone_retention: settings.retention.tombstone_retention,
@@ -116,30 +133,34 @@ impl Application {
                 "COBRO_TEST_HOLD is set: requests with keys of its prefix will never be answered (a crash test's hook)"
             );
         }
-        if let Some(secret) = &webhook_secret {
-            let receiver = WebhookReceiver {
-                previous: settings.webhook_secret_previous.clone(),
-                ..WebhookReceiver::fake(secret.clone())
-            };
-            api.webhooks.insert("fake".to_owned(), receiver);
+        // Each provider's webhooks at /v1/webhooks/{name}, with its kind's
+        // signature scheme; a provider without a signing secret: 404.
+        for spec in registry.providers() {
+            if let Some(receiver) = crate::provider::webhook_receiver(spec) {
+                api.webhooks.insert(spec.name.clone(), receiver);
+            }
         }
+        // New payments of accounts that name no provider go to the default,
+        // written on the payment when it is created.
+        api.default_provider = Some(registry.default_name().to_owned());
         let state = AppState::new(store.clone(), Arc::clone(&clock), api);
-        // The worker runs in this process unless told otherwise; the API
-        // wakes it in memory after every commit that enqueued work.
+        // The workers (one per provider) run in this process unless told
+        // otherwise; the API wakes them in memory after every commit that
+        // enqueued work.
         let (provider_handle, worker) = if settings.no_worker {
             (None, None)
         } else {
-            let config = crate::worker::worker_config(key_window, &settings.worker)?;
-            let handle = crate::provider::connect(provider, Some(key_window)).await?;
+            let configs = crate::worker::worker_configs(&registry, &settings.worker)?;
+            let handle = crate::provider::connect(registry.clone(), true).await?;
             let task = crate::worker::spawn(
                 store.clone(),
-                handle.client.clone(),
+                &handle,
                 Arc::clone(&clock),
-                config,
+                configs,
                 Arc::clone(&state.work_available),
                 stopping.clone(),
                 settings.shutdown_grace,
-            );
+            )?;
             (Some(handle), Some(task))
         };
         // Events go out from every process unless told otherwise.
@@ -149,32 +170,32 @@ impl Application {
             &settings.dispatcher,
             stopping.clone(),
         )?;
-        // The reconciler runs on a schedule in every process that has a
-        // provider (with or without its worker), asking the provider the
-        // worker calls, unless told not to.
-        let reconciler_provider = match &provider_handle {
-            Some(handle) => Some(handle.client.clone()),
-            None if provider.provider_url.is_some() => {
-                Some(crate::provider::connect(provider, None).await?.client)
+        // The reconcilers (one per provider) run on a schedule in every
+        // process that has providers (with or without its workers), each
+        // asking its provider about the attempts sent to it, unless told not to.
+        let reconciler_providers = match &provider_handle {
+            Some(handle) => Some(handle),
+            None if !registry.wants_embedded() => {
+                reconciler_only = Some(crate::provider::connect(registry, false).await?);
+                reconciler_only.as_ref()
             }
             None => None,
         };
-        match reconciler_provider {
-            Some(client) if !settings.schedule.no_reconciler => {
-                schedule::reconciler(
+        match reconciler_providers {
+            Some(handle) if !settings.schedule.no_reconciler => {
+                schedule::reconcilers(
                     &scheduler,
                     &store,
                     &clock,
-                    client,
+                    handle,
                     reconcile,
-                    provider,
                     &settings.schedule.reconcile_schedule,
                 )
                 .await?;
             }
             Some(_) => tracing::warn!("no scheduled reconciler in this process (--no-reconciler)"),
             None => tracing::warn!(
-                "no provider configured: no scheduled reconciler in this process; set COBRO_PROVIDER_URL"
+                "no provider configured: no scheduled reconciler in this process; set COBRO_PROVIDER_URL or COBRO_PROVIDERS_FILE"
             ),
         }
         if let (Some(fake), Some(secret)) = (

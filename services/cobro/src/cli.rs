@@ -206,7 +206,10 @@ mod tests {
             .and_then(|a| a.find_subcommand_mut("create"))
             .expect("accounts create");
         let help = create.render_long_help().to_string();
-        assert!(!help.contains("--provider"), "{help}");
+        // It names a provider (checked against the providers file), but
+        // takes none of the provider's connection settings.
+        assert!(!help.contains("--provider-"), "{help}");
+        assert!(help.contains("--provider <NAME>") && help.contains("--providers-file"));
         assert!(!help.contains("--reconcile"), "{help}");
         assert!(help.contains("--name") && help.contains("--json"), "{help}");
     }

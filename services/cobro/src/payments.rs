@@ -382,6 +382,8 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
             "capture_method": p.capture_method,
             "amount_captured": p.amount_captured, "amount_refunded": p.amount_refunded,
             "provider_ref": p.provider_ref, "failure_code": p.failure_code,
+            // NULL (older than 0010): the default provider.
+            "provider": p.provider,
             "failure_message": p.failure_message,
             "cancel_requested": p.cancel_requested_at.is_some(),
             "review_reason": p.review_reason,
@@ -395,6 +397,8 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
                 "provider_key": a.provider_key, "state": a.state, "sends": a.send_count,
                 "first_send_at": a.first_send_at.as_ref().map(time), "last_send_at": a.last_send_at.as_ref().map(time),
                 "provider_ref": a.provider_ref, "last_error": a.last_error,
+                "provider": a.provider, "provider_request_id": a.provider_request_id,
+                "provider_replayed": a.provider_replayed,
             })).collect::<Vec<_>>(),
             "late_answers_kept": observations.iter().map(|(attempt, token, outcome, detail)| serde_json::json!({
                 "attempt_id": attempt.to_string(), "lease_token": token, "outcome": outcome, "detail": detail,
@@ -406,7 +410,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
             })).collect::<Vec<_>>(),
         }));
     }
-    let rows: [(&str, String); 10] = [
+    let rows: [(&str, String); 11] = [
         ("payment", p.id.0.to_string()),
         ("intent", p.intent.clone()),
         (
@@ -425,6 +429,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
             "captured / refunded",
             format!("{} / {}", p.amount_captured, p.amount_refunded),
         ),
+        ("provider", provider_name(p.provider.as_deref())),
         ("provider ref", or_dash(p.provider_ref.as_deref())),
         (
             "failure",
@@ -450,8 +455,10 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
         "state",
         "sends",
         "last send",
+        "provider",
         "provider ref",
         "provider key",
+        "request id",
         "last error",
     ]);
     for a in &attempts {
@@ -461,8 +468,13 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
             a.state.to_string(),
             a.send_count.to_string(),
             or_dash(a.last_send_at.as_ref().map(time)),
+            provider_name(a.provider.as_deref()),
             or_dash(a.provider_ref.as_deref()),
             a.provider_key.clone(),
+            match (&a.provider_request_id, a.provider_replayed) {
+                (Some(id), true) => format!("{id} (replayed)"),
+                (id, _) => or_dash(id.as_deref()),
+            },
             or_dash(a.last_error.as_deref()),
         ]);
     }
@@ -501,6 +513,12 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     say(audit)
 }
 
+/// A row's provider as shown: NULL (a row older than migration 0010, or an
+/// account that names none) is the default provider.
+pub(crate) fn provider_name(provider: Option<&str>) -> String {
+    provider.map_or_else(|| "(default)".to_owned(), str::to_owned)
+}
+
 /// An operator's `--provider-ref` must be the named attempt's own charge at
 /// the provider: a typo or another account's charge would bind the payment
 /// to money that is not its own (and later refunds would move it).
@@ -528,10 +546,12 @@ async fn verify_charge(
         .find(|a| a.id.0 == attempt.as_uuid())
         .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
     let operation = named.operation;
-    let client = crate::provider::connect(provider, None)
+    // The provider the attempt was sent to.
+    let registry = crate::provider::Registry::load(provider, None, None)?;
+    let handle = crate::provider::connect(registry, false)
         .await
-        .context("looking the charge up needs the provider (or --unverified)")?
-        .client;
+        .context("looking the charge up needs the provider (or --unverified)")?;
+    let client = handle.client_of_row(named.provider.as_deref())?;
     let found = client
         .get_charge(charge)
         .await

@@ -55,18 +55,13 @@ pub(crate) fn parse_payment(id: &str) -> anyhow::Result<PaymentId> {
 /// conflict, or candidates left past `--max`), 1 on an error, including a
 /// candidate whose examination failed.
 pub async fn run(global: &GlobalSettings, args: &ReconcileArgs) -> anyhow::Result<()> {
-    let (provider, settings) = (&args.provider, &args.settings);
+    let settings = &args.settings;
+    let registry = crate::provider::Registry::load(&args.provider, None, Some(settings))?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
-    let handle = crate::provider::connect(provider, None).await?;
+    let handle = crate::provider::connect(registry, false).await?;
     let actor = format!(
         "operator:{}",
         std::env::var("USER").unwrap_or_else(|_| "cli".into())
-    );
-    let reconciler = Reconciler::new(
-        store.clone(),
-        Arc::new(handle.client),
-        Arc::new(SystemClock),
-        settings.config(provider, actor),
     );
     let scope = Scope {
         payment: args.payment.as_deref().map(parse_payment).transpose()?,
@@ -87,10 +82,26 @@ pub async fn run(global: &GlobalSettings, args: &ReconcileArgs) -> anyhow::Resul
             bar.set_position(done as u64);
         }
     };
-    let summary = reconciler
-        .run(&scope, args.dry_run, "cli", &progress)
-        .await
-        .context("the reconciliation run failed")?;
+    // One run per provider, each asking its provider about the attempts
+    // sent to it; shown as one summary. `--max` bounds each run.
+    let mut summary: Option<Summary> = None;
+    for (spec, client) in &handle.clients {
+        let reconciler = Reconciler::new(
+            store.clone(),
+            Arc::new(client.clone()),
+            Arc::new(SystemClock),
+            settings.config(spec, handle.registry.scope(spec), actor.clone()),
+        );
+        let run = reconciler
+            .run(&scope, args.dry_run, "cli", &progress)
+            .await
+            .with_context(|| format!("the reconciliation run of `{}` failed", spec.name))?;
+        match &mut summary {
+            Some(all) => all.absorb(run),
+            None => summary = Some(run),
+        }
+    }
+    let summary = summary.context("no provider is configured")?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

@@ -3,7 +3,8 @@
 //! still going when the next is due makes the next one skip rather than
 //! pile up.
 
-use crate::settings::{ProviderSettings, ReconcileSettings, RetentionSettings};
+use crate::provider::ProviderHandle;
+use crate::settings::{ReconcileSettings, RetentionSettings};
 use anyhow::Context;
 use cobro_core::Clock;
 use cobro_store::Store;
@@ -69,25 +70,41 @@ impl ScheduledPurge {
     }
 }
 
-/// The scheduled reconciliation on `scheduler`: the same
-/// [`cobro_reconciler::Reconciler`] as `cobro reconcile`, every `schedule`.
-/// Runs never overlap in this process; across processes its
+/// The scheduled reconciliation on `scheduler`, one job per provider of
+/// `handle`: the same [`cobro_reconciler::Reconciler`] as `cobro
+/// reconcile`, every `schedule`, each asking its provider about the
+/// attempts sent to it, with its search lag and request timeout. Runs of
+/// one provider never overlap in this process; across processes its
 /// compare-and-sets keep them from applying two decisions to one attempt.
-pub async fn reconciler(
+pub async fn reconcilers(
     scheduler: &JobScheduler,
     store: &Store,
     clock: &Arc<dyn Clock>,
-    client: cobro_provider::HttpProvider,
+    handle: &ProviderHandle,
     settings: &ReconcileSettings,
-    provider: &ProviderSettings,
     schedule: &str,
 ) -> anyhow::Result<()> {
-    let actor = format!("reconciler:{}", std::process::id());
+    for (spec, client) in &handle.clients {
+        let actor = format!("reconciler:{}", std::process::id());
+        let config = settings.config(spec, handle.registry.scope(spec), actor);
+        reconciler(scheduler, store, clock, client.clone(), config, schedule).await?;
+    }
+    Ok(())
+}
+
+async fn reconciler(
+    scheduler: &JobScheduler,
+    store: &Store,
+    clock: &Arc<dyn Clock>,
+    client: cobro_provider::Connector,
+    config: cobro_reconciler::ReconcilerConfig,
+    schedule: &str,
+) -> anyhow::Result<()> {
     let reconciler = Arc::new(cobro_reconciler::Reconciler::new(
         store.clone(),
         Arc::new(client),
         Arc::clone(clock),
-        settings.config(provider, actor),
+        config,
     ));
     let running = Arc::new(Mutex::new(()));
     let job = Job::new_async(schedule, move |_id, _scheduler| {

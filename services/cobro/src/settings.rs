@@ -195,11 +195,15 @@ pub struct ReconcileSchedule {
     pub no_reconciler: bool,
 }
 
-/// The payment provider: where it is and how long a call may take. Only
-/// the commands that call it (`serve`, `worker`, `reconcile`, `payments
-/// resolve`) take these.
+/// The payment providers: the providers file, or (without one) the single
+/// provider `fake` of these variables, where it is and how long a call may
+/// take. Only the commands that call a provider (`serve`, `worker`,
+/// `reconcile`, `payments resolve`) take these.
 #[derive(Args, Clone, Debug)]
 pub struct ProviderSettings {
+    #[command(flatten)]
+    pub file: ProvidersFile,
+
     /// The provider's base URL. Unset: `serve` starts the embedded fake
     /// provider on loopback (no real money moves); the other commands refuse.
     #[arg(long, env = "COBRO_PROVIDER_URL")]
@@ -223,6 +227,19 @@ pub struct ProviderSettings {
     #[arg(long, env = "COBRO_PROVIDER_TIMEOUT", default_value = "10s",
           value_parser = parse_duration)]
     pub provider_timeout: Duration,
+}
+
+/// The providers file (README.md, "Configuration"): every provider, its
+/// secrets and contract, and the default one. When it is set the
+/// `COBRO_PROVIDER_*` variables and `COBRO_WEBHOOK_SECRET*` are not read
+/// (setting `COBRO_PROVIDER_URL` or `COBRO_WEBHOOK_SECRET` too is refused).
+#[derive(Args, Clone, Debug, Default)]
+pub struct ProvidersFile {
+    /// A TOML file naming each provider (`[[provider]]`) and the
+    /// `default_provider`. Unset: the single provider `fake` of
+    /// `COBRO_PROVIDER_URL` and its neighbours.
+    #[arg(long, env = "COBRO_PROVIDERS_FILE")]
+    pub providers_file: Option<PathBuf>,
 }
 
 /// What every process that sends to the provider (`serve`, `worker`)
@@ -358,12 +375,22 @@ impl ReconcileSettings {
     /// The reconciler's configuration: these settings, the provider's
     /// timeout (a send may reach the provider until then) and who decides
     /// (`reconciler:<pid>` or `operator:<user>`, for the audit trail).
-    pub fn config(&self, provider: &ProviderSettings, actor: String) -> ReconcilerConfig {
+    ///
+    /// One reconciler per provider: it examines only the attempts sent to
+    /// `provider` (`scope`) and applies that provider's search lag and
+    /// request timeout to its "not found" rule.
+    pub fn config(
+        &self,
+        provider: &crate::provider::ProviderSpec,
+        scope: cobro_store::ProviderScope,
+        actor: String,
+    ) -> ReconcilerConfig {
         ReconcilerConfig {
             actor,
-            search_lag: self.provider_search_lag,
+            search_lag: provider.contract.search_lag,
             stuck_after: self.reconcile_stuck_after,
-            request_timeout: provider.provider_timeout,
+            request_timeout: provider.contract.request_timeout,
+            provider: Some(scope),
             escalate_after: self.reconcile_escalate_after,
             retry_on_no_effect: !self.reconcile_no_retry,
             ..Default::default()

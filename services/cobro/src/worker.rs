@@ -4,13 +4,12 @@
 
 use crate::database::{self, SchemaPolicy};
 use crate::output::say;
+use crate::provider::{ProviderHandle, Registry};
 use crate::settings::{
-    GlobalSettings, KeyWindowSettings, ReconcileSchedule, SenderSettings, WorkerSettings,
-    parse_duration,
+    GlobalSettings, ReconcileSchedule, SenderSettings, WorkerSettings, parse_duration,
 };
 use anyhow::Context;
 use cobro_core::{Clock, SystemClock};
-use cobro_provider::HttpProvider;
 use cobro_store::Store;
 use cobro_worker::{Worker, WorkerConfig};
 use std::sync::Arc;
@@ -45,47 +44,112 @@ pub struct WorkerArgs {
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
-pub fn worker_config(
-    provider: &KeyWindowSettings,
+/// The configuration of every provider's worker, checked before anything
+/// starts: each claims only its provider's attempts, with that provider's
+/// key window. With one provider the lease owner is as it always was;
+/// with several, each worker's owner ends in its provider's name.
+pub fn worker_configs(
+    registry: &Registry,
     worker: &WorkerSettings,
-) -> anyhow::Result<WorkerConfig> {
+) -> anyhow::Result<Vec<(String, WorkerConfig)>> {
     if worker.worker_heartbeat >= worker.worker_lease {
         anyhow::bail!("the worker heartbeat must be shorter than its lease (2-3x shorter)");
     }
-    if provider.provider_key_safety_margin >= provider.provider_key_retention {
-        anyhow::bail!("the provider key safety margin must be shorter than the key retention");
-    }
-    Ok(WorkerConfig {
-        lease: worker.worker_lease,
-        heartbeat: worker.worker_heartbeat,
-        max_in_flight: worker.worker_max_in_flight as usize,
-        poll_interval: worker.worker_poll,
-        key_retention: provider.provider_key_retention,
-        safety_margin: provider.provider_key_safety_margin,
-        ..Default::default()
-    })
+    let owner = WorkerConfig::default().owner;
+    let several = registry.providers().len() > 1;
+    registry
+        .providers()
+        .iter()
+        .map(|spec| {
+            let contract = &spec.contract;
+            if contract.key_safety_margin >= contract.key_retention {
+                anyhow::bail!(
+                    "the provider key safety margin must be shorter than the key retention (provider `{}`)",
+                    spec.name
+                );
+            }
+            let config = WorkerConfig {
+                owner: if several {
+                    format!("{owner}-{}", spec.name)
+                } else {
+                    owner.clone()
+                },
+                lease: worker.worker_lease,
+                heartbeat: worker.worker_heartbeat,
+                max_in_flight: worker.worker_max_in_flight as usize,
+                poll_interval: worker.worker_poll,
+                key_retention: contract.key_retention,
+                safety_margin: contract.key_safety_margin,
+                provider: Some(registry.scope(spec)),
+                ..Default::default()
+            };
+            Ok((spec.name.clone(), config))
+        })
+        .collect()
 }
 
-/// Starts the worker loop as a task; it stops when `shutdown` turns true.
+/// Starts one worker per provider of `handle` (configs from
+/// [`worker_configs`]), each with its own client, key window and retry
+/// budget; every wake-up on `wake` reaches all of them. The task ends when
+/// every worker stopped (after `shutdown` turns true).
 pub fn spawn(
     store: Store,
-    client: HttpProvider,
+    handle: &ProviderHandle,
     clock: Arc<dyn Clock>,
-    config: WorkerConfig,
+    configs: Vec<(String, WorkerConfig)>,
     wake: Arc<Notify>,
     shutdown: watch::Receiver<bool>,
     grace: Duration,
-) -> tokio::task::JoinHandle<()> {
-    let worker = Arc::new(Worker::new(store, Arc::new(client), clock, config, wake));
-    tokio::spawn(worker.run(shutdown, grace))
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut workers = tokio::task::JoinSet::new();
+    let mut wakes = Vec::new();
+    for (name, config) in configs {
+        let client = handle
+            .client(&name)
+            .with_context(|| format!("no client for the provider `{name}`"))?
+            .clone();
+        let own_wake = Arc::new(Notify::new());
+        wakes.push(Arc::clone(&own_wake));
+        let worker = Arc::new(Worker::new(
+            store.clone(),
+            Arc::new(client),
+            Arc::clone(&clock),
+            config,
+            own_wake,
+        ));
+        workers.spawn(worker.run(shutdown.clone(), grace));
+    }
+    // The API signals one `Notify`; each worker waits on its own, so the
+    // signal is passed to all (the one whose provider has the work claims it).
+    let relay = tokio::spawn(async move {
+        loop {
+            wake.notified().await;
+            for each in &wakes {
+                each.notify_one();
+            }
+        }
+    });
+    Ok(tokio::spawn(async move {
+        while let Some(done) = workers.join_next().await {
+            if let Err(error) = done {
+                tracing::warn!(error = %error, "a worker task failed");
+            }
+        }
+        relay.abort();
+    }))
 }
 
 /// `cobro worker`: the worker alone, until SIGTERM or SIGINT.
 pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Result<()> {
-    let (provider_settings, reconcile) = (&args.sender.provider, &args.sender.reconcile);
-    let config = worker_config(&args.sender.key_window, &args.worker)?;
+    let reconcile = &args.sender.reconcile;
+    let registry = Registry::load(
+        &args.sender.provider,
+        Some(&args.sender.key_window),
+        Some(reconcile),
+    )?;
+    let configs = worker_configs(&registry, &args.worker)?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
-    let handle = crate::provider::connect(provider_settings, None).await?;
+    let handle = crate::provider::connect(registry, false).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut scheduler = JobScheduler::new()
         .await
@@ -93,13 +157,12 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     if args.schedule.no_reconciler {
         tracing::warn!("no scheduled reconciler in this process (--no-reconciler)");
     } else {
-        crate::schedule::reconciler(
+        crate::schedule::reconcilers(
             &scheduler,
             &store,
             &clock,
-            handle.client.clone(),
+            &handle,
             reconcile,
-            provider_settings,
             &args.schedule.reconcile_schedule,
         )
         .await?;
@@ -114,16 +177,18 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     }
     let _dispatcher =
         crate::events::spawn_dispatcher(&store, &clock, &args.dispatcher, shutdown.clone())?;
-    say(format_args!("cobro worker running as {}", config.owner))?;
+    for (_, config) in &configs {
+        say(format_args!("cobro worker running as {}", config.owner))?;
+    }
     let task = spawn(
         store.clone(),
-        handle.client,
+        &handle,
         clock,
-        config,
+        configs,
         Arc::new(Notify::new()),
         shutdown,
         args.shutdown_grace,
-    );
+    )?;
     task.await.context("the worker task failed")?;
     let _ = scheduler.shutdown().await;
     store.close().await;

@@ -15,7 +15,8 @@ use cobro_settle::evidence::{Fit, charge_now, fit, identity, proof_from};
 use cobro_settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{
-    Claim, PaymentRow, ProviderScope, RefundRow, SendMark, Store, StoreError, UnreadableClaim, WriteTx,
+    Claim, PaymentRow, ProviderScope, RefundRow, SendMark, Store, StoreError, UnreadableClaim,
+    WriteTx,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -381,7 +382,9 @@ impl<P: Provider> Worker<P> {
         if let Some(first) = attempt.first_send_at
             && now >= self.send_deadline(first.0)
         {
-            return self.hand_over(&claim, "provider key window closing", None).await;
+            return self
+                .hand_over(&claim, "provider key window closing", None)
+                .await;
         }
         let (call, asked) = match self.prepare(&claim).await? {
             Ok(prepared) => prepared,
@@ -621,7 +624,9 @@ impl<P: Provider> Worker<P> {
                 let reason = format!("{reason} (the provider says a retry would not help)");
                 return self.hand_over(claim, &reason, call).await;
             }
-            Verdict::Unknown(reason) => return self.record_unknown(claim, &reason, now, call).await,
+            Verdict::Unknown(reason) => {
+                return self.record_unknown(claim, &reason, now, call).await;
+            }
         };
         let mut tx = self.store.begin().await?;
         if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {

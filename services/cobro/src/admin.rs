@@ -177,7 +177,10 @@ async fn create_account(
     let now = SystemClock.now();
     // The unique index on accounts.name (migration 0008) decides, so two
     // concurrent creates cannot both succeed.
-    let id = match store.create_account_with_provider(name, provider, now).await {
+    let id = match store
+        .create_account_with_provider(name, provider, now)
+        .await
+    {
         Ok(id) => id,
         Err(cobro_store::StoreError::UniqueViolation { .. }) => {
             let existing = store

@@ -7,8 +7,8 @@
 //! | `settings` | typed flags and environment, each group with the commands that use it |
 //! | `app` | the server process as a value: build (every start-up step), port, run until stopped |
 //! | `serve` | `cobro serve`: signals, stdout lines, then the `app` |
-//! | `worker` | `cobro worker`: the outbox worker alone, its `/metrics` |
-//! | `provider` | provider selection: the configured URL, or the embedded fake provider |
+//! | `worker` | `cobro worker`: one outbox worker per provider, its `/metrics` |
+//! | `provider` | the provider registry (providers file or environment), its clients, webhook receivers, the embedded fake provider |
 //! | `schedule` | the scheduled purge and reconciler of long-running processes |
 //! | `shutdown` | SIGTERM/SIGINT and the `Stopper` every long-running part watches |
 //! | `reconcile` | `cobro reconcile` |
@@ -29,7 +29,7 @@ mod demo;
 mod events;
 mod output;
 mod payments;
-mod provider;
+pub mod provider;
 pub mod reconcile;
 mod schedule;
 pub mod serve;
@@ -37,4 +37,4 @@ pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
 mod token;
-mod worker;
+pub mod worker;

@@ -380,10 +380,7 @@ impl FileProvider {
             bail!("the name must be 1 to 64 of a-z, 0-9, `-` and `_` (it is a URL path segment)");
         }
         let kind = ProviderKind::parse(&self.kind).with_context(|| {
-            format!(
-                "unknown kind `{}`: expected `fake` or `stripe`",
-                self.kind
-            )
+            format!("unknown kind `{}`: expected `fake` or `stripe`", self.kind)
         })?;
         let url = url::Url::parse(&self.base_url)
             .ok()
@@ -466,9 +463,13 @@ impl FileProvider {
         // Stripe documents its search as consistent within about a minute;
         // a shorter lag would take "not found" as proof too early. Only a
         // local emulator (loopback) may say otherwise.
-        if kind == ProviderKind::Stripe && !loopback && contract.search_lag < Duration::from_secs(60)
+        if kind == ProviderKind::Stripe
+            && !loopback
+            && contract.search_lag < Duration::from_secs(60)
         {
-            bail!("search_lag must be at least 60s for Stripe (its Search API is eventually consistent)");
+            bail!(
+                "search_lag must be at least 60s for Stripe (its Search API is eventually consistent)"
+            );
         }
         Ok(ProviderSpec {
             name: self.name,
@@ -476,7 +477,8 @@ impl FileProvider {
             base_url: Some(self.base_url.trim_end_matches('/').to_owned()),
             secret: Secret::new(secret.expose()),
             webhook_secret: webhook_secret.map(|s| WebhookSecret::new(s.expose())),
-            webhook_secret_previous: webhook_secret_previous.map(|s| WebhookSecret::new(s.expose())),
+            webhook_secret_previous: webhook_secret_previous
+                .map(|s| WebhookSecret::new(s.expose())),
             contract,
         })
     }
@@ -543,7 +545,9 @@ pub async fn connect(mut registry: Registry, embedded: bool) -> anyhow::Result<P
     let mut running = None;
     if registry.wants_embedded() {
         if !embedded {
-            bail!("no provider configured: set COBRO_PROVIDER_URL (or --provider-url), or COBRO_PROVIDERS_FILE");
+            bail!(
+                "no provider configured: set COBRO_PROVIDER_URL (or --provider-url), or COBRO_PROVIDERS_FILE"
+            );
         }
         let retention = registry
             .providers
@@ -562,7 +566,11 @@ pub async fn connect(mut registry: Registry, embedded: bool) -> anyhow::Result<P
             url = %fake.url(),
             "EMBEDDED FAKE PROVIDER: no real money moves; set COBRO_PROVIDER_URL or COBRO_PROVIDERS_FILE for a real provider"
         );
-        for spec in registry.providers.iter_mut().filter(|p| p.base_url.is_none()) {
+        for spec in registry
+            .providers
+            .iter_mut()
+            .filter(|p| p.base_url.is_none())
+        {
             spec.base_url = Some(fake.url());
         }
         running = Some(fake);
@@ -606,8 +614,7 @@ pub fn client(spec: &ProviderSpec) -> anyhow::Result<Connector> {
             Connector::Fake(HttpProvider::new(config)?)
         }
         ProviderKind::Stripe => {
-            let mut config =
-                StripeConfig::new(url, StripeSecretKey::new(spec.secret.expose()));
+            let mut config = StripeConfig::new(url, StripeSecretKey::new(spec.secret.expose()));
             config.connect_timeout = spec.contract.connect_timeout;
             config.request_timeout = spec.contract.request_timeout;
             config.name = spec.name.clone();
@@ -687,7 +694,10 @@ mod tests {
         assert_eq!(stripe.contract.key_retention, Duration::from_secs(86_400));
         assert_eq!(stripe.contract.idempotency_key_max_length, 255);
         assert_eq!(
-            stripe.webhook_secret.as_ref().map(|s| s.expose().to_owned()),
+            stripe
+                .webhook_secret
+                .as_ref()
+                .map(|s| s.expose().to_owned()),
             Some("whsec_stripe".into())
         );
         assert_eq!(
@@ -737,7 +747,10 @@ mod tests {
     fn an_unknown_kind_is_refused_by_name() {
         let text = TWO.replace(r#"kind = "stripe""#, r#"kind = "adyen""#);
         let e = error(&text);
-        assert!(e.contains("provider `stripe`") && e.contains("unknown kind `adyen`"), "{e}");
+        assert!(
+            e.contains("provider `stripe`") && e.contains("unknown kind `adyen`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,535 @@
+//! Several providers at once (issue 13, item 4): a registry of two
+//! providers, `fake` (the fake's own API, the default) and `stripe` (its
+//! Stripe dialect), both served by one in-process fake provider, which
+//! serves both dialects at once. The registry, its clients, its workers'
+//! and reconcilers' configurations and its webhook receivers are the ones
+//! `cobro serve` builds (`cobro::provider`, `cobro::worker`); the store is
+//! real on both backends, the HTTP is real, and the fake's ledger judges.
+//!
+//! Every test has its twin built in: an account on each provider, sharing
+//! the order reference and the idempotency key.
+
+use cobro::provider::{ProviderHandle, Registry};
+use cobro_core::{AccountId, Clock};
+use cobro_provider::Connector;
+use cobro_test_support::{Backend, TestApp, on_both_backends, payment_body, t0, wait_for};
+use cobro_worker::{Step, Worker};
+use fake_provider::{FaultAction, FaultRule, Ledger, Operation, WebhookDialect, WebhookTarget};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+const STRIPE_WEBHOOK_SECRET: &str = "whsec_test_providers";
+
+/// The app, the fake provider, the registry's clients and one worker per
+/// provider (by name).
+struct World {
+    app: TestApp,
+    provider: fake_provider::Running,
+    handle: ProviderHandle,
+    workers: Vec<(String, Arc<Worker<Connector>>)>,
+    /// The account on `stripe` and its token (the app's own account is on
+    /// the default, `fake`).
+    stripe_account: AccountId,
+    stripe_token: String,
+}
+
+/// The providers file of these tests: both providers at one fake.
+fn providers_file(url: &str) -> String {
+    format!(
+        r#"
+        default_provider = "fake"
+
+        [[provider]]
+        name = "fake"
+        kind = "fake"
+        base_url = "{url}"
+        secret_env = "FAKE_KEY"
+        request_timeout = "2s"
+
+        [[provider]]
+        name = "stripe"
+        kind = "stripe"
+        base_url = "{url}"
+        secret_env = "STRIPE_KEY"
+        webhook_secret_env = "STRIPE_WHSEC"
+        request_timeout = "2s"
+        search_lag = "60s"
+        "#
+    )
+}
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "FAKE_KEY" => Some("sk_test_cobro".into()),
+        "STRIPE_KEY" => Some("sk_test_cobro_stripe".into()),
+        "STRIPE_WHSEC" => Some(STRIPE_WEBHOOK_SECRET.into()),
+        _ => None,
+    }
+}
+
+impl World {
+    async fn new(backend: Backend) -> Self {
+        let mut app = TestApp::spawn(backend).await;
+        let provider = fake_provider::start(fake_provider::Config {
+            admin: true,
+            webhook_dialect: WebhookDialect::Stripe,
+            ..Default::default()
+        })
+        .await
+        .expect("fake provider");
+        let registry = Registry::parse(
+            &providers_file(&provider.url()),
+            std::path::Path::new("."),
+            &env,
+        )
+        .expect("providers file");
+        // The API as `serve` configures it: each provider's webhooks at
+        // /v1/webhooks/{name}, new payments to the default provider.
+        let mut settings = cobro_api::ApiSettings {
+            default_provider: Some(registry.default_name().to_owned()),
+            ..Default::default()
+        };
+        for spec in registry.providers() {
+            if let Some(receiver) = cobro::provider::webhook_receiver(spec) {
+                settings.webhooks.insert(spec.name.clone(), receiver);
+            }
+        }
+        app.serve_with(settings).await;
+        let worker_settings = cobro::settings::WorkerSettings {
+            worker_lease: Duration::from_secs(30),
+            worker_heartbeat: Duration::from_secs(10),
+            worker_max_in_flight: 8,
+            worker_poll: Duration::from_secs(1),
+        };
+        let configs =
+            cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");
+        let handle = cobro::provider::connect(registry, false)
+            .await
+            .expect("clients");
+        let workers = configs
+            .into_iter()
+            .map(|(name, mut config)| {
+                config.backoff_base = Duration::from_millis(100);
+                config.backoff_cap = Duration::from_secs(1);
+                let client = handle.client(&name).expect("client").clone();
+                let worker = Worker::new(
+                    app.db.store.clone(),
+                    Arc::new(client),
+                    Arc::new(app.clock.clone()),
+                    config,
+                    Arc::new(tokio::sync::Notify::new()),
+                );
+                (name, Arc::new(worker))
+            })
+            .collect();
+        let stripe_account = app
+            .db
+            .store
+            .create_account_with_provider("shop-on-stripe", Some("stripe"), t0())
+            .await
+            .expect("account");
+        let stripe_token = format!("test_{}", uuid::Uuid::new_v4().simple());
+        app.db
+            .store
+            .create_token(
+                stripe_account,
+                "test",
+                &cobro_api::token_hash(&stripe_token),
+                t0(),
+            )
+            .await
+            .expect("token");
+        World {
+            app,
+            provider,
+            handle,
+            workers,
+            stripe_account,
+            stripe_token,
+        }
+    }
+
+    fn worker(&self, name: &str) -> &Arc<Worker<Connector>> {
+        &self
+            .workers
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("worker")
+            .1
+    }
+
+    /// Runs `name`'s worker until nothing of its provider is due.
+    async fn drain(&self, name: &str) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for _ in 0..5 {
+            let batch = self.worker(name).run_once().await.expect("worker round");
+            if batch.is_empty() {
+                break;
+            }
+            steps.extend(batch);
+        }
+        steps
+    }
+
+    fn ledger(&self) -> Ledger {
+        self.provider.control().ledger()
+    }
+
+    /// `POST path` as the account on `fake` (`stripe: false`) or `stripe`.
+    async fn post(&self, stripe: bool, path: &str, key: &str, body: &Value) -> Value {
+        let token = if stripe {
+            &self.stripe_token
+        } else {
+            &self.app.token
+        };
+        let r = self
+            .app
+            .post_as(token, path, Some(key))
+            .json(body)
+            .send()
+            .await
+            .expect("send");
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.expect("json");
+        assert!(status == 201 || status == 202, "{path}: {status} {body}");
+        body
+    }
+
+    async fn payment(&self, stripe: bool, id: &str) -> cobro_store::PaymentRow {
+        let account = if stripe {
+            self.stripe_account
+        } else {
+            self.app.account
+        };
+        self.app
+            .db
+            .store
+            .payment_for_account(account, id.parse().expect("payment id"))
+            .await
+            .expect("read")
+            .expect("payment")
+    }
+
+    async fn attempts(&self, id: &str) -> Vec<cobro_store::AttemptRow> {
+        self.app
+            .db
+            .store
+            .attempts_of_payment_any_account(id.parse().expect("payment id"))
+            .await
+            .expect("attempts")
+    }
+
+    /// The reconciler `cobro serve` schedules for provider `name`.
+    fn reconciler(&self, name: &str) -> cobro_reconciler::Reconciler<Connector> {
+        let settings = cobro::settings::ReconcileSettings {
+            provider_search_lag: Duration::from_secs(60),
+            reconcile_stuck_after: Duration::from_secs(300),
+            reconcile_escalate_after: Duration::from_secs(24 * 3600),
+            reconcile_no_retry: false,
+        };
+        let spec = self.handle.registry.get(name).expect("spec");
+        let config = settings.config(
+            spec,
+            self.handle.registry.scope(spec),
+            "reconciler:test".into(),
+        );
+        cobro_reconciler::Reconciler::new(
+            self.app.db.store.clone(),
+            Arc::new(self.handle.client(name).expect("client").clone()),
+            Arc::new(self.app.clock.clone()),
+            config,
+        )
+    }
+
+    /// Moves the app's manual clock to the provider's virtual one (which
+    /// signs its webhooks with its own time).
+    fn align_clocks(&self) {
+        let gap = self.provider.control().now() - self.app.clock.now();
+        match gap.to_std() {
+            Ok(ahead) => self
+                .app
+                .clock
+                .advance(chrono::Duration::from_std(ahead).expect("gap")),
+            Err(_) => self
+                .provider
+                .control()
+                .advance_clock((-gap).to_std().expect("gap")),
+        }
+    }
+}
+
+fn id(payment: &Value) -> String {
+    payment["id"].as_str().expect("id").to_owned()
+}
+
+/// Drops the answer of the next Stripe PaymentIntent create, after the charge
+/// was made.
+fn drop_next_charge_answer(world: &World) {
+    world.provider.control().add_fault(FaultRule {
+        operation: Operation::Charge,
+        action: FaultAction::DropResponseAfterEffect,
+        reference_contains: None,
+        next: Some(1),
+        probability: None,
+        delay_ms: None,
+        lag_seconds: None,
+    });
+}
+
+async fn each_account_is_charged_through_its_own_providers_api(backend: Backend) {
+    let world = World::new(backend).await;
+    // The twins: one order reference and one key under two accounts.
+    let on_fake = world
+        .post(false, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    let on_stripe = world
+        .post(true, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    // Each worker claims only its provider's attempt.
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    assert_eq!(
+        world.drain("fake").await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+
+    let ledger = world.ledger();
+    assert_eq!(ledger.charges.len(), 2, "{ledger:?}");
+    assert!(ledger.duplicate_charge_references.is_empty());
+
+    // The Stripe account's payment: a PaymentIntent, with cobro's metadata.
+    let stripe_payment = world.payment(true, &id(&on_stripe)).await;
+    assert_eq!(stripe_payment.provider.as_deref(), Some("stripe"));
+    assert_eq!(stripe_payment.status.to_string(), "captured");
+    let intent = stripe_payment.provider_ref.clone().expect("provider ref");
+    assert!(intent.starts_with("pi_"), "{intent}");
+    let charge = ledger
+        .charge_of_payment_intent(&intent)
+        .expect("the PaymentIntent's charge");
+    assert_eq!(charge.caller, "sk_test_cobro_stripe");
+    assert_eq!(
+        charge.metadata.get("cobro_payment").map(String::as_str),
+        Some(id(&on_stripe).as_str())
+    );
+    assert_eq!(
+        charge.metadata.get("cobro_account").map(String::as_str),
+        Some(world.stripe_account.to_string().as_str())
+    );
+    assert_eq!(
+        (charge.status.to_string(), charge.amount),
+        ("captured".to_owned(), stripe_payment.amount)
+    );
+    let attempts = world.attempts(&id(&on_stripe)).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].provider.as_deref(), Some("stripe"));
+    let request_id = attempts[0].provider_request_id.clone().expect("request id");
+    assert!(request_id.starts_with("req_"), "{request_id}");
+    assert!(!attempts[0].provider_replayed);
+
+    // The default account's payment: the fake's own API, its own charge.
+    let fake_payment = world.payment(false, &id(&on_fake)).await;
+    assert_eq!(fake_payment.provider.as_deref(), Some("fake"));
+    assert_eq!(fake_payment.status.to_string(), "captured");
+    let fake_charge = ledger
+        .charge(fake_payment.provider_ref.as_deref().expect("provider ref"))
+        .expect("the fake's charge");
+    assert_eq!(fake_charge.caller, "sk_test_cobro");
+    assert_eq!(
+        fake_charge
+            .metadata
+            .get("cobro_payment")
+            .map(String::as_str),
+        Some(id(&on_fake).as_str())
+    );
+    assert!(
+        !ledger
+            .payment_intents
+            .values()
+            .any(|c| c == &fake_charge.id)
+    );
+    let attempts = world.attempts(&id(&on_fake)).await;
+    assert_eq!(attempts[0].provider.as_deref(), Some("fake"));
+}
+
+async fn a_capture_and_a_refund_of_a_stripe_payment_go_to_stripe(backend: Backend) {
+    let world = World::new(backend).await;
+    let mut body = payment_body("o-1");
+    body["capture_method"] = json!("manual");
+    body["amount"] = json!(1000);
+    let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
+    let on_fake = world.post(false, "/v1/payments", "k-1", &body).await;
+    world.drain("stripe").await;
+    world.drain("fake").await;
+    let stripe_id = id(&on_stripe);
+    world
+        .post(
+            true,
+            &format!("/v1/payments/{stripe_id}/capture"),
+            "cap-1",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(
+        world.drain("fake").await,
+        vec![],
+        "the capture is not the fake's"
+    );
+    assert_eq!(world.drain("stripe").await.len(), 1);
+    world
+        .post(
+            true,
+            &format!("/v1/payments/{stripe_id}/refunds"),
+            "ref-1",
+            &json!({"amount": 400}),
+        )
+        .await;
+    assert_eq!(
+        world.drain("fake").await,
+        vec![],
+        "the refund is not the fake's"
+    );
+    assert_eq!(world.drain("stripe").await.len(), 1);
+
+    let payment = world.payment(true, &stripe_id).await;
+    assert_eq!(payment.amount_captured, 1000);
+    assert_eq!(payment.amount_refunded, 400);
+    let attempts = world.attempts(&stripe_id).await;
+    assert_eq!(attempts.len(), 3, "authorize, capture, refund");
+    for attempt in &attempts {
+        assert_eq!(attempt.provider.as_deref(), Some("stripe"), "{attempt:?}");
+        assert!(attempt.provider_request_id.is_some(), "{attempt:?}");
+    }
+    // The judge: the PaymentIntent captured once, one refund of 400 on it;
+    // the default account's authorisation untouched.
+    let ledger = world.ledger();
+    let charge = ledger
+        .charge_of_payment_intent(payment.provider_ref.as_deref().expect("intent"))
+        .expect("charge");
+    assert_eq!(
+        (charge.amount_captured, charge.amount_refunded),
+        (1000, 400)
+    );
+    let refunds = ledger.refunds_of_charge(&charge.id);
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(refunds[0].amount, 400);
+    assert_eq!(refunds[0].caller, "sk_test_cobro_stripe");
+    assert_eq!((ledger.totals.captures, ledger.totals.refunds), (1, 1));
+    let fake_payment = world.payment(false, &id(&on_fake)).await;
+    let fake_charge = ledger
+        .charge(fake_payment.provider_ref.as_deref().expect("charge"))
+        .expect("fake charge");
+    assert_eq!(fake_charge.status, "authorized");
+}
+
+async fn the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost(backend: Backend) {
+    let world = World::new(backend).await;
+    drop_next_charge_answer(&world);
+    let on_stripe = world
+        .post(true, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+    let stripe_id = id(&on_stripe);
+    assert_eq!(world.ledger().charges.len(), 1, "the charge was made");
+    assert_eq!(
+        world.payment(true, &stripe_id).await.status.to_string(),
+        "processing"
+    );
+    // Later than the worker's retries: the reconciler's turn.
+    world.app.clock.advance(chrono::Duration::minutes(10));
+    let scope = cobro_reconciler::Scope::default();
+    let none = world
+        .reconciler("fake")
+        .run(&scope, false, "test", &|_, _| {})
+        .await
+        .expect("fake run");
+    assert_eq!(
+        none.examined, 0,
+        "the fake's reconciler never asks about it"
+    );
+    let run = world
+        .reconciler("stripe")
+        .run(&scope, false, "test", &|_, _| {})
+        .await
+        .expect("stripe run");
+    assert_eq!(run.examined, 1, "{run:?}");
+    assert_eq!(run.resolved.get("succeeded"), Some(&1), "{run:?}");
+
+    let payment = world.payment(true, &stripe_id).await;
+    assert_eq!(payment.status.to_string(), "captured");
+    let ledger = world.ledger();
+    let charge = ledger
+        .charge_of_payment_intent(payment.provider_ref.as_deref().expect("adopted"))
+        .expect("the PaymentIntent's charge");
+    assert_eq!(
+        charge.metadata.get("cobro_payment").map(String::as_str),
+        Some(stripe_id.as_str())
+    );
+    // Nothing is sent again: one charge in all.
+    world.drain("stripe").await;
+    assert_eq!(world.ledger().charges.len(), 1);
+    assert!(world.ledger().duplicate_charge_references.is_empty());
+}
+
+async fn a_stripe_signed_webhook_is_applied_at_its_providers_route(backend: Backend) {
+    let world = World::new(backend).await;
+    world.align_clocks();
+    world.provider.control().set_webhook(Some(WebhookTarget {
+        url: format!("{}/v1/webhooks/stripe", world.app.url),
+        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
+    }));
+    // The worker never learns the answer: only the webhook can settle it.
+    drop_next_charge_answer(&world);
+    let on_stripe = world
+        .post(true, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+    let stripe_id = id(&on_stripe);
+    let payment = wait_for(
+        "the webhook settles the payment",
+        Duration::from_secs(20),
+        async || {
+            let p = world.payment(true, &stripe_id).await;
+            (p.status.to_string() == "captured").then_some(p)
+        },
+    )
+    .await;
+    // The fake records the delivery once our 200 reached it, just after
+    // our commit.
+    wait_for(
+        "the fake saw the Stripe event acknowledged",
+        Duration::from_secs(10),
+        async || {
+            let deliveries = world.provider.control().webhook_deliveries();
+            deliveries
+                .iter()
+                .any(|d| d.event_type == "payment_intent.succeeded" && d.status == Some(200))
+                .then_some(())
+        },
+    )
+    .await;
+    let ledger = world.ledger();
+    assert_eq!(ledger.charges.len(), 1);
+    let charge = ledger
+        .charge_of_payment_intent(payment.provider_ref.as_deref().expect("adopted"))
+        .expect("charge");
+    assert_eq!(
+        charge.metadata.get("cobro_payment").map(String::as_str),
+        Some(stripe_id.as_str())
+    );
+}
+
+on_both_backends!(
+    each_account_is_charged_through_its_own_providers_api,
+    a_capture_and_a_refund_of_a_stripe_payment_go_to_stripe,
+    the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost,
+    a_stripe_signed_webhook_is_applied_at_its_providers_route,
+);

@@ -257,13 +257,28 @@ async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(bac
         db.exec("DROP FUNCTION cobro_payment_settled_notify()")
             .await;
     }
+    // 0010's columns, on both.
+    for (table, column) in [
+        ("accounts", "provider"),
+        ("payments", "provider"),
+        ("attempts", "provider"),
+        ("attempts", "provider_request_id"),
+        ("attempts", "provider_replayed"),
+    ] {
+        db.exec(&format!("ALTER TABLE {table} DROP COLUMN {column}"))
+            .await;
+    }
     db.exec("DELETE FROM _sqlx_migrations WHERE version >= 8")
         .await;
-    db.store.create_account("acme", t0()).await.expect("first");
-    db.store
-        .create_account("acme", t0())
-        .await
-        .expect("shared name, before 0008");
+    // As `cobro accounts create` did before 0010.
+    for _ in 0..2 {
+        db.exec(&format!(
+            "INSERT INTO accounts (id, name, created_at) \
+             VALUES ('{}', 'acme', '2026-11-30T12:00:00.000000Z')",
+            uuid::Uuid::now_v7()
+        ))
+        .await;
+    }
 
     let refused = db
         .store

@@ -5,7 +5,7 @@
 
 use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
-use cobro_provider::HttpProvider;
+use cobro_provider::Connector;
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
@@ -30,7 +30,7 @@ on_both_backends!(
     a_run_pages_through_every_candidate,
 );
 
-fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
+fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
     rig.reconciler(tweak)
 }
 

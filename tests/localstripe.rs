@@ -81,7 +81,7 @@ fn payment_uuid(id: &str) -> String {
     uuid::Uuid::from(payment).to_string()
 }
 
-/// POSTs `path` of the payment `id` through cobro's API (202 or 201).
+/// POSTs `path` through cobro's API; answered 201 or 202.
 async fn post(rig: &Rig, path: &str, key: &str, body: Value) -> Value {
     let r = rig
         .app

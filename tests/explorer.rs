@@ -11,7 +11,10 @@
 //! between any two of them (the task is aborted: a step that never
 //! completes); provider faults on the next call; clock jumps (lease expiry,
 //! the reconciler's threshold, the search lag, the provider's key
-//! retention, the escalation horizon); reconciler runs, one or two at once;
+//! retention, the escalation horizon); reconciler runs, one or two at once,
+//! and reconcilers whose runs are steps (each query parks once answered,
+//! so anything can happen between what a reconciler read and what it
+//! applies; a reconciler can die there too);
 //! webhook deliveries built from the provider's own charges, duplicated and
 //! late.
 //!
@@ -28,7 +31,7 @@
 //! seed and step trace; it replays the same steps). `ops/explore.sh`.
 
 use cobro_core::{Clock, PaymentId};
-use cobro_reconciler::Scope;
+use cobro_reconciler::{Reconciler, Scope};
 use cobro_test_support::{Backend, Rig, TestApp, TestDb};
 use cobro_worker::{Worker, WorkerConfig};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
@@ -212,12 +215,36 @@ impl Gate {
     }
 }
 
+/// A provider whose calls wait for the explorer. A worker's mutations park
+/// before they go out and before their answer returns; a reconciler's
+/// queries (`queries: true`) park once answered, so the explorer can act
+/// between what a reconciler read and what it applies.
 struct Gated {
     inner: cobro_provider::HttpProvider,
     gate: Arc<Gate>,
+    queries: bool,
 }
 
 impl Gated {
+    fn new(rig: &Rig, gate: &Arc<Gate>, queries: bool) -> Self {
+        let mut client =
+            cobro_provider::HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro");
+        client.request_timeout = Duration::from_secs(5);
+        Gated {
+            inner: cobro_provider::HttpProvider::new(client).expect("client"),
+            gate: Arc::clone(gate),
+            queries,
+        }
+    }
+
+    async fn query<T>(&self, query: impl std::future::Future<Output = T>) -> T {
+        let answer = query.await;
+        if self.queries {
+            self.gate.park(Stage::After).await;
+        }
+        answer
+    }
+
     async fn through(
         &self,
         call: impl std::future::Future<Output = cobro_provider::Outcome>,
@@ -256,30 +283,39 @@ impl cobro_provider::Provider for Gated {
         &self,
         id: &str,
     ) -> Result<Option<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        self.inner.get_charge(id).await
+        self.query(self.inner.get_charge(id)).await
     }
     async fn search_charges(
         &self,
         reference: &str,
     ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        self.inner.search_charges(reference).await
+        self.query(self.inner.search_charges(reference)).await
     }
     async fn search_refunds(
         &self,
         reference: &str,
     ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        self.inner.search_refunds(reference).await
+        self.query(self.inner.search_refunds(reference)).await
     }
 }
 
-/// One worker instance the explorer drives.
-struct Driven {
-    worker: Arc<Worker<Gated>>,
+/// One worker or reconciler the explorer drives: its gate and its
+/// current round (a task that ends with what it found wrong, if anything).
+struct Driven<A> {
+    actor: Arc<A>,
     gate: Arc<Gate>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), String>>>,
 }
 
-impl Driven {
+impl<A> Driven<A> {
+    fn new(actor: A, gate: Arc<Gate>) -> Self {
+        Self {
+            actor: Arc::new(actor),
+            gate,
+            task: None,
+        }
+    }
+
     fn busy(&self) -> bool {
         self.task.as_ref().is_some_and(|t| !t.is_finished())
     }
@@ -298,7 +334,7 @@ impl Driven {
             tokio::select! {
                 ended = task => {
                     self.task = None;
-                    return ended.map_err(|e| format!("worker task failed: {e}"));
+                    return ended.map_err(|e| format!("task failed: {e}"))?;
                 }
                 _ = notified => {}
                 _ = tokio::time::sleep_until(deadline) => return Err("a worker step did not settle".into()),
@@ -327,7 +363,9 @@ struct Explorer {
     rig: Rig,
     rng: StdRng,
     accounts: Vec<Account>,
-    workers: Vec<Driven>,
+    workers: Vec<Driven<Worker<Gated>>>,
+    /// Reconcilers whose runs are steps: each query parks once answered.
+    reconcilers: Vec<Driven<Reconciler<Gated>>>,
     payments: Vec<(usize, String)>,
     sent: Vec<Sent>,
     /// Webhook bodies delivered, for duplicates and late deliveries.
@@ -360,13 +398,6 @@ impl Explorer {
         let mut workers = Vec::new();
         for w in 0..2 {
             let gate = Arc::new(Gate::default());
-            let mut client =
-                cobro_provider::HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro");
-            client.request_timeout = Duration::from_secs(5);
-            let provider = Gated {
-                inner: cobro_provider::HttpProvider::new(client).expect("client"),
-                gate: Arc::clone(&gate),
-            };
             let config = WorkerConfig {
                 owner: format!("explorer-{w}"),
                 batch: 1,
@@ -374,19 +405,27 @@ impl Explorer {
                 backoff_cap: Duration::from_secs(10),
                 ..Default::default()
             };
-            let worker = Arc::new(Worker::new(
+            let worker = Worker::new(
                 store.clone(),
-                Arc::new(provider),
+                Arc::new(Gated::new(&rig, &gate, false)),
                 Arc::clone(&clock),
                 config,
                 Arc::new(Notify::new()),
-            ));
-            workers.push(Driven {
-                worker,
-                gate,
-                task: None,
-            });
+            );
+            workers.push(Driven::new(worker, gate));
         }
+        let reconcilers = (0..2)
+            .map(|r| {
+                let gate = Arc::new(Gate::default());
+                let reconciler = Reconciler::new(
+                    store.clone(),
+                    Arc::new(Gated::new(&rig, &gate, true)),
+                    Arc::clone(&clock),
+                    Rig::reconciler_config(|c| c.actor = format!("reconciler:explorer-step-{r}")),
+                );
+                Driven::new(reconciler, gate)
+            })
+            .collect();
         let (_, b_token) = rig.app.new_account("merchant-b").await;
         let accounts = vec![
             Account {
@@ -399,6 +438,7 @@ impl Explorer {
             rng: StdRng::seed_from_u64(seed),
             accounts,
             workers,
+            reconcilers,
             payments: Vec::new(),
             sent: Vec::new(),
             events: Vec::new(),
@@ -454,8 +494,10 @@ impl Explorer {
                 self.worker_step(w).await
             }
             53..=56 => {
-                let w = self.rng.random_range(0..self.workers.len());
-                self.crash(w);
+                let which = self
+                    .rng
+                    .random_range(0..self.workers.len() + self.reconcilers.len());
+                self.crash(which);
                 Ok(())
             }
             57..=66 => {
@@ -472,9 +514,14 @@ impl Explorer {
                 self.note(format!("clock +{by:?}"));
                 self.advance(by).await
             }
-            78..=86 => self.reconcile(1).await,
-            87..=89 => self.reconcile(2).await,
-            90..=96 => self.webhook().await,
+            78..=82 => self.reconcile(1).await,
+            83..=87 => {
+                let r = self.rng.random_range(0..self.reconcilers.len());
+                self.reconciler_step(r).await
+            }
+            88..=89 => self.reconcile(2).await,
+            90..=94 => self.webhook().await,
+            95..=96 => self.operator().await,
             _ => self.late_webhook().await,
         }
     }
@@ -608,11 +655,12 @@ impl Explorer {
         let driven = &mut self.workers[w];
         let what = match (driven.busy(), driven.gate.parked()) {
             (false, _) => {
-                let worker = Arc::clone(&driven.worker);
+                let worker = Arc::clone(&driven.actor);
                 driven.task = Some(tokio::spawn(async move {
                     if let Err(e) = worker.run_once().await {
                         tracing::warn!(error = %e, "explorer worker round failed");
                     }
+                    Ok(())
                 }));
                 "claim"
             }
@@ -632,15 +680,61 @@ impl Explorer {
         Ok(())
     }
 
-    /// The worker dies wherever it is: its step never completes, its lease
-    /// stays until it expires.
-    fn crash(&mut self, w: usize) {
-        let driven = &mut self.workers[w];
-        if let Some(task) = driven.task.take() {
+    /// Moves reconciler `r` one step: a run starts (and goes until its
+    /// first query is answered), or the parked answer is let through (and
+    /// the run goes on: it applies what it read, then reads the next).
+    /// Anything may happen in between: that is the point.
+    async fn reconciler_step(&mut self, r: usize) -> Result<(), String> {
+        let now = self.rng.random_bool(0.5);
+        let driven = &mut self.reconcilers[r];
+        let what = match (driven.busy(), driven.gate.parked()) {
+            (false, _) => {
+                let reconciler = Arc::clone(&driven.actor);
+                let scope = Scope {
+                    older_than: now.then_some(Duration::ZERO),
+                    ..Default::default()
+                };
+                driven.task = Some(tokio::spawn(async move {
+                    let run = reconciler.run(&scope, false, "explorer", &|_, _| {}).await;
+                    verdicts_of(run).map(drop)
+                }));
+                if now {
+                    "start --older-than 0s"
+                } else {
+                    "start"
+                }
+            }
+            (true, Some(_)) => {
+                driven.gate.release();
+                "apply"
+            }
+            (true, None) => "wait",
+        };
+        driven.settle().await?;
+        let parked = driven.gate.parked();
+        self.note(format!("reconciler {r} {what} -> {parked:?}"));
+        Ok(())
+    }
+
+    /// A worker or reconciler dies wherever it is: its step never
+    /// completes; a worker's lease stays until it expires.
+    fn crash(&mut self, which: usize) {
+        let (name, gate, task) = match which.checked_sub(self.workers.len()) {
+            None => {
+                let d = &mut self.workers[which];
+                ("worker", &d.gate, &mut d.task)
+            }
+            Some(r) => {
+                let d = &mut self.reconcilers[r];
+                ("reconciler", &d.gate, &mut d.task)
+            }
+        };
+        if let Some(task) = task.take() {
             task.abort();
         }
-        driven.gate.clear();
-        self.note(format!("worker {w} crash"));
+        gate.clear();
+        let index = which.checked_sub(self.workers.len()).unwrap_or(which);
+        self.note(format!("{name} {index} crash"));
     }
 
     fn fault(&mut self) {
@@ -695,30 +789,85 @@ impl Explorer {
         .await;
         let mut verdicts = Vec::new();
         for result in results {
-            let summary = match result {
-                Ok(summary) => summary,
-                // The run could not start or finish its row under a busy
-                // write lock: nothing was decided, the next run retries.
-                Err(e) if e.to_string().contains("timed out waiting for a lock") => {
-                    verdicts.push(json!("busy"));
-                    continue;
-                }
-                Err(e) => return Err(format!("reconcile failed: {e}")),
-            };
-            if summary.errors > 0 {
-                return Err(format!(
-                    "reconcile examined with errors: {:?}",
-                    summary.items
-                ));
-            }
-            verdicts.extend(
-                summary.items.iter().map(|i| {
-                    serde_json::to_value(&i.verdict).unwrap_or_default()["verdict"].clone()
-                }),
-            );
+            verdicts.extend(verdicts_of(result)?);
         }
         let scope = if now { " --older-than 0s" } else { "" };
         self.note(format!("reconcile x{at_once}{scope} -> {verdicts:?}"));
+        Ok(())
+    }
+
+    /// An operator resolves a payment in `needs_review` from the provider's
+    /// truth: the charge one of its own authorizations made (read from the
+    /// ledger by idempotency key), naming that attempt; with none, its
+    /// latest authorization as failed. cobro may refuse (an attempt still in
+    /// flight, say): that is noted, and the invariants judge the rest.
+    async fn operator(&mut self) -> Result<(), String> {
+        use cobro_reconciler::{ManualOutcome, ManualResolution};
+        let store = &self.rig.app.db.store;
+        let in_review = store
+            .payments_any_account(&cobro_store::reconcile::OperatorQuery {
+                statuses: Some(&[cobro_core::PaymentStatus::NeedsReview]),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        if in_review.is_empty() {
+            return Ok(());
+        }
+        let payment =
+            PaymentId::from_uuid(in_review[self.rng.random_range(0..in_review.len())].id.0);
+        let attempts = store
+            .attempts_of_payment_any_account(payment)
+            .await
+            .map_err(|e| e.to_string())?;
+        let authorizations: Vec<_> = attempts
+            .iter()
+            .filter(|a| a.operation == cobro_core::Operation::Authorize)
+            .collect();
+        let ledger = self.rig.ledger();
+        let charged = ledger
+            .charges
+            .iter()
+            .filter(|c| c.status != "declined")
+            .find_map(|c| {
+                authorizations
+                    .iter()
+                    .find(|a| c.idempotency_key.as_deref() == Some(a.provider_key.as_str()))
+                    .map(|a| (*a, c))
+            });
+        let (attempt, outcome, provider_ref) = match charged {
+            Some((a, c)) => (
+                a,
+                match c.status.as_str() {
+                    "authorized" => ManualOutcome::Authorized,
+                    "voided" => ManualOutcome::Canceled,
+                    _ => ManualOutcome::Captured,
+                },
+                Some(c.id.clone()),
+            ),
+            None => match authorizations.last() {
+                Some(a) => (*a, ManualOutcome::Failed, None),
+                None => return Ok(()),
+            },
+        };
+        let resolution = ManualResolution {
+            payment,
+            attempt: cobro_core::AttemptId::from_uuid(attempt.id.0),
+            outcome,
+            provider_ref,
+            operator: "explorer".into(),
+            reason: "the provider's ledger says so".into(),
+        };
+        let result =
+            cobro_reconciler::resolve_by_hand(store, &resolution, self.rig.app.clock.now()).await;
+        let said = match result {
+            Ok(after) => after,
+            Err(e) => format!("refused: {e}"),
+        };
+        self.note(format!(
+            "operator resolves {payment} as {outcome:?} -> {said}"
+        ));
         Ok(())
     }
 
@@ -798,14 +947,22 @@ impl Explorer {
         for driven in &mut self.workers {
             driven.gate.open();
             if let Some(task) = driven.task.take() {
-                task.await.map_err(|e| format!("worker task failed: {e}"))?;
+                task.await
+                    .map_err(|e| format!("worker task failed: {e}"))??;
+            }
+        }
+        for driven in &mut self.reconcilers {
+            driven.gate.open();
+            if let Some(task) = driven.task.take() {
+                task.await
+                    .map_err(|e| format!("reconciler task failed: {e}"))??;
             }
         }
         for _ in 0..12 {
             self.advance(Duration::from_secs(61)).await?;
             for driven in &self.workers {
                 loop {
-                    match driven.worker.run_once().await {
+                    match driven.actor.run_once().await {
                         Ok(steps) if steps.is_empty() => break,
                         Ok(_) => {}
                         // A busy write lock: the row stays due, try again.
@@ -1062,4 +1219,30 @@ impl Explorer {
         }
         Ok(())
     }
+}
+
+/// What one reconciler run decided, one verdict per item; a run that could
+/// not start or finish under a busy write lock decided nothing ("busy": the
+/// next run retries); any other error, or an item in error, is a violation.
+fn verdicts_of(
+    run: Result<cobro_reconciler::Summary, cobro_reconciler::ReconcileError>,
+) -> Result<Vec<Value>, String> {
+    let summary = match run {
+        Ok(summary) => summary,
+        Err(e) if e.to_string().contains("timed out waiting for a lock") => {
+            return Ok(vec![json!("busy")]);
+        }
+        Err(e) => return Err(format!("reconcile failed: {e}")),
+    };
+    if summary.errors > 0 {
+        return Err(format!(
+            "reconcile examined with errors: {:?}",
+            summary.items
+        ));
+    }
+    Ok(summary
+        .items
+        .iter()
+        .map(|i| serde_json::to_value(&i.verdict).unwrap_or_default()["verdict"].clone())
+        .collect())
 }

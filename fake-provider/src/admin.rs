@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::config::WebhookTarget;
+use crate::config::{WebhookDialect, WebhookTarget};
 use crate::control::Control;
 use crate::faults::FaultRule;
 use crate::state::Shared;
@@ -27,6 +27,10 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/__admin/clock/advance", post(advance_clock))
         .route("/__admin/ledger", get(ledger))
         .route("/__admin/webhooks", put(set_webhook).delete(remove_webhook))
+        .route(
+            "/__admin/webhooks/dialect",
+            put(set_webhook_dialect).get(webhook_dialect),
+        )
         .route("/__admin/webhooks/deliveries", get(deliveries))
         .route("/__admin/requests", get(requests))
 }
@@ -43,6 +47,22 @@ pub(crate) struct FaultId {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Advance {
     pub(crate) seconds: f64,
+}
+
+/// `PUT /__admin/webhooks`: a target, optionally with the dialect of its
+/// events (left as it is when absent).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct TargetBody {
+    #[serde(flatten)]
+    pub(crate) target: WebhookTarget,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) dialect: Option<WebhookDialect>,
+}
+
+/// `{"dialect": "fake" | "stripe"}`.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct DialectBody {
+    pub(crate) dialect: WebhookDialect,
 }
 
 /// `{"now": RFC 3339}`.
@@ -107,15 +127,38 @@ async fn ledger(State(shared): Admin) -> Response {
 
 async fn set_webhook(
     State(shared): Admin,
-    target: Result<Json<WebhookTarget>, JsonRejection>,
+    body: Result<Json<TargetBody>, JsonRejection>,
 ) -> Response {
-    match target {
-        Ok(Json(target)) => {
-            Control::new(shared).set_webhook(Some(target));
+    match body {
+        Ok(Json(TargetBody { target, dialect })) => {
+            let control = Control::new(shared);
+            if let Some(dialect) = dialect {
+                control.set_webhook_dialect(dialect);
+            }
+            control.set_webhook(Some(target));
             StatusCode::NO_CONTENT.into_response()
         }
         Err(rejection) => bad_request(rejection.body_text()),
     }
+}
+
+async fn set_webhook_dialect(
+    State(shared): Admin,
+    body: Result<Json<DialectBody>, JsonRejection>,
+) -> Response {
+    match body {
+        Ok(Json(DialectBody { dialect })) => {
+            Control::new(shared).set_webhook_dialect(dialect);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(rejection) => bad_request(rejection.body_text()),
+    }
+}
+
+async fn webhook_dialect(State(shared): Admin) -> Json<DialectBody> {
+    Json(DialectBody {
+        dialect: Control::new(shared).webhook_dialect(),
+    })
 }
 
 async fn remove_webhook(State(shared): Admin) -> StatusCode {

@@ -1,37 +1,33 @@
-//! The provider's HTTP API and the one path every request takes through
-//! faults and idempotency.
+//! The fake dialect: the provider's own JSON API, a translation of the
+//! engine (`state`) to and from JSON through the one request path
+//! (`pipeline`).
 //!
-//! Order of a request: authenticate; under the lock pick its faults and claim
-//! its idempotency key (both in one critical section, so "the latency rule has
-//! fired" implies "the key is reserved", which tests rely on); sleep a latency
-//! fault; run the effect under the lock and store the real answer; then
-//! sabotage what the caller receives if an after-effect fault fired.
+//! `/v1/refunds` and `/v1/refunds/{id}` are Stripe's paths too: a request
+//! there that speaks Stripe (see [`stripe::speaks_stripe`]) is handed to the
+//! Stripe dialect; everything else on them is answered here, as before.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 
-use crate::faults::{FaultAction, Operation, Picked};
-use crate::idempotency::Claim;
+use crate::faults::Operation;
 use crate::model::{
-    ApiError, CaptureParams, NewResource, SearchFilter, StoredResponse, VoidParams,
+    ApiError, CaptureParams, Charge, ChargeParams, List, NewResource, RefundParams, SearchFilter,
+    StoredResponse, VoidParams,
 };
-use crate::server::drop_connection;
-use crate::state::{Ctx, Shared, State as ProviderState};
-
-/// Header set on answers replayed from an idempotency key.
-pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+use crate::pipeline::{Call, Dialect, Outcome, Subject, execute};
+use crate::state::{Ctx, RefundRefused, Refused, Shared, State as ProviderState};
+use crate::stripe;
 
 type AppState = State<Arc<Shared>>;
 
-/// The provider API routes.
+/// The provider API routes (the fake's, plus the Stripe dialect's).
 pub(crate) fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/charges", post(create_charge).get(search_charges))
@@ -40,32 +36,73 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/v1/charges/{id}/void", post(void_charge))
         .route("/v1/refunds", post(create_refund).get(search_refunds))
         .route("/v1/refunds/{id}", get(get_refund))
+        .merge(stripe::routes())
 }
 
 async fn create_charge(State(shared): AppState, headers: HeaderMap, body: Bytes) -> Response {
-    let route = "POST /v1/charges";
+    let effect = |state: &mut ProviderState, params: ChargeParams, ctx: Ctx<'_>| {
+        let at = state.searchable_at(Operation::Charge, &params.reference, ctx.now);
+        charge_created(state.create_charge(params, ctx, at))
+    };
     create(
         &shared,
         &headers,
         &body,
         Operation::Charge,
-        route,
-        ProviderState::create_charge,
+        "POST /v1/charges",
+        effect,
     )
     .await
 }
 
 async fn create_refund(State(shared): AppState, headers: HeaderMap, body: Bytes) -> Response {
-    let route = "POST /v1/refunds";
+    if stripe::speaks_stripe(&headers) {
+        return stripe::create_refund(&shared, &headers, &body).await;
+    }
+    let effect = |state: &mut ProviderState, params: RefundParams, ctx: Ctx<'_>| {
+        let at = state.searchable_at(Operation::Refund, &params.reference, ctx.now);
+        let (charge, amount) = (params.charge.clone(), params.amount);
+        match state.refund(params, ctx, at) {
+            Ok(refund) => StoredResponse::json(StatusCode::CREATED, &refund),
+            Err(RefundRefused::Missing) => ApiError::missing("charge", &charge).into_stored(),
+            Err(RefundRefused::Exceeds { refundable }) => {
+                let message = format!(
+                    "refund of {amount} exceeds the {refundable} captured and not yet refunded"
+                );
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "refund_exceeds_captured",
+                    message,
+                )
+                .into_stored()
+            }
+        }
+    };
     create(
         &shared,
         &headers,
         &body,
         Operation::Refund,
-        route,
-        ProviderState::refund,
+        "POST /v1/refunds",
+        effect,
     )
     .await
+}
+
+/// A new charge as the fake answers it: 201, or 402 carrying the declined
+/// charge.
+fn charge_created(charge: Charge) -> StoredResponse {
+    match crate::model::Decline::of(&charge.payment_method) {
+        None => StoredResponse::json(StatusCode::CREATED, &charge),
+        Some(decline) => ApiError::new(
+            StatusCode::PAYMENT_REQUIRED,
+            "card_error",
+            decline.code,
+            decline.message,
+        )
+        .into_stored_with(Some(&charge)),
+    }
 }
 
 /// POST of a new charge or refund: the body's reference is what fault rules
@@ -76,7 +113,7 @@ async fn create<P: NewResource>(
     body: &[u8],
     operation: Operation,
     route: &str,
-    effect: fn(&mut ProviderState, P, Ctx<'_>) -> StoredResponse,
+    effect: impl FnOnce(&mut ProviderState, P, Ctx<'_>) -> StoredResponse,
 ) -> Response {
     let params = parse_body(body).and_then(|p: P| p.validate().map(|()| p));
     let reference = params.as_ref().ok().map(|p| p.reference().to_owned());
@@ -100,7 +137,13 @@ async fn capture_charge(
         subject: Subject::Charge(id.clone()),
     };
     let canonical = |p: &CaptureParams| format!("{:?}", p.amount);
-    let effect = |state: &mut ProviderState, params, ctx: Ctx<'_>| state.capture(&id, params, ctx);
+    let effect = |state: &mut ProviderState, params: CaptureParams, ctx: Ctx<'_>| {
+        changed(
+            &id,
+            "charge_not_capturable",
+            state.capture(&id, params.amount, ctx),
+        )
+    };
     mutate(
         &shared,
         &headers,
@@ -125,7 +168,9 @@ async fn void_charge(
         subject: Subject::Charge(id.clone()),
     };
     let params: Result<VoidParams, _> = parse_optional_body(&body);
-    let effect = |state: &mut ProviderState, _, ctx: Ctx<'_>| state.void(&id, ctx);
+    let effect = |state: &mut ProviderState, _, ctx: Ctx<'_>| {
+        changed(&id, "charge_not_voidable", state.void(&id, ctx))
+    };
     mutate(
         &shared,
         &headers,
@@ -136,6 +181,30 @@ async fn void_charge(
         effect,
     )
     .await
+}
+
+/// A capture or void as the fake answers it: 200 with the charge, or the
+/// refusal (carrying the charge when its state is the reason).
+fn changed(id: &str, not_allowed: &'static str, result: Result<Charge, Refused>) -> StoredResponse {
+    match result {
+        Ok(charge) => StoredResponse::json(StatusCode::OK, &charge),
+        Err(Refused::Missing) => ApiError::missing("charge", id).into_stored(),
+        Err(Refused::Amount) => ApiError::invalid(
+            "amount",
+            "capture amount must be positive and at most the authorized amount",
+        )
+        .into_stored(),
+        Err(Refused::State(charge)) => {
+            let message = format!("charge {} is {}", charge.id, charge.status.as_str());
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                not_allowed,
+                message,
+            )
+            .into_stored_with(Some(&*charge))
+        }
+    }
 }
 
 /// What identifies a POST for faults and idempotency.
@@ -161,13 +230,13 @@ async fn mutate<P>(
     effect: impl FnOnce(&mut ProviderState, P, Ctx<'_>) -> StoredResponse,
 ) -> Response {
     let fingerprint = || fingerprint(&post.route, params.as_ref().map(canonical), body);
-    let call = match Call::mutation(post.operation, headers, fingerprint) {
+    let call = match Call::mutation(Dialect::Fake, post.operation, headers, fingerprint) {
         Ok(call) => call,
-        Err(error) => return error.into_response(),
+        Err(refusal) => return *refusal,
     };
     execute(shared, call, post.subject, |state, ctx| match params {
-        Ok(params) => effect(state, params, ctx),
-        Err(error) => error.into_stored(),
+        Ok(params) => Outcome::Executed(effect(state, params, ctx)),
+        Err(error) => Outcome::Refused(error.into_stored()),
     })
     .await
 }
@@ -178,9 +247,16 @@ async fn get_charge(
     headers: HeaderMap,
 ) -> Response {
     let subject = Subject::Charge(id.clone());
-    read(&shared, &headers, Operation::Get, subject, |state, ctx| {
-        state.get_charge(&id, ctx)
-    })
+    read(
+        &shared,
+        &headers,
+        Operation::Get,
+        subject,
+        |state, ctx| match state.charge(&id, ctx.caller) {
+            Some(charge) => StoredResponse::json(StatusCode::OK, charge),
+            None => ApiError::missing("charge", &id).into_stored(),
+        },
+    )
     .await
 }
 
@@ -189,10 +265,20 @@ async fn get_refund(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
+    if stripe::speaks_stripe(&headers) {
+        return stripe::get_refund(&shared, &headers, id).await;
+    }
     let subject = Subject::Refund(id.clone());
-    read(&shared, &headers, Operation::Get, subject, |state, ctx| {
-        state.get_refund(&id, ctx)
-    })
+    read(
+        &shared,
+        &headers,
+        Operation::Get,
+        subject,
+        |state, ctx| match state.refund_of(&id, ctx.caller) {
+            Some(refund) => StoredResponse::json(StatusCode::OK, refund),
+            None => ApiError::missing("refund", &id).into_stored(),
+        },
+    )
     .await
 }
 
@@ -204,9 +290,14 @@ async fn read(
     subject: Subject,
     run: impl FnOnce(&ProviderState, Ctx<'_>) -> StoredResponse,
 ) -> Response {
-    match Call::read(operation, headers) {
-        Ok(call) => execute(shared, call, subject, |state, ctx| run(state, ctx)).await,
-        Err(error) => error.into_response(),
+    match Call::read(Dialect::Fake, operation, headers) {
+        Ok(call) => {
+            execute(shared, call, subject, |state, ctx| {
+                Outcome::Executed(run(state, ctx))
+            })
+            .await
+        }
+        Err(refusal) => *refusal,
     }
 }
 
@@ -215,7 +306,16 @@ async fn search_charges(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    search(&shared, &headers, query, ProviderState::search_charges).await
+    search(&shared, &headers, query, |state, filter, ctx| {
+        let found =
+            state
+                .charges
+                .search(ctx.caller, filter.reference.as_deref(), ctx.now, |charge| {
+                    filter.matches(&charge.reference, &charge.metadata)
+                });
+        list(found)
+    })
+    .await
 }
 
 async fn search_refunds(
@@ -223,7 +323,28 @@ async fn search_refunds(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    search(&shared, &headers, query, ProviderState::search_refunds).await
+    if stripe::speaks_stripe(&headers) {
+        return stripe::list_refunds(&shared, &headers, query).await;
+    }
+    search(&shared, &headers, query, |state, filter, ctx| {
+        let found =
+            state
+                .refunds
+                .search(ctx.caller, filter.reference.as_deref(), ctx.now, |refund| {
+                    filter.matches(&refund.reference, &refund.metadata)
+                });
+        list(found)
+    })
+    .await
+}
+
+/// `{"object":"list","data":[...]}` of what a search found.
+fn list<'a, T: serde::Serialize + 'a>(found: impl Iterator<Item = &'a T>) -> StoredResponse {
+    let list = List {
+        object: "list",
+        data: found.collect(),
+    };
+    StoredResponse::json(StatusCode::OK, &list)
 }
 
 /// `reference=R` and/or `metadata[KEY]=VALUE` filters, parsed from the raw
@@ -233,18 +354,21 @@ async fn search(
     shared: &Shared,
     headers: &HeaderMap,
     query: Option<String>,
-    run: fn(&ProviderState, &SearchFilter, Ctx<'_>) -> StoredResponse,
+    run: impl FnOnce(&ProviderState, &SearchFilter, Ctx<'_>) -> StoredResponse,
 ) -> Response {
-    let call = match Call::read(Operation::Search, headers) {
+    let call = match Call::read(Dialect::Fake, Operation::Search, headers) {
         Ok(call) => call,
-        Err(error) => return error.into_response(),
+        Err(refusal) => return *refusal,
     };
     let filter = match SearchFilter::parse(query.as_deref()) {
         Ok(filter) => filter,
         Err(error) => return error.into_response(),
     };
     let subject = Subject::Reference(filter.reference.clone());
-    execute(shared, call, subject, |state, ctx| run(state, &filter, ctx)).await
+    execute(shared, call, subject, |state, ctx| {
+        Outcome::Executed(run(state, &filter, ctx))
+    })
+    .await
 }
 
 /// Parses a JSON body.
@@ -267,289 +391,4 @@ fn fingerprint(route: &str, canonical: Result<String, &ApiError>, raw: &[u8]) ->
         Ok(canonical) => format!("{route}\n{canonical}"),
         Err(_) => format!("{route}\nraw:{}", String::from_utf8_lossy(raw)),
     }
-}
-
-/// Who is calling and with which key.
-struct Call<'h> {
-    operation: Operation,
-    /// The bearer token, borrowed from the request headers.
-    caller: &'h str,
-    key: Option<IdempotencyKey>,
-}
-
-struct IdempotencyKey {
-    /// `caller \n key`: keys are private to their caller.
-    scope: String,
-    /// The key alone, for the ledger.
-    key: String,
-    fingerprint: String,
-}
-
-impl<'h> Call<'h> {
-    fn read(operation: Operation, headers: &'h HeaderMap) -> Result<Self, ApiError> {
-        Ok(Self {
-            operation,
-            caller: caller(headers)?,
-            key: None,
-        })
-    }
-
-    /// `fingerprint` runs only when the request carries a key.
-    fn mutation(
-        operation: Operation,
-        headers: &'h HeaderMap,
-        fingerprint: impl FnOnce() -> String,
-    ) -> Result<Self, ApiError> {
-        let caller = caller(headers)?;
-        let Some(key) = headers.get("idempotency-key") else {
-            return Ok(Self {
-                operation,
-                caller,
-                key: None,
-            });
-        };
-        let key = match key.to_str() {
-            Ok(key) if !key.is_empty() && key.len() <= 255 => key,
-            _ => {
-                let error = ApiError::invalid(
-                    "Idempotency-Key",
-                    "must be 1 to 255 visible ASCII characters",
-                );
-                return Err(error);
-            }
-        };
-        let scope = format!("{caller}\n{key}");
-        Ok(Self {
-            operation,
-            caller,
-            key: Some(IdempotencyKey {
-                scope,
-                key: key.to_owned(),
-                fingerprint: fingerprint(),
-            }),
-        })
-    }
-}
-
-/// `Authorization: Bearer <non-empty>`; the token is the caller's identity.
-fn caller(headers: &HeaderMap) -> Result<&str, ApiError> {
-    headers
-        .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|token| !token.is_empty())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "unauthorized",
-                "send Authorization: Bearer <key>",
-            )
-        })
-}
-
-/// What fault rules match on for this request. Owned, because the effect
-/// closure takes the parsed parameters the reference comes from.
-enum Subject {
-    Reference(Option<String>),
-    Charge(String),
-    Refund(String),
-}
-
-impl Subject {
-    /// For an id: the reference of `caller`'s object, none for another
-    /// caller's (exactly as for an id that does not exist).
-    fn reference<'s>(&'s self, state: &'s ProviderState, caller: &str) -> Option<&'s str> {
-        match self {
-            Subject::Reference(reference) => reference.as_deref(),
-            Subject::Charge(id) => state.charge_reference(id, caller),
-            Subject::Refund(id) => state.refund_reference(id, caller),
-        }
-    }
-}
-
-/// What the first critical section decided.
-enum Next {
-    /// Answer now (fault, idempotency conflict or replay).
-    Answer(StoredResponse, bool),
-    /// Run the effect (after the latency fault, if any).
-    Effect,
-    /// The effect already ran in the first critical section.
-    Done(StoredResponse),
-}
-
-/// Frees a reserved key if the request ends without storing an answer (the
-/// client went away during a latency fault), so the key does not stay "in
-/// progress" forever.
-struct Reservation<'a> {
-    shared: &'a Shared,
-    scope: Option<String>,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if let Some(scope) = self.scope.take() {
-            self.shared.lock().keys.release(&scope);
-        }
-    }
-}
-
-async fn execute(
-    shared: &Shared,
-    call: Call<'_>,
-    subject: Subject,
-    effect: impl FnOnce(&mut ProviderState, Ctx<'_>) -> StoredResponse,
-) -> Response {
-    let now = shared.clock.now();
-    let ctx = Ctx {
-        now,
-        caller: call.caller,
-        key: call.key.as_ref().map(|k| k.key.as_str()),
-    };
-    let mut reservation = Reservation {
-        shared,
-        scope: None,
-    };
-    let mut effect = Some(effect);
-    let (picked, next) = {
-        let mut guard = shared.lock();
-        let state = &mut *guard;
-        let picked = if state.faults.is_empty() {
-            Picked::default()
-        } else {
-            let reference = subject.reference(state, call.caller).map(str::to_owned);
-            state
-                .faults
-                .pick(call.operation, reference.as_deref(), &mut state.fault_rng)
-        };
-        let next = match (picked.outcome, &call.key) {
-            (Some((FaultAction::FailBeforeEffect, _)), _) => Next::Answer(unavailable(), false),
-            (Some((FaultAction::InProgress, _)), _) => Next::Answer(in_progress(), false),
-            (_, Some(key)) => match state.keys.claim(&key.scope, &key.fingerprint, now) {
-                Claim::Replay(response) => Next::Answer(response, true),
-                Claim::Mismatch => Next::Answer(key_mismatch(), false),
-                Claim::Busy => Next::Answer(in_progress(), false),
-                Claim::Reserved => {
-                    reservation.scope = Some(key.scope.clone());
-                    Next::Effect
-                }
-            },
-            (_, None) => Next::Effect,
-        };
-        // Fast path: no latency, so the effect runs in the same critical
-        // section as the claim (one lock per request).
-        let next = match (next, picked.latency, effect.take()) {
-            (Next::Effect, None, Some(run)) => {
-                Next::Done(run_effect(state, &mut reservation, ctx, run))
-            }
-            (next, _, unused) => {
-                effect = unused;
-                next
-            }
-        };
-        (picked, next)
-    };
-    if let Some(latency) = picked.latency {
-        tokio::time::sleep(latency).await;
-    }
-    let (response, replayed) = match next {
-        Next::Answer(response, replayed) => {
-            // Faults that stop the request before its effect are final.
-            if matches!(
-                picked.outcome,
-                Some((FaultAction::FailBeforeEffect | FaultAction::InProgress, _))
-            ) {
-                return respond(response, false);
-            }
-            (response, replayed)
-        }
-        Next::Done(response) => (response, false),
-        Next::Effect => match effect.take() {
-            Some(run) => (
-                run_effect(&mut shared.lock(), &mut reservation, ctx, run),
-                false,
-            ),
-            None => (unavailable(), false),
-        },
-    };
-    match picked.outcome {
-        Some((FaultAction::FailAfterEffect, _)) => respond(internal_error(), false),
-        Some((FaultAction::DropResponseAfterEffect, _)) => drop_connection(),
-        Some((FaultAction::DelayAfterEffect, delay)) => {
-            tokio::time::sleep(delay).await;
-            respond(response, replayed)
-        }
-        _ => respond(response, replayed),
-    }
-}
-
-/// Runs the effect and stores its real answer under the reserved key.
-fn run_effect(
-    state: &mut ProviderState,
-    reservation: &mut Reservation<'_>,
-    ctx: Ctx<'_>,
-    run: impl FnOnce(&mut ProviderState, Ctx<'_>) -> StoredResponse,
-) -> StoredResponse {
-    let response = run(state, ctx);
-    if let Some(scope) = reservation.scope.take() {
-        state.keys.complete(&scope, &response, ctx.now);
-    }
-    response
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        respond(self.into_stored(), false)
-    }
-}
-
-fn respond(response: StoredResponse, replayed: bool) -> Response {
-    let mut http = (response.status, Body::from(response.body)).into_response();
-    let headers = http.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if replayed {
-        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-    }
-    http
-}
-
-fn unavailable() -> StoredResponse {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "api_error",
-        "service_unavailable",
-        "injected fault: fail_before_effect",
-    )
-    .into_stored()
-}
-
-fn internal_error() -> StoredResponse {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "api_error",
-        "internal_error",
-        "injected fault: fail_after_effect",
-    )
-    .into_stored()
-}
-
-fn in_progress() -> StoredResponse {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        "idempotency_error",
-        "idempotency_in_progress",
-        "a request with this idempotency key is still being processed",
-    )
-    .into_stored()
-}
-
-fn key_mismatch() -> StoredResponse {
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "idempotency_error",
-        "idempotency_error",
-        "this idempotency key was used with different parameters",
-    )
-    .into_stored()
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
-use crate::admin::{Advance, FaultId, Now};
-use crate::config::WebhookTarget;
+use crate::admin::{Advance, DialectBody, FaultId, Now};
+use crate::config::{WebhookDialect, WebhookTarget};
 use crate::control::ActiveFault;
 use crate::faults::FaultRule;
 use crate::ledger::Ledger;
@@ -90,6 +90,23 @@ impl AdminClient {
             None => self.http.delete(self.url("webhooks")),
         };
         self.send_empty(request).await
+    }
+
+    /// See [`crate::Control::set_webhook_dialect`].
+    pub async fn set_webhook_dialect(&self, dialect: WebhookDialect) -> Result<(), AdminError> {
+        let request = self
+            .http
+            .put(self.url("webhooks/dialect"))
+            .json(&DialectBody { dialect });
+        self.send_empty(request).await
+    }
+
+    /// See [`crate::Control::webhook_dialect`].
+    pub async fn webhook_dialect(&self) -> Result<WebhookDialect, AdminError> {
+        let body: DialectBody = self
+            .send(self.http.get(self.url("webhooks/dialect")))
+            .await?;
+        Ok(body.dialect)
     }
 
     /// See [`crate::Control::webhook_deliveries`].

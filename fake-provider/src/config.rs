@@ -19,6 +19,10 @@ pub struct Config {
     pub admin: bool,
     /// Where events are POSTed; `None` emits no events at all.
     pub webhook: Option<WebhookTarget>,
+    /// Which API's events the target receives: the fake's own (`Fake-Signature`)
+    /// or Stripe's (`Stripe-Signature`). Kept apart from [`WebhookTarget`] so a
+    /// target set later keeps the dialect the provider was started with.
+    pub webhook_dialect: WebhookDialect,
     /// First retry delay of a failed webhook delivery; doubles per attempt up
     /// to [`WEBHOOK_RETRY_CAP`].
     pub webhook_retry_base: Duration,
@@ -35,6 +39,7 @@ impl Default for Config {
             seed: 0,
             admin: false,
             webhook: None,
+            webhook_dialect: WebhookDialect::Fake,
             webhook_retry_base: Duration::from_millis(50),
         }
     }
@@ -45,6 +50,52 @@ impl Default for Config {
 pub struct WebhookTarget {
     /// Absolute URL the events are POSTed to.
     pub url: String,
-    /// HMAC-SHA256 key of the `Fake-Signature` header.
+    /// HMAC-SHA256 key of the signature header (`Fake-Signature` or
+    /// `Stripe-Signature`, by [`WebhookDialect`]).
     pub secret: String,
+}
+
+/// The shape of webhook events: which API the receiver speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WebhookDialect {
+    /// The fake's events (`charge.authorized`, ... with a per-charge
+    /// `sequence`), signed in `Fake-Signature`; one per engine effect,
+    /// whichever API made it.
+    #[default]
+    Fake,
+    /// Stripe's events (`payment_intent.succeeded`, ... an `event` object
+    /// with `data.object`), signed in `Stripe-Signature`; only for what was
+    /// made through the Stripe dialect.
+    Stripe,
+}
+
+impl WebhookDialect {
+    /// The wire name: `fake` or `stripe`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookDialect::Fake => "fake",
+            WebhookDialect::Stripe => "stripe",
+        }
+    }
+}
+
+impl std::str::FromStr for WebhookDialect {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "fake" => Ok(WebhookDialect::Fake),
+            "stripe" => Ok(WebhookDialect::Stripe),
+            other => Err(format!(
+                "unknown webhook dialect {other:?} (fake or stripe)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for WebhookDialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::config::WebhookTarget;
+use crate::config::{WebhookDialect, WebhookTarget};
 use crate::faults::FaultRule;
 use crate::ledger::Ledger;
 use crate::state::Shared;
@@ -81,8 +81,23 @@ impl Control {
 
     /// Sets (or with `None` removes) the webhook target. Events are emitted
     /// only while a target is set; pending retries follow the new target.
+    /// The target keeps the current [`WebhookDialect`] (the one in
+    /// [`crate::Config`] unless changed with [`Control::set_webhook_dialect`]).
     pub fn set_webhook(&self, target: Option<WebhookTarget>) {
         self.shared.lock().webhook = target;
+    }
+
+    /// Chooses which API's events the target receives from now on: the
+    /// fake's (every engine effect, `Fake-Signature`) or Stripe's (what the
+    /// Stripe dialect made, `Stripe-Signature`). Events already queued keep
+    /// the dialect they were made in.
+    pub fn set_webhook_dialect(&self, dialect: WebhookDialect) {
+        self.shared.lock().webhook_dialect = dialect;
+    }
+
+    /// The dialect of the webhook events emitted now.
+    pub fn webhook_dialect(&self) -> WebhookDialect {
+        self.shared.lock().webhook_dialect
     }
 
     /// The last API requests received (at most [`crate::trace::KEPT`]),

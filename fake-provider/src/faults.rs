@@ -15,18 +15,22 @@ use serde::{Deserialize, Serialize};
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
 pub enum Operation {
-    /// `POST /v1/charges`.
+    /// `POST /v1/charges`; Stripe: `POST /v1/payment_intents`.
     Charge,
-    /// `POST /v1/charges/{id}/capture`.
+    /// `POST /v1/charges/{id}/capture`; Stripe:
+    /// `POST /v1/payment_intents/{id}/capture`.
     Capture,
-    /// `POST /v1/charges/{id}/void`.
+    /// `POST /v1/charges/{id}/void`; Stripe:
+    /// `POST /v1/payment_intents/{id}/cancel`.
     Void,
-    /// `POST /v1/refunds`.
+    /// `POST /v1/refunds` (both dialects).
     Refund,
-    /// `GET /v1/charges/{id}`, `GET /v1/refunds/{id}`.
+    /// `GET /v1/charges/{id}`, `GET /v1/refunds/{id}`; Stripe:
+    /// `GET /v1/payment_intents/{id}`, `GET /v1/refunds/{id}`.
     Get,
     /// `GET /v1/charges?...`, `GET /v1/refunds?...` (by reference and/or
-    /// metadata).
+    /// metadata); Stripe: `GET /v1/payment_intents/search` and the refund
+    /// list `GET /v1/refunds?payment_intent=...` (the lookups recovery uses).
     Search,
     /// Outgoing webhook events (never matched by `any`).
     Webhook,
@@ -51,6 +55,9 @@ pub enum FaultAction {
     DelayAfterEffect,
     /// 409 `idempotency_in_progress`, nothing done.
     InProgress,
+    /// 429 `rate_limit`, nothing done, the key neither read nor reserved:
+    /// a rate limiter in front of the idempotency layer.
+    RateLimit,
     /// Charges and refunds created while the rule is active stay invisible to
     /// search for `lag_seconds` of virtual time.
     SearchLag,

@@ -3,8 +3,9 @@
 //!
 //! A key is scoped to its caller. The slot is reserved before the effect runs
 //! (so a concurrent retry sees 409 instead of running twice) and then holds the
-//! real answer, even when the caller is going to receive a sabotaged one: that
-//! is how a real provider lets a retry converge.
+//! answer the dialect saves (see `pipeline`): usually the real one, even when
+//! the caller is going to receive a sabotaged one, which is how a real
+//! provider lets a retry converge.
 
 use std::collections::HashMap;
 
@@ -85,18 +86,14 @@ impl KeyStore {
         }
     }
 
-    /// Stores the answer of a reserved key. A 5xx means nothing was done, so
-    /// the key is freed for a retry instead.
+    /// Stores the answer of a reserved key. Which answers are saved (and
+    /// which free the key instead) is the request path's decision.
     pub(crate) fn complete(
         &mut self,
         scope: &str,
         response: &StoredResponse,
         first_used: DateTime<Utc>,
     ) {
-        if response.is_server_error() {
-            self.release(scope);
-            return;
-        }
         if let Some(slot) = self.slots.get_mut(scope)
             && let Slot::InProgress { fingerprint } = slot
         {

@@ -112,6 +112,12 @@ pub struct Ledger {
     /// Every refund made, in creation order.
     #[serde(default)]
     pub refunds: Vec<LedgerRefund>,
+    /// The Stripe dialect's PaymentIntents whose confirmation reached the
+    /// card, each with the charge it made (its `latest_charge`): the
+    /// PaymentIntent *is* that charge for the ledger. PaymentIntents that
+    /// made no charge (`requires_action`, unconfirmed) are not here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub payment_intents: BTreeMap<String, String>,
 }
 
 impl Ledger {
@@ -131,6 +137,12 @@ impl Ledger {
     /// The charge with id `id`, whoever made it.
     pub fn charge(&self, id: &str) -> Option<&LedgerCharge> {
         self.charges.iter().find(|charge| charge.id == id)
+    }
+
+    /// The charge made for the Stripe dialect's PaymentIntent `id` (its
+    /// `latest_charge`), if its confirmation reached the card.
+    pub fn charge_of_payment_intent(&self, id: &str) -> Option<&LedgerCharge> {
+        self.charge(self.payment_intents.get(id)?)
     }
 
     /// Charges whose metadata has `key` set to `value`, in creation order.
@@ -247,6 +259,7 @@ impl LedgerBook {
         &self,
         charges: Vec<LedgerCharge>,
         refunds: Vec<LedgerRefund>,
+        payment_intents: BTreeMap<String, String>,
     ) -> Ledger {
         let by_reference: BTreeMap<_, _> = self
             .by_reference
@@ -269,6 +282,7 @@ impl LedgerBook {
             duplicate_charge_references,
             charges,
             refunds,
+            payment_intents,
         }
     }
 }

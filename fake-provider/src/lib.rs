@@ -1,10 +1,14 @@
 #![doc = include_str!("../README.md")]
 //!
 //! # Layout
-//! - [`config`]: [`Config`] and [`WebhookTarget`].
-//! - `api`: the provider routes and the single request path (faults, then
+//! - [`config`]: [`Config`], [`WebhookTarget`] and [`WebhookDialect`].
+//! - `pipeline`: the single request path of both dialects (faults, then
 //!   idempotency, then the effect, then sabotage of the answer).
-//! - `state`: all data behind one mutex, and the effects on it.
+//! - `api`: the fake dialect's routes (its own JSON API).
+//! - `stripe`: the Stripe dialect's routes, a translation of Stripe's API
+//!   onto the same engine.
+//! - `state`: all data behind one mutex, and the effects on it (the
+//!   engine both dialects drive).
 //! - `idempotency`: key reservation, replay and retention.
 //! - [`faults`]: rules and their seeded matching.
 //! - [`ledger`]: the effects actually made, the tests' ground truth.
@@ -24,8 +28,10 @@ pub mod faults;
 mod idempotency;
 pub mod ledger;
 pub mod model;
+mod pipeline;
 mod server;
 mod state;
+mod stripe;
 pub mod trace;
 pub mod webhooks;
 
@@ -36,15 +42,16 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-pub use api::REPLAYED_HEADER;
 pub use client::{AdminClient, AdminError};
-pub use config::{Config, WebhookTarget};
+pub use config::{Config, WebhookDialect, WebhookTarget};
 pub use control::{ActiveFault, Control};
 pub use faults::{FaultAction, FaultRule, FiredCount, Operation};
 pub use ledger::{Effects, Ledger, LedgerCharge, LedgerRefund};
 pub use model::{CaptureMethod, Charge, ChargeStatus, Refund, RefundStatus};
+pub use pipeline::{REPLAYED_HEADER, REQUEST_ID_HEADER, SHOULD_RETRY_HEADER};
+pub use stripe::API_VERSION as STRIPE_API_VERSION;
 pub use trace::SeenRequest;
-pub use webhooks::{SIGNATURE_HEADER, WebhookDelivery, sign};
+pub use webhooks::{SIGNATURE_HEADER, STRIPE_SIGNATURE_HEADER, WebhookDelivery, sign};
 
 /// A provider serving on a local port. Dropping it stops the server too (the
 /// shutdown signal's sender goes away); [`Running::shutdown`] also waits.

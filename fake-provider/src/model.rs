@@ -492,6 +492,10 @@ impl ApiError {
 pub(crate) struct StoredResponse {
     pub(crate) status: StatusCode,
     pub(crate) body: Bytes,
+    /// What the answer tells the client about retrying it (Stripe's
+    /// `Stripe-Should-Retry`); `None` says nothing. The fake dialect never
+    /// sends it.
+    pub(crate) retry: Option<bool>,
 }
 
 impl StoredResponse {
@@ -502,11 +506,53 @@ impl StoredResponse {
         Self {
             status,
             body: Bytes::from(body),
+            retry: None,
         }
+    }
+
+    /// The same answer with a retry hint.
+    pub(crate) fn with_retry(mut self, retry: bool) -> Self {
+        self.retry = Some(retry);
+        self
     }
 
     pub(crate) fn is_server_error(&self) -> bool {
         self.status.is_server_error()
+    }
+}
+
+/// Why a payment method declines: one table for both dialects, so the same
+/// test card behaves the same whichever API charges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Decline {
+    /// The fake dialect's error code.
+    pub(crate) code: &'static str,
+    /// Stripe's `decline_code` (its error `code` is always `card_declined`).
+    pub(crate) decline_code: &'static str,
+    pub(crate) message: &'static str,
+}
+
+impl Decline {
+    /// The decline a payment method always causes, if any: the fake's own
+    /// test methods and Stripe's.
+    pub(crate) fn of(payment_method: &str) -> Option<Self> {
+        let generic = Decline {
+            code: "card_declined",
+            decline_code: "generic_decline",
+            message: "Your card was declined.",
+        };
+        let insufficient = Decline {
+            code: "insufficient_funds",
+            decline_code: "insufficient_funds",
+            message: "Your card has insufficient funds.",
+        };
+        match payment_method {
+            "pm_card_declined" | "pm_card_chargeDeclined" => Some(generic),
+            "pm_insufficient_funds" | "pm_card_chargeDeclinedInsufficientFunds" => {
+                Some(insufficient)
+            }
+            _ => None,
+        }
     }
 }
 

@@ -3,27 +3,31 @@
 //! Each effect is a plain synchronous method run with the lock held: it is
 //! short (map inserts and one small serialisation) and never awaits, which is
 //! what lets one `std::sync::Mutex` carry the whole provider.
+//!
+//! This is the one engine both dialects drive: an effect returns what it did
+//! (or why it refused) as data, and each dialect renders that in its own
+//! wire format. The ledger, search lag and the fake's webhook events are
+//! recorded here, so they are the same whichever API caused the effect.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use chrono::{DateTime, TimeDelta, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::clock::{VirtualClock, delta};
-use crate::config::{Config, WebhookTarget};
+use crate::config::{Config, WebhookDialect, WebhookTarget};
 use crate::faults::{FaultBook, Operation};
 use crate::idempotency::KeyStore;
 use crate::ledger::{Effect, Ledger, LedgerBook, LedgerCharge, LedgerRefund};
 use crate::model::{
-    ApiError, CaptureMethod, CaptureParams, Charge, ChargeParams, ChargeStatus, List, Refund,
-    RefundParams, RefundStatus, SearchFilter, StoredResponse,
+    CaptureMethod, Charge, ChargeParams, ChargeStatus, Decline, Refund, RefundParams, RefundStatus,
 };
-use crate::webhooks::{Event, EventData, WebhookDelivery};
+use crate::stripe::StripeBook;
+use crate::webhooks::{Event, FakeEvent, FakeEventData, WebhookDelivery};
 
 /// What the provider shares between the HTTP handlers, the control handle and
 /// the webhook dispatcher.
@@ -77,43 +81,41 @@ pub(crate) struct Stored<T> {
     pub(crate) item: T,
     /// The bearer token that created it: the only caller that can read,
     /// search or change it.
-    caller: String,
+    pub(crate) caller: String,
     /// The idempotency key it was created with (without the caller).
-    key: Option<String>,
+    pub(crate) key: Option<String>,
     /// Equal to creation time unless a `search_lag` rule hit it.
-    searchable_at: DateTime<Utc>,
+    pub(crate) searchable_at: DateTime<Utc>,
 }
 
-/// What the store's indexes and search need from a charge or refund.
+/// What the store's indexes need from a stored object.
 pub(crate) trait Resource {
     fn id(&self) -> &str;
     fn reference(&self) -> &str;
-    fn metadata(&self) -> &BTreeMap<String, String>;
 }
 
-/// Charges and refunds carry the same three fields under the same names.
+/// Charges and refunds (and the Stripe dialect's PaymentIntents) carry the
+/// two fields under the same names.
 macro_rules! resource {
     ($($kind:ty),+) => {$(
-        impl Resource for $kind {
+        impl $crate::state::Resource for $kind {
             fn id(&self) -> &str {
                 &self.id
             }
             fn reference(&self) -> &str {
                 &self.reference
             }
-            fn metadata(&self) -> &BTreeMap<String, String> {
-                &self.metadata
-            }
         }
     )+};
 }
+pub(crate) use resource;
 
 resource!(Charge, Refund);
 
 /// One kind of object in creation order, with the indexes that find it.
 /// Inserting is O(1): a push and three hash-map updates.
 #[derive(Debug)]
-struct Store<T> {
+pub(crate) struct Store<T> {
     /// Creation order: the ledger's order and, reversed, search's.
     items: Vec<Stored<T>>,
     /// Position of each id in `items`.
@@ -135,8 +137,8 @@ impl<T> Default for Store<T> {
     }
 }
 
-impl<T: Resource + serde::Serialize> Store<T> {
-    fn insert(&mut self, stored: Stored<T>) {
+impl<T: Resource> Store<T> {
+    pub(crate) fn insert(&mut self, stored: Stored<T>) {
         let position = self.items.len();
         self.by_id.insert(stored.item.id().to_owned(), position);
         index(&mut self.by_reference, stored.item.reference(), position);
@@ -146,48 +148,66 @@ impl<T: Resource + serde::Serialize> Store<T> {
 
     /// The object `id` if `caller` made it: another caller's object is as
     /// missing as one that does not exist.
-    fn get(&self, id: &str, caller: &str) -> Option<&Stored<T>> {
+    pub(crate) fn get(&self, id: &str, caller: &str) -> Option<&Stored<T>> {
         let stored = self.items.get(*self.by_id.get(id)?)?;
         (stored.caller == caller).then_some(stored)
     }
 
-    fn get_mut(&mut self, id: &str, caller: &str) -> Option<&mut Stored<T>> {
+    pub(crate) fn get_mut(&mut self, id: &str, caller: &str) -> Option<&mut Stored<T>> {
         let stored = self.items.get_mut(*self.by_id.get(id)?)?;
         (stored.caller == caller).then_some(stored)
     }
 
-    /// `caller`'s objects passing `filter`, newest first, skipping what a
-    /// `search_lag` still hides. With a reference the by-reference index is
-    /// used; a metadata-only search scans the caller's objects.
-    fn search(&self, caller: &str, filter: &SearchFilter, now: DateTime<Utc>) -> StoredResponse {
-        let candidates = match &filter.reference {
-            Some(reference) => self.by_reference.get(reference.as_str()),
-            None => self.by_caller.get(caller),
-        };
-        let data = candidates
+    /// Every object, whoever made it, in creation order.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Stored<T>> {
+        self.items.iter()
+    }
+
+    /// `caller`'s objects, newest first, with no regard to search lag (what
+    /// a strongly consistent list sees).
+    pub(crate) fn of_caller<'s>(&'s self, caller: &str) -> impl Iterator<Item = &'s T> + 's {
+        self.by_caller
+            .get(caller)
             .into_iter()
             .flatten()
             .rev()
             .filter_map(|&position| self.items.get(position))
-            .filter(|stored| stored.caller == caller && stored.searchable_at <= now)
-            .filter(|stored| filter.matches(stored.item.reference(), stored.item.metadata()))
             .map(|stored| &stored.item)
-            .collect();
-        StoredResponse::json(
-            StatusCode::OK,
-            &List {
-                object: "list",
-                data,
-            },
-        )
+    }
+
+    /// `caller`'s objects that `keep` accepts, newest first, skipping what a
+    /// `search_lag` still hides. With a reference the by-reference index is
+    /// used; otherwise the caller's objects are scanned.
+    pub(crate) fn search<'s>(
+        &'s self,
+        caller: &'s str,
+        reference: Option<&str>,
+        now: DateTime<Utc>,
+        keep: impl Fn(&T) -> bool + 's,
+    ) -> impl Iterator<Item = &'s T> + 's {
+        let candidates = match reference {
+            Some(reference) => self.by_reference.get(reference),
+            None => self.by_caller.get(caller),
+        };
+        candidates
+            .into_iter()
+            .flatten()
+            .rev()
+            .filter_map(|&position| self.items.get(position))
+            .filter(move |stored| stored.caller == caller && stored.searchable_at <= now)
+            .map(|stored| &stored.item)
+            .filter(move |item| keep(item))
     }
 }
 
 /// The provider's data.
 #[derive(Debug)]
 pub(crate) struct State {
-    charges: Store<Charge>,
-    refunds: Store<Refund>,
+    pub(crate) charges: Store<Charge>,
+    pub(crate) refunds: Store<Refund>,
+    /// What only the Stripe dialect knows: its PaymentIntents and their link
+    /// to the engine's charges.
+    pub(crate) stripe: StripeBook,
     pub(crate) keys: KeyStore,
     pub(crate) faults: FaultBook,
     /// Draws fault probabilities only, so the fault sequence depends on the
@@ -198,6 +218,8 @@ pub(crate) struct State {
     id_rng: StdRng,
     pub(crate) ledger: LedgerBook,
     pub(crate) webhook: Option<WebhookTarget>,
+    /// Which dialect's events the target receives.
+    pub(crate) webhook_dialect: WebhookDialect,
     events: UnboundedSender<Event>,
 }
 
@@ -210,14 +232,28 @@ pub(crate) struct Ctx<'a> {
     pub(crate) caller: &'a str,
     /// The idempotency key (without its caller), for the ledger.
     pub(crate) key: Option<&'a str>,
+    /// The request's id (Stripe's `Request-Id`), for the events it causes.
+    pub(crate) request_id: Option<&'a str>,
 }
 
-/// Why a change to a charge was refused.
-enum Refused {
-    /// A bad parameter: the error alone.
-    Parameter(ApiError),
-    /// The charge's state forbids the change: the error carries the charge.
-    State(ApiError),
+/// Why the engine refused to change a charge. Nothing was changed.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// No such charge for this caller.
+    Missing,
+    /// The charge's state forbids the change; the charge as it is.
+    State(Box<Charge>),
+    /// A capture amount that is not positive or above the authorized amount.
+    Amount,
+}
+
+/// Why the engine refused a refund. Nothing was changed.
+#[derive(Debug)]
+pub(crate) enum RefundRefused {
+    /// No such charge for this caller.
+    Missing,
+    /// The refund would exceed what was captured and not yet refunded.
+    Exceeds { refundable: i64 },
 }
 
 impl State {
@@ -225,6 +261,7 @@ impl State {
         Self {
             charges: Store::default(),
             refunds: Store::default(),
+            stripe: StripeBook::default(),
             keys: KeyStore::new(delta(config.retention)),
             faults: FaultBook::default(),
             fault_rng: StdRng::seed_from_u64(config.seed),
@@ -232,32 +269,41 @@ impl State {
             id_rng: StdRng::seed_from_u64(config.seed ^ 0x9e37_79b9_7f4a_7c15),
             ledger: LedgerBook::default(),
             webhook: config.webhook.clone(),
+            webhook_dialect: config.webhook_dialect,
             events,
         }
     }
 
     /// The ledger's counts plus every charge and refund in its current state.
     pub(crate) fn ledger_snapshot(&self) -> Ledger {
-        let charges = self.charges.items.iter().map(ledger_charge).collect();
-        let refunds = self.refunds.items.iter().map(ledger_refund).collect();
-        self.ledger.snapshot(charges, refunds)
+        let charges = self.charges.all().map(ledger_charge).collect();
+        let refunds = self.refunds.all().map(ledger_refund).collect();
+        self.ledger
+            .snapshot(charges, refunds, self.stripe.payment_intent_charges())
     }
 
-    pub(crate) fn create_charge(&mut self, params: ChargeParams, ctx: Ctx<'_>) -> StoredResponse {
-        let decline = match params.payment_method.as_str() {
-            "pm_card_declined" => Some(("card_declined", "Your card was declined.")),
-            "pm_insufficient_funds" => {
-                Some(("insufficient_funds", "Your card has insufficient funds."))
-            }
-            _ => None,
-        };
+    /// A fresh id: `prefix` and a simple UUID from the seeded id stream.
+    pub(crate) fn new_id(&mut self, prefix: &str) -> String {
+        new_id(&mut self.id_rng, prefix)
+    }
+
+    /// Creates a charge (declined when its payment method always declines),
+    /// records it in the ledger and emits its fake event. `searchable_at`
+    /// comes from [`State::searchable_at`], drawn once by the caller.
+    pub(crate) fn create_charge(
+        &mut self,
+        params: ChargeParams,
+        ctx: Ctx<'_>,
+        searchable_at: DateTime<Utc>,
+    ) -> Charge {
+        let decline = Decline::of(&params.payment_method);
         let status = match (decline, params.capture) {
             (Some(_), _) => ChargeStatus::Declined,
             (None, true) => ChargeStatus::Captured,
             (None, false) => ChargeStatus::Authorized,
         };
         let charge = Charge {
-            id: new_id(&mut self.id_rng, "ch_"),
+            id: self.new_id("ch_"),
             object: "charge".to_owned(),
             amount: params.amount,
             currency: params.currency,
@@ -281,35 +327,26 @@ impl State {
             Effect::Charge
         };
         self.ledger.record(effect, &charge.reference, ctx.key);
-        let response = match decline {
-            None => StoredResponse::json(StatusCode::CREATED, &charge),
-            Some((code, message)) => {
-                ApiError::new(StatusCode::PAYMENT_REQUIRED, "card_error", code, message)
-                    .into_stored_with(Some(&charge))
-            }
-        };
         self.emit_charge(&charge, ctx.now);
-        let searchable_at = self.searchable_at(Operation::Charge, &charge.reference, ctx.now);
-        self.charges.insert(new_stored(charge, ctx, searchable_at));
-        response
+        self.charges
+            .insert(new_stored(charge.clone(), ctx, searchable_at));
+        charge
     }
 
+    /// Captures `amount` (default: all) of an authorized charge.
     pub(crate) fn capture(
         &mut self,
         id: &str,
-        params: CaptureParams,
+        amount: Option<i64>,
         ctx: Ctx<'_>,
-    ) -> StoredResponse {
+    ) -> Result<Charge, Refused> {
         self.change_charge(id, Effect::Capture, ctx, |charge| {
             if charge.status != ChargeStatus::Authorized {
-                return Err(Refused::State(not_allowed("charge_not_capturable", charge)));
+                return Err(Refused::State(Box::new(charge.clone())));
             }
-            let amount = params.amount.unwrap_or(charge.amount);
+            let amount = amount.unwrap_or(charge.amount);
             if amount <= 0 || amount > charge.amount {
-                return Err(Refused::Parameter(ApiError::invalid(
-                    "amount",
-                    "capture amount must be positive and at most the authorized amount",
-                )));
+                return Err(Refused::Amount);
             }
             charge.status = ChargeStatus::Captured;
             charge.amount_captured = amount;
@@ -317,10 +354,11 @@ impl State {
         })
     }
 
-    pub(crate) fn void(&mut self, id: &str, ctx: Ctx<'_>) -> StoredResponse {
+    /// Voids an authorized charge.
+    pub(crate) fn void(&mut self, id: &str, ctx: Ctx<'_>) -> Result<Charge, Refused> {
         self.change_charge(id, Effect::Void, ctx, |charge| {
             if charge.status != ChargeStatus::Authorized {
-                return Err(Refused::State(not_allowed("charge_not_voidable", charge)));
+                return Err(Refused::State(Box::new(charge.clone())));
             }
             charge.status = ChargeStatus::Voided;
             Ok(())
@@ -329,49 +367,41 @@ impl State {
 
     /// Applies `change` to the caller's charge; on success bumps its
     /// sequence, records the effect and emits the event. `change` must leave
-    /// the charge untouched when it refuses: a refusal by state carries the
-    /// charge as it is.
+    /// the charge untouched when it refuses.
     fn change_charge(
         &mut self,
         id: &str,
         effect: Effect,
         ctx: Ctx<'_>,
         change: impl FnOnce(&mut Charge) -> Result<(), Refused>,
-    ) -> StoredResponse {
+    ) -> Result<Charge, Refused> {
         let Some(stored) = self.charges.get_mut(id, ctx.caller) else {
-            return ApiError::missing("charge", id).into_stored();
+            return Err(Refused::Missing);
         };
         let charge = &mut stored.item;
-        match change(charge) {
-            Ok(()) => {}
-            Err(Refused::Parameter(error)) => return error.into_stored(),
-            Err(Refused::State(error)) => return error.into_stored_with(Some(&*charge)),
-        }
+        change(charge)?;
         charge.sequence += 1;
         let charge = charge.clone();
         self.ledger.record(effect, &charge.reference, ctx.key);
         self.emit_charge(&charge, ctx.now);
-        StoredResponse::json(StatusCode::OK, &charge)
+        Ok(charge)
     }
 
-    pub(crate) fn refund(&mut self, params: RefundParams, ctx: Ctx<'_>) -> StoredResponse {
+    /// Refunds `params.amount` of the caller's charge, never more than was
+    /// captured and not yet refunded.
+    pub(crate) fn refund(
+        &mut self,
+        params: RefundParams,
+        ctx: Ctx<'_>,
+        searchable_at: DateTime<Utc>,
+    ) -> Result<Refund, RefundRefused> {
         let Some(stored) = self.charges.get_mut(&params.charge, ctx.caller) else {
-            return ApiError::missing("charge", &params.charge).into_stored();
+            return Err(RefundRefused::Missing);
         };
         let charge = &mut stored.item;
         let refundable = charge.amount_captured - charge.amount_refunded;
         if params.amount > refundable {
-            let message = format!(
-                "refund of {} exceeds the {} captured and not yet refunded",
-                params.amount, refundable
-            );
-            return ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "refund_exceeds_captured",
-                message,
-            )
-            .into_stored();
+            return Err(RefundRefused::Exceeds { refundable });
         }
         charge.amount_refunded += params.amount;
         charge.sequence += 1;
@@ -389,43 +419,26 @@ impl State {
         };
         self.ledger
             .record(Effect::Refund, &refund.reference, ctx.key);
-        self.emit(
-            || {
-                (
-                    "refund.succeeded",
-                    refund.sequence,
-                    EventData::Refund(refund.clone()),
-                    refund.reference.clone(),
-                )
-            },
-            ctx.now,
-        );
-        let response = StoredResponse::json(StatusCode::CREATED, &refund);
-        let searchable_at = self.searchable_at(Operation::Refund, &refund.reference, ctx.now);
-        self.refunds.insert(new_stored(refund, ctx, searchable_at));
-        response
-    }
-
-    pub(crate) fn get_charge(&self, id: &str, ctx: Ctx<'_>) -> StoredResponse {
-        match self.charges.get(id, ctx.caller) {
-            Some(stored) => StoredResponse::json(StatusCode::OK, &stored.item),
-            None => ApiError::missing("charge", id).into_stored(),
+        if self.emits(WebhookDialect::Fake) {
+            let event = FakeEventData::Refund(refund.clone());
+            let reference = refund.reference.clone();
+            self.emit("refund.succeeded", &reference, WebhookDialect::Fake, |id| {
+                FakeEvent::render(id, "refund.succeeded", ctx.now, refund.sequence, &event)
+            });
         }
+        self.refunds
+            .insert(new_stored(refund.clone(), ctx, searchable_at));
+        Ok(refund)
     }
 
-    pub(crate) fn get_refund(&self, id: &str, ctx: Ctx<'_>) -> StoredResponse {
-        match self.refunds.get(id, ctx.caller) {
-            Some(stored) => StoredResponse::json(StatusCode::OK, &stored.item),
-            None => ApiError::missing("refund", id).into_stored(),
-        }
+    /// The caller's charge `id`.
+    pub(crate) fn charge(&self, id: &str, caller: &str) -> Option<&Charge> {
+        self.charges.get(id, caller).map(|stored| &stored.item)
     }
 
-    pub(crate) fn search_charges(&self, filter: &SearchFilter, ctx: Ctx<'_>) -> StoredResponse {
-        self.charges.search(ctx.caller, filter, ctx.now)
-    }
-
-    pub(crate) fn search_refunds(&self, filter: &SearchFilter, ctx: Ctx<'_>) -> StoredResponse {
-        self.refunds.search(ctx.caller, filter, ctx.now)
+    /// The caller's refund `id`.
+    pub(crate) fn refund_of(&self, id: &str, caller: &str) -> Option<&Refund> {
+        self.refunds.get(id, caller).map(|stored| &stored.item)
     }
 
     /// The reference a fault rule matches for a request of `caller` about
@@ -442,7 +455,10 @@ impl State {
             .map(|stored| stored.item.reference.as_str())
     }
 
-    fn searchable_at(
+    /// When an object being created now becomes visible to search: now,
+    /// unless a `search_lag` rule for `created_by` (or `search`) fires.
+    /// Draw it once per created object: a rule with `next` spends a unit.
+    pub(crate) fn searchable_at(
         &mut self,
         created_by: Operation,
         reference: &str,
@@ -460,58 +476,54 @@ impl State {
     }
 
     fn emit_charge(&mut self, charge: &Charge, now: DateTime<Utc>) {
+        if !self.emits(WebhookDialect::Fake) {
+            return;
+        }
         let kind = match charge.status {
             ChargeStatus::Authorized => "charge.authorized",
             ChargeStatus::Captured => "charge.captured",
             ChargeStatus::Declined => "charge.declined",
             ChargeStatus::Voided => "charge.voided",
         };
-        self.emit(
-            || {
-                (
-                    kind,
-                    charge.sequence,
-                    EventData::Charge(charge.clone()),
-                    charge.reference.clone(),
-                )
-            },
-            now,
-        );
+        let data = FakeEventData::Charge(charge.clone());
+        self.emit(kind, &charge.reference, WebhookDialect::Fake, |id| {
+            FakeEvent::render(id, kind, now, charge.sequence, &data)
+        });
     }
 
-    /// Queues an event for the dispatcher; `make` runs (and clones the
-    /// resource) only when a webhook target is set.
-    fn emit(
+    /// Whether events of `dialect` go anywhere now: a target is set and
+    /// speaks that dialect. Check it before building an event's payload.
+    pub(crate) fn emits(&self, dialect: WebhookDialect) -> bool {
+        self.webhook.is_some() && self.webhook_dialect == dialect
+    }
+
+    /// Queues an event for the dispatcher if [`State::emits`] `dialect`;
+    /// `render` gets the new event id and returns the body, serialised once
+    /// here so every copy and retry sends the same bytes. `reference` is
+    /// what webhook fault rules match.
+    pub(crate) fn emit(
         &mut self,
-        make: impl FnOnce() -> (&'static str, u64, EventData, String),
-        now: DateTime<Utc>,
+        kind: &'static str,
+        reference: &str,
+        dialect: WebhookDialect,
+        render: impl FnOnce(&str) -> Vec<u8>,
     ) {
-        if self.webhook.is_none() {
+        if !self.emits(dialect) {
             return;
         }
-        let (kind, sequence, data, reference) = make();
+        let id = self.new_id("evt_");
+        let body = render(&id);
         let event = Event {
-            id: new_id(&mut self.id_rng, "evt_"),
+            id,
             kind,
-            created: now,
-            sequence,
-            data,
-            reference,
+            reference: reference.to_owned(),
+            dialect,
+            body: body.into(),
         };
         // The receiver lives as long as the server; after shutdown there is
         // nobody to deliver to, so a failed send is correctly ignored.
         let _ = self.events.send(event);
     }
-}
-
-fn not_allowed(code: &'static str, charge: &Charge) -> ApiError {
-    let message = format!("charge {} is {}", charge.id, charge.status.as_str());
-    ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        code,
-        message,
-    )
 }
 
 fn new_id(rng: &mut StdRng, prefix: &str) -> String {
@@ -520,7 +532,7 @@ fn new_id(rng: &mut StdRng, prefix: &str) -> String {
 }
 
 /// Wraps a new object with its caller and key from the request.
-fn new_stored<T>(item: T, ctx: Ctx<'_>, searchable_at: DateTime<Utc>) -> Stored<T> {
+pub(crate) fn new_stored<T>(item: T, ctx: Ctx<'_>, searchable_at: DateTime<Utc>) -> Stored<T> {
     Stored {
         item,
         caller: ctx.caller.to_owned(),

@@ -1,5 +1,6 @@
 //! What callers sent as W3C trace context: every provider API request's
-//! `traceparent` (and `tracestate`), with what identifies it, so a test can
+//! `traceparent` (and `tracestate`, and the `Stripe-Version` it pinned),
+//! with what identifies it, so a test can
 //! check that a caller's trace reached the provider. A real provider would
 //! log it; the fake keeps the last [`KEPT`] requests in memory.
 
@@ -27,6 +28,10 @@ pub struct SeenRequest {
     pub idempotency_key: Option<String>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// The `Stripe-Version` header a Stripe-dialect request pinned (the
+    /// answer is rendered in [`crate::STRIPE_API_VERSION`] whatever it says).
+    #[serde(default)]
+    pub stripe_version: Option<String>,
     /// Virtual time of receipt.
     pub received: DateTime<Utc>,
 }
@@ -63,6 +68,7 @@ fn seen(request: &Request, received: DateTime<Utc>) -> SeenRequest {
         idempotency_key: header("idempotency-key"),
         traceparent: header("traceparent"),
         tracestate: header("tracestate"),
+        stripe_version: header("stripe-version"),
         received,
     }
 }

@@ -20,19 +20,25 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::WEBHOOK_RETRY_CAP;
+use crate::config::{WEBHOOK_RETRY_CAP, WebhookDialect};
 use crate::faults::{FaultAction, Operation};
 use crate::model::{Charge, Refund};
 use crate::state::Shared;
 
-/// The header carrying `t=<unix seconds>,v1=<hex HMAC-SHA256>`.
+/// The header carrying `t=<unix seconds>,v1=<hex HMAC-SHA256>` on events of
+/// the fake dialect.
 pub const SIGNATURE_HEADER: &str = "Fake-Signature";
+
+/// The same signature on events of the Stripe dialect, under Stripe's name.
+pub const STRIPE_SIGNATURE_HEADER: &str = "Stripe-Signature";
 
 /// Timeout of one delivery attempt; a hanging receiver counts as a failure.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The value of the `Fake-Signature` header for `body` sent at `timestamp`
-/// (unix seconds): `t=<timestamp>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
+/// The value of the `Fake-Signature` (or `Stripe-Signature`) header for
+/// `body` sent at `timestamp` (unix seconds):
+/// `t=<timestamp>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`, which is
+/// Stripe's scheme with one `v1` signature.
 pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
         .expect("HMAC accepts keys of any length");
@@ -70,47 +76,55 @@ impl WebhookDelivery {
     }
 }
 
-/// An event as queued by an effect.
-#[derive(Serialize, Debug, Clone)]
+/// An event as queued by an effect, already serialised (under the state
+/// lock, once), so every copy and retry sends the same bytes.
+#[derive(Debug, Clone)]
 pub(crate) struct Event {
     pub(crate) id: String,
-    #[serde(rename = "type")]
     pub(crate) kind: &'static str,
-    pub(crate) created: DateTime<Utc>,
-    /// The charge's sequence after this effect.
-    pub(crate) sequence: u64,
-    pub(crate) data: EventData,
     /// What `reference_contains` of a webhook rule matches; not sent.
-    #[serde(skip)]
     pub(crate) reference: String,
+    /// Which header signs it.
+    pub(crate) dialect: WebhookDialect,
+    pub(crate) body: Bytes,
+}
+
+/// The fake dialect's event body.
+#[derive(Serialize)]
+pub(crate) struct FakeEvent<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    created: DateTime<Utc>,
+    /// The charge's sequence after this effect.
+    sequence: u64,
+    data: &'a FakeEventData,
+}
+
+impl FakeEvent<'_> {
+    pub(crate) fn render(
+        id: &str,
+        kind: &'static str,
+        created: DateTime<Utc>,
+        sequence: u64,
+        data: &FakeEventData,
+    ) -> Vec<u8> {
+        let event = FakeEvent {
+            id,
+            kind,
+            created,
+            sequence,
+            data,
+        };
+        serde_json::to_vec(&event).unwrap_or_default()
+    }
 }
 
 #[derive(Serialize, Debug, Clone)]
 #[serde(untagged)]
-pub(crate) enum EventData {
+pub(crate) enum FakeEventData {
     Charge(Charge),
     Refund(Refund),
-}
-
-/// An event serialised once, so every copy and retry sends the same bytes.
-#[derive(Debug, Clone)]
-struct Outgoing {
-    id: String,
-    kind: &'static str,
-    reference: String,
-    body: Bytes,
-}
-
-impl Outgoing {
-    fn new(event: Event) -> Self {
-        let body = serde_json::to_vec(&event).unwrap_or_default();
-        Self {
-            id: event.id,
-            kind: event.kind,
-            reference: event.reference,
-            body: Bytes::from(body),
-        }
-    }
 }
 
 /// Sends events to the current target and records each attempt.
@@ -123,19 +137,20 @@ struct Sender {
 impl Sender {
     /// One attempt; true when there is nothing more to do (acknowledged, or
     /// no target any more).
-    async fn attempt(&self, event: &Outgoing, attempt: u32) -> bool {
+    async fn attempt(&self, event: &Event, attempt: u32) -> bool {
         let Some(target) = self.shared.lock().webhook.clone() else {
             return true;
         };
         let now = self.shared.clock.now();
+        let (header, content_type) = match event.dialect {
+            WebhookDialect::Fake => (SIGNATURE_HEADER, "application/json"),
+            WebhookDialect::Stripe => (STRIPE_SIGNATURE_HEADER, "application/json; charset=utf-8"),
+        };
         let result = self
             .http
             .post(&target.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(
-                SIGNATURE_HEADER,
-                sign(&target.secret, now.timestamp(), &event.body),
-            )
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .header(header, sign(&target.secret, now.timestamp(), &event.body))
             .body(event.body.clone())
             .send()
             .await;
@@ -148,7 +163,7 @@ impl Sender {
 
     fn record(
         &self,
-        event: &Outgoing,
+        event: &Event,
         attempt: u32,
         status: Option<u16>,
         error: Option<String>,
@@ -168,7 +183,7 @@ impl Sender {
 
     /// Retries from attempt `attempt` on, with capped exponential backoff,
     /// until acknowledged.
-    async fn retry(self, event: Outgoing, mut attempt: u32) {
+    async fn retry(self, event: Event, mut attempt: u32) {
         loop {
             tokio::time::sleep(backoff(self.shared.webhook_retry_base, attempt - 1)).await;
             if self.attempt(&event, attempt).await {
@@ -180,12 +195,7 @@ impl Sender {
 
     /// The first delivery of each copy of an event; failures go to a retry
     /// task so the dispatcher moves on.
-    async fn deliver(
-        &self,
-        event: Outgoing,
-        fault: Option<FaultAction>,
-        retries: &mut JoinSet<()>,
-    ) {
+    async fn deliver(&self, event: Event, fault: Option<FaultAction>, retries: &mut JoinSet<()>) {
         let copies = if fault == Some(FaultAction::Duplicate) {
             2
         } else {
@@ -227,7 +237,7 @@ pub(crate) async fn dispatch(
     let mut retries = JoinSet::new();
     // A `reorder`ed event waits for the next one, but not forever: at-least-once
     // still holds when no other event comes.
-    let mut held: Option<(Outgoing, Instant)> = None;
+    let mut held: Option<(Event, Instant)> = None;
     loop {
         let release_at = held.as_ref().map(|(_, since)| *since + WEBHOOK_RETRY_CAP);
         let event = tokio::select! {
@@ -240,7 +250,7 @@ pub(crate) async fn dispatch(
                 continue;
             }
             event = events.recv() => match event {
-                Some(event) => Outgoing::new(event),
+                Some(event) => event,
                 None => break,
             },
         };

@@ -717,13 +717,7 @@ impl Rig {
         &self,
         tweak: impl FnOnce(&mut cobro_reconciler::ReconcilerConfig),
     ) -> cobro_reconciler::Reconciler<cobro_provider::HttpProvider> {
-        let mut config = cobro_reconciler::ReconcilerConfig {
-            actor: "reconciler:test".into(),
-            search_lag: std::time::Duration::from_secs(60),
-            request_timeout: std::time::Duration::from_secs(2),
-            ..Default::default()
-        };
-        tweak(&mut config);
+        let config = Self::reconciler_config(tweak);
         let client = cobro_provider::HttpProviderConfig::new(self.provider.url(), "sk_test_cobro");
         cobro_reconciler::Reconciler::new(
             self.app.db.store.clone(),
@@ -731,6 +725,23 @@ impl Rig {
             std::sync::Arc::new(self.app.clock.clone()),
             config,
         )
+    }
+}
+
+impl Rig {
+    /// The tests' reconciler settings (a 60 s search lag, a 2 s request
+    /// timeout), adjusted by `tweak`.
+    pub fn reconciler_config(
+        tweak: impl FnOnce(&mut cobro_reconciler::ReconcilerConfig),
+    ) -> cobro_reconciler::ReconcilerConfig {
+        let mut config = cobro_reconciler::ReconcilerConfig {
+            actor: "reconciler:test".into(),
+            search_lag: std::time::Duration::from_secs(60),
+            request_timeout: std::time::Duration::from_secs(2),
+            ..Default::default()
+        };
+        tweak(&mut config);
+        config
     }
 }
 

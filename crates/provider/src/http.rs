@@ -25,7 +25,7 @@ pub struct HttpProviderConfig {
 
 /// A reference (a query value) or a provider id (a path segment),
 /// percent-encoded: everything but RFC 3986's unreserved characters.
-fn encoded(text: &str) -> percent_encoding::PercentEncode<'_> {
+pub(crate) fn encoded(text: &str) -> percent_encoding::PercentEncode<'_> {
     const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
         .remove(b'-')
         .remove(b'.')
@@ -206,7 +206,7 @@ impl HttpProvider {
 
 /// The W3C trace context of the current span (the `provider.*` span), for
 /// the provider's logs and traces; empty when tracing is off.
-fn traceparent() -> reqwest::header::HeaderMap {
+pub(crate) fn traceparent() -> reqwest::header::HeaderMap {
     let mut headers = reqwest::header::HeaderMap::new();
     cobro_telemetry::inject_current(&mut headers);
     headers
@@ -226,7 +226,7 @@ fn classify_transport_error(e: &reqwest::Error) -> Outcome {
 
 /// A log-safe description: the kind of failure and its cause chain, never
 /// the URL (reqwest's own Display includes it).
-fn redact(e: &reqwest::Error) -> String {
+pub(crate) fn redact(e: &reqwest::Error) -> String {
     let kind = if e.is_timeout() {
         "timeout"
     } else if e.is_connect() {

@@ -1,9 +1,15 @@
 #![doc = include_str!("../README.md")]
 
+mod connector;
 mod http;
+pub mod stripe;
 pub mod webhook;
 
+pub use connector::Connector;
 pub use http::{HttpProvider, HttpProviderConfig};
+pub use stripe::{
+    StripeConfig, StripeConfigError, StripeProvider, StripeSecretKey, StripeWebhooks,
+};
 pub use webhook::{EventKind, FakeWebhooks, ProviderEvent, WebhookScheme, WebhookSecret};
 
 use serde::{Deserialize, Serialize};
@@ -118,6 +124,10 @@ pub mod metadata {
     pub const PAYMENT: &str = "cobro_payment";
     pub const INTENT: &str = "cobro_intent";
     pub const ATTEMPT: &str = "cobro_attempt";
+    /// The attempt's reference (`{intent}/{attempt id}`), for providers
+    /// that have no reference field of their own (Stripe): what recovery
+    /// searches by.
+    pub const REFERENCE: &str = "cobro_reference";
 }
 
 /// What one send proved. The classification is the heart of safe retries
@@ -209,6 +219,47 @@ pub struct RefundRequest {
 #[error("provider query failed: {0}")]
 pub struct QueryError(pub String);
 
+/// What is known about one call itself, beyond what it proved: for the
+/// attempt's record and for the provider's support.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallInfo {
+    /// The provider's id of the request (Stripe's `Request-Id`): what its
+    /// support asks for when an answer needs explaining.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    /// The provider answered from its idempotency store (Stripe's
+    /// `Idempotent-Replayed: true`): the effect, if any, was made by an
+    /// earlier send under the same key, not by this one.
+    #[serde(default)]
+    pub replayed: bool,
+    /// The provider's own word on a retry with the same key (Stripe's
+    /// `Stripe-Should-Retry`): `Some(false)` on an unknown outcome means a
+    /// resend would only replay this answer, so the worker should hand the
+    /// attempt to the reconciler rather than retry fast; `None`: not said.
+    #[serde(default)]
+    pub should_retry: Option<bool>,
+}
+
+/// One mutation, as [`Provider::send`] takes it.
+#[derive(Clone, Copy, Debug)]
+pub enum Mutation<'a> {
+    Authorize(&'a AuthorizeRequest),
+    /// Capture the charge with this provider id.
+    Capture(&'a str),
+    /// Void (cancel) the charge with this provider id.
+    Void(&'a str),
+    Refund(&'a RefundRequest),
+}
+
+/// What one send proved, and what is known about the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    pub outcome: Outcome,
+    /// `None` when no answer arrived, or the provider reports nothing of
+    /// the kind.
+    pub call: Option<CallInfo>,
+}
+
 /// Every call cobro makes to a payment provider. Mutations carry the
 /// attempt's stored provider idempotency key; a retry passes the same key.
 pub trait Provider: Send + Sync + 'static {
@@ -224,6 +275,24 @@ pub trait Provider: Send + Sync + 'static {
     fn capture(&self, key: &str, charge: &str) -> impl Future<Output = Outcome> + Send;
     fn void(&self, key: &str, charge: &str) -> impl Future<Output = Outcome> + Send;
     fn refund(&self, key: &str, request: &RefundRequest) -> impl Future<Output = Outcome> + Send;
+    /// One mutation with what is known about the call ([`CallInfo`]: the
+    /// provider's request id, whether the answer was replayed). The
+    /// default sends through the four methods above and knows nothing of
+    /// the call; a provider that reports such things (Stripe) overrides it.
+    fn send(&self, key: &str, mutation: Mutation<'_>) -> impl Future<Output = Sent> + Send {
+        async move {
+            let outcome = match mutation {
+                Mutation::Authorize(request) => self.authorize(key, request).await,
+                Mutation::Capture(charge) => self.capture(key, charge).await,
+                Mutation::Void(charge) => self.void(key, charge).await,
+                Mutation::Refund(request) => self.refund(key, request).await,
+            };
+            Sent {
+                outcome,
+                call: None,
+            }
+        }
+    }
     /// A charge by its provider id; `Ok(None)` when the provider says it does not exist.
     fn get_charge(
         &self,
@@ -239,4 +308,17 @@ pub trait Provider: Send + Sync + 'static {
         &self,
         reference: &str,
     ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
+    /// Refunds by merchant reference, given the refunded charge when cobro
+    /// knows it (the payment's `provider_ref`). A provider that cannot
+    /// search refunds (Stripe) lists the charge's refunds instead, and
+    /// without the charge answers a [`QueryError`] (which proves nothing).
+    /// The default ignores `charge` and searches by reference.
+    fn search_refunds_of_charge(
+        &self,
+        reference: &str,
+        charge: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send {
+        let _ = charge;
+        self.search_refunds(reference)
+    }
 }

@@ -41,6 +41,9 @@ pub enum EventKind {
     Declined,
     Voided,
     RefundSucceeded,
+    /// A refund failed or was canceled at the provider: nothing was
+    /// refunded (what it proves is read from the refund's status).
+    RefundFailed,
     /// A type cobro does not act on; stored as `unmatched`.
     Other,
 }
@@ -49,7 +52,10 @@ impl EventKind {
     /// About a charge (ordered by the charge's event sequence), as opposed
     /// to a refund or an event cobro ignores.
     pub fn is_charge(self) -> bool {
-        !matches!(self, EventKind::RefundSucceeded | EventKind::Other)
+        !matches!(
+            self,
+            EventKind::RefundSucceeded | EventKind::RefundFailed | EventKind::Other
+        )
     }
 }
 
@@ -62,6 +68,8 @@ pub struct ProviderEvent {
     pub type_name: String,
     pub kind: EventKind,
     /// The provider's per-charge counter: "never backwards" compares it.
+    /// A provider that has none (Stripe) derives it from the object's
+    /// state order and the event's time (`StripeWebhooks`).
     pub sequence: i64,
     /// The merchant reference cobro sent (`{intent}/{attempt id}`).
     pub reference: String,
@@ -77,7 +85,7 @@ pub struct FieldProblem {
 }
 
 impl FieldProblem {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -103,6 +111,27 @@ pub trait WebhookScheme: Send + Sync + 'static {
     /// Parses a verified body, naming every field that is wrong. Nothing
     /// with U+0000 passes (it cannot be stored or logged).
     fn parse(&self, body: &[u8]) -> Result<ProviderEvent, Vec<FieldProblem>>;
+}
+
+/// Checks the one `name` header of a delivery, in the `t=<unix
+/// seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>` scheme the fake
+/// provider and Stripe share (`cobro_core::signature`).
+pub(crate) fn verify_signature_header(
+    headers: &HeaderMap,
+    name: &str,
+    body: &[u8],
+    secrets: &[&str],
+    now: i64,
+    tolerance: Duration,
+) -> Result<(), &'static str> {
+    let mut values = headers.get_all(name).iter();
+    let header = match (values.next(), values.next()) {
+        (Some(one), None) => one.to_str().map_err(|_| "header not ASCII")?,
+        (None, _) => return Err("header missing"),
+        _ => return Err("more than one header"),
+    };
+    cobro_core::signature::verify(header, body, secrets, now, tolerance.as_secs())
+        .map_err(|e| e.reason())
 }
 
 /// The fake provider's scheme: `Fake-Signature: t=<unix seconds>,v1=<hex
@@ -138,14 +167,14 @@ impl WebhookScheme for FakeWebhooks {
         now: i64,
         tolerance: Duration,
     ) -> Result<(), &'static str> {
-        let mut values = headers.get_all(Self::SIGNATURE_HEADER).iter();
-        let header = match (values.next(), values.next()) {
-            (Some(one), None) => one.to_str().map_err(|_| "header not ASCII")?,
-            (None, _) => return Err("header missing"),
-            _ => return Err("more than one header"),
-        };
-        cobro_core::signature::verify(header, body, secrets, now, tolerance.as_secs())
-            .map_err(|e| e.reason())
+        verify_signature_header(
+            headers,
+            Self::SIGNATURE_HEADER,
+            body,
+            secrets,
+            now,
+            tolerance,
+        )
     }
 
     fn parse(&self, body: &[u8]) -> Result<ProviderEvent, Vec<FieldProblem>> {

@@ -425,7 +425,13 @@ impl<P: Provider> Reconciler<P> {
                     .map(|c| c.into_iter().collect())?,
                 None => Vec::new(),
             },
-            Operation::Refund => self.provider.search_refunds(&attempt.reference).await?,
+            // The refunded charge is the payment's: a provider that cannot
+            // search refunds (Stripe) lists that charge's refunds.
+            Operation::Refund => {
+                self.provider
+                    .search_refunds_of_charge(&attempt.reference, payment.provider_ref.as_deref())
+                    .await?
+            }
         };
         let observed = self
             .store

@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use clap::Parser;
-use fake_provider::{Config, WebhookTarget};
+use fake_provider::{Config, WebhookDialect, WebhookTarget};
 use humantime::parse_duration;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -39,6 +39,11 @@ struct Args {
     /// Webhook signing secret.
     #[arg(long, requires = "webhook_url")]
     webhook_secret: Option<String>,
+    /// Which API's events the webhook target receives: `fake` (signed in
+    /// Fake-Signature) or `stripe` (Stripe's events, signed in
+    /// Stripe-Signature).
+    #[arg(long, default_value = "fake")]
+    webhook_dialect: WebhookDialect,
     /// First webhook retry delay.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     webhook_retry_base: Duration,
@@ -62,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         seed: args.seed,
         admin: args.admin,
         webhook,
+        webhook_dialect: args.webhook_dialect,
         webhook_retry_base: args.webhook_retry_base,
     };
     let running = fake_provider::start_on(SocketAddr::new(args.host, args.port), config).await?;

@@ -285,3 +285,5 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+pub mod stripe;

@@ -1,0 +1,295 @@
+//! What Stripe answers (API version `2024-06-20`), read only as far as
+//! cobro uses it, and its mapping onto [`ProviderObject`].
+//!
+//! Normalised on the way in, so that [`ProviderObject`] reads the same for
+//! every provider and `cobro_settle::fit` compares like with like:
+//! - currency upper-case (Stripe answers `eur`; cobro sends, stores and
+//!   compares ISO `EUR`);
+//! - `capture_method` `automatic_async` is `automatic` (both capture on
+//!   confirmation; they differ only in when Stripe books the balance);
+//! - the PaymentIntent status in cobro's words, by [`payment_intent_status`];
+//!   the refund status by [`refund_status`]; anything else is `Other` and
+//!   never evidence;
+//! - the reference is the `cobro_reference` metadata entry cobro sent.
+
+use crate::{ProviderObject, ProviderStatus, metadata};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// A PaymentIntent (`pi_...`): cobro's charge on Stripe.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PaymentIntent {
+    pub id: String,
+    #[serde(default)]
+    pub object: Option<String>,
+    pub status: String,
+    #[serde(default)]
+    pub amount: Option<i64>,
+    #[serde(default)]
+    pub amount_received: Option<i64>,
+    #[serde(default)]
+    pub currency: Option<String>,
+    #[serde(default)]
+    pub capture_method: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Set when the last confirmation failed (with the PaymentIntent back
+    /// in `requires_payment_method`).
+    #[serde(default)]
+    pub last_payment_error: Option<StripeError>,
+}
+
+/// A Refund (`re_...`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Refund {
+    pub id: String,
+    #[serde(default)]
+    pub object: Option<String>,
+    /// Nullable in Stripe's schema.
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub amount: Option<i64>,
+    #[serde(default)]
+    pub currency: Option<String>,
+    #[serde(default)]
+    pub payment_intent: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub failure_reason: Option<String>,
+}
+
+/// `{"error": {...}}`, Stripe's answer to every request it refuses.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ErrorBody {
+    pub error: StripeError,
+}
+
+/// Stripe's error object.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StripeError {
+    /// `api_error`, `card_error`, `idempotency_error` or
+    /// `invalid_request_error`.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub decline_code: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    /// The PaymentIntent as it is now, on errors about one.
+    #[serde(default)]
+    pub payment_intent: Option<Box<PaymentIntent>>,
+}
+
+impl StripeError {
+    pub fn is(&self, kind: &str) -> bool {
+        self.kind.as_deref() == Some(kind)
+    }
+
+    pub fn has_code(&self, code: &str) -> bool {
+        self.code.as_deref() == Some(code)
+    }
+}
+
+/// A page of a list (`GET /v1/refunds`) or of a search
+/// (`GET /v1/payment_intents/search`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    #[serde(default)]
+    pub has_more: bool,
+    /// Search pages only: the cursor of the next page.
+    #[serde(default)]
+    pub next_page: Option<String>,
+}
+
+/// A PaymentIntent status in cobro's words.
+pub fn payment_intent_status(status: &str, failed: bool) -> ProviderStatus {
+    match status {
+        "requires_capture" => ProviderStatus::Authorized,
+        "succeeded" => ProviderStatus::Captured,
+        "canceled" => ProviderStatus::Voided,
+        // A confirmation that failed leaves the PaymentIntent waiting for
+        // another payment method; cobro never gives it one.
+        "requires_payment_method" if failed => ProviderStatus::Declined,
+        other => ProviderStatus::Other(other.to_owned()),
+    }
+}
+
+/// A refund status in cobro's words (`pending` and `requires_action` are
+/// not an outcome yet).
+pub fn refund_status(status: Option<&str>) -> ProviderStatus {
+    match status {
+        Some("succeeded") => ProviderStatus::Succeeded,
+        Some("failed") => ProviderStatus::Failed,
+        Some("canceled") => ProviderStatus::Canceled,
+        Some(other) => ProviderStatus::Other(other.to_owned()),
+        None => ProviderStatus::Other("null".to_owned()),
+    }
+}
+
+/// ISO 4217 as cobro spells it.
+fn currency(code: Option<String>) -> Option<String> {
+    code.map(|c| c.to_ascii_uppercase())
+}
+
+fn capture_method(method: Option<String>) -> Option<String> {
+    method.map(|m| match m.as_str() {
+        "automatic_async" => "automatic".to_owned(),
+        _ => m,
+    })
+}
+
+fn reference(metadata: &BTreeMap<String, String>) -> Option<String> {
+    metadata
+        .get(metadata::REFERENCE)
+        .filter(|r| !r.is_empty())
+        .cloned()
+}
+
+impl PaymentIntent {
+    pub fn is_payment_intent(&self) -> bool {
+        self.object.as_deref().is_none_or(|o| o == "payment_intent")
+    }
+
+    pub fn cobro_status(&self) -> ProviderStatus {
+        payment_intent_status(&self.status, self.last_payment_error.is_some())
+    }
+
+    pub fn into_object(self) -> ProviderObject {
+        let status = self.cobro_status();
+        let metadata = self.metadata.unwrap_or_default();
+        ProviderObject {
+            id: self.id,
+            status,
+            reference: reference(&metadata),
+            amount: self.amount,
+            amount_captured: self.amount_received,
+            sequence: None,
+            currency: currency(self.currency),
+            capture_method: capture_method(self.capture_method),
+            charge: None,
+            metadata,
+        }
+    }
+}
+
+impl Refund {
+    pub fn is_refund(&self) -> bool {
+        self.object.as_deref().is_none_or(|o| o == "refund")
+    }
+
+    pub fn reference(&self) -> Option<String> {
+        self.metadata.as_ref().and_then(reference)
+    }
+
+    pub fn into_object(self) -> ProviderObject {
+        let metadata = self.metadata.unwrap_or_default();
+        ProviderObject {
+            id: self.id,
+            status: refund_status(self.status.as_deref()),
+            reference: reference(&metadata),
+            amount: self.amount,
+            amount_captured: None,
+            sequence: None,
+            currency: currency(self.currency),
+            capture_method: None,
+            // cobro's charge on Stripe is the PaymentIntent (its
+            // `provider_ref`), not the Charge under it.
+            charge: self.payment_intent,
+            metadata,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intent(status: &str, failed: bool) -> PaymentIntent {
+        let error = if failed {
+            r#","last_payment_error":{"type":"card_error","code":"card_declined","decline_code":"generic_decline"}"#
+        } else {
+            r#","last_payment_error":null"#
+        };
+        serde_json::from_str(&format!(
+            r#"{{"id":"pi_1","object":"payment_intent","status":"{status}","amount":1999,"amount_received":0,
+               "currency":"eur","capture_method":"automatic_async",
+               "metadata":{{"cobro_reference":"o-1:authorize-v1/a","cobro_attempt":"a"}}{error}}}"#
+        ))
+        .expect("a PaymentIntent")
+    }
+
+    #[test]
+    fn payment_intent_statuses_map_onto_cobros_and_the_rest_proves_nothing() {
+        use ProviderStatus as S;
+        let cases = [
+            ("requires_capture", false, S::Authorized),
+            ("succeeded", false, S::Captured),
+            ("canceled", false, S::Voided),
+            ("requires_payment_method", true, S::Declined),
+            (
+                "requires_payment_method",
+                false,
+                S::Other("requires_payment_method".into()),
+            ),
+            ("requires_action", false, S::Other("requires_action".into())),
+            (
+                "requires_confirmation",
+                false,
+                S::Other("requires_confirmation".into()),
+            ),
+            ("processing", false, S::Other("processing".into())),
+            ("something_new", false, S::Other("something_new".into())),
+        ];
+        for (status, failed, expected) in cases {
+            assert_eq!(intent(status, failed).cobro_status(), expected, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_payment_intent_reads_as_cobro_compares_it() {
+        let object = intent("requires_capture", false).into_object();
+        assert_eq!(object.id, "pi_1");
+        assert_eq!(object.currency.as_deref(), Some("EUR"));
+        assert_eq!(object.capture_method.as_deref(), Some("automatic"));
+        assert_eq!(object.reference.as_deref(), Some("o-1:authorize-v1/a"));
+        assert_eq!(object.amount, Some(1999));
+        assert_eq!(object.amount_captured, Some(0));
+        assert_eq!(
+            object.metadata.get("cobro_attempt").map(String::as_str),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn refund_statuses_map_onto_cobros_and_pending_proves_nothing() {
+        use ProviderStatus as S;
+        assert_eq!(refund_status(Some("succeeded")), S::Succeeded);
+        assert_eq!(refund_status(Some("failed")), S::Failed);
+        assert_eq!(refund_status(Some("canceled")), S::Canceled);
+        assert_eq!(refund_status(Some("pending")), S::Other("pending".into()));
+        assert_eq!(
+            refund_status(Some("requires_action")),
+            S::Other("requires_action".into())
+        );
+        assert_eq!(refund_status(None), S::Other("null".into()));
+    }
+
+    #[test]
+    fn a_refund_names_the_payment_intent_as_its_charge() {
+        let refund: Refund = serde_json::from_str(
+            r#"{"id":"re_1","object":"refund","amount":500,"charge":"ch_1","currency":"eur",
+                "payment_intent":"pi_1","status":"succeeded","metadata":{"cobro_reference":"r/1"}}"#,
+        )
+        .expect("a refund");
+        let object = refund.into_object();
+        assert_eq!(object.charge.as_deref(), Some("pi_1"));
+        assert_eq!(object.reference.as_deref(), Some("r/1"));
+        assert_eq!(object.currency.as_deref(), Some("EUR"));
+        assert_eq!(object.status, ProviderStatus::Succeeded);
+    }
+}

@@ -403,13 +403,18 @@ async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge() 
         (fired > 0).then_some(())
     })
     .await;
-    let (code, out) = site
-        .run_cli(
-            &["reconcile", "--payment", &a, "--older-than", "0s", "--json"],
-            &[],
-        )
-        .await;
-    assert_ne!(code, Some(0), "nothing is proven for A: {out}");
+    // A run that starts just before the worker resends (its backoff is
+    // 200 ms) finds A's last send newer than itself and examines nothing:
+    // ask again until a run examined A.
+    let (code, summary) = wait_for("cobro reconcile examines A", SETTLE, async || {
+        let (code, summary) = site
+            .reconcile(&["--payment", &a, "--older-than", "0s"], &[])
+            .await;
+        (summary["examined"] == 1).then_some((code, summary))
+    })
+    .await;
+    assert_ne!(code, Some(0), "nothing is proven for A: {summary}");
+    assert_eq!(summary["resolved"], serde_json::json!({}), "{summary}");
     let a_now = site.payment(&url, &a).await;
     assert_eq!(a_now["status"], "processing", "{a_now}");
     assert_eq!(a_now["provider_ref"], Value::Null);

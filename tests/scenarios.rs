@@ -24,7 +24,10 @@ use cobro_test_support::{
 };
 use fake_provider::{FaultAction, FaultRule, Operation as FOp, WebhookDelivery, WebhookTarget};
 use serde_json::{Value, json};
+use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use std::collections::BTreeSet;
+use std::str::FromStr;
 use std::time::Duration;
 
 on_both_backends!(
@@ -177,21 +180,17 @@ async fn s04_a_crash_before_commit_records_nothing_and_the_retry_executes_once(b
     let site = Site::new(backend).await;
     let body = payment_body("o-1");
     let held = Held::at(&site, "before-commit", &body).await;
-    if backend == Backend::Postgres {
-        assert_eq!(
-            open_transactions(&site).await,
-            1,
-            "the create's transaction is open"
-        );
-    }
+    assert!(
+        write_transaction_open(&site).await,
+        "the create's transaction is open"
+    );
     held.kill().await;
-    if backend == Backend::Postgres {
-        // With its client gone the backend ends, and its transaction with it.
-        wait_for("the killed server's transaction ends", SETTLE, async || {
-            (open_transactions(&site).await == 0).then_some(())
-        })
-        .await;
-    }
+    // With its client gone the transaction ends (PostgreSQL's backend
+    // sees the closed socket; SQLite's lock went with the process).
+    wait_for("the killed server's transaction ends", SETTLE, async || {
+        (!write_transaction_open(&site).await).then_some(())
+    })
+    .await;
     assert_rows(&site, 0).await;
     assert_eq!(site.ledger().totals.charges, 0);
 
@@ -212,7 +211,12 @@ async fn s05_a_crash_after_commit_before_the_answer_replays_on_retry_with_one_ch
 ) {
     let site = Site::new(backend).await;
     let body = payment_body("o-1");
-    Held::at(&site, "after-commit", &body).await.kill().await;
+    let held = Held::at(&site, "after-commit", &body).await;
+    assert!(
+        !write_transaction_open(&site).await,
+        "the create's transaction committed"
+    );
+    held.kill().await;
     assert_rows(&site, 1).await;
     let committed: String = site
         .db
@@ -976,7 +980,7 @@ impl Held {
         let (server, url) = site
             .serve(
                 &format!("serve A ({point})"),
-                &["--no-worker"],
+                &["--no-worker", "--no-reconciler"],
                 &[("COBRO_TEST_HOLD", &hold)],
             )
             .await;
@@ -1038,16 +1042,30 @@ async fn rows(site: &Site) -> Vec<i64> {
     counts
 }
 
-/// PostgreSQL: the transactions open in the test database, other than
-/// the asking one.
-async fn open_transactions(site: &Site) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'",
-    )
-    .fetch_one(site.pg())
-    .await
-    .expect("pg_stat_activity")
+/// Whether another connection holds a write transaction open on the test
+/// database: on PostgreSQL a backend idle in transaction; on SQLite the
+/// write lock (an immediate transaction cannot begin at once).
+async fn write_transaction_open(site: &Site) -> bool {
+    if site.db.url.starts_with("postgres") {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_one(site.pg())
+        .await
+        .expect("pg_stat_activity");
+        return open > 0;
+    }
+    let options = SqliteConnectOptions::from_str(&site.db.url)
+        .expect("a SQLite URL")
+        .busy_timeout(Duration::ZERO);
+    let mut c = SqliteConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK;")
+        .execute(&mut c)
+        .await
+        .is_err()
 }
 
 /// The provider's acknowledged deliveries of events of `event_type`.

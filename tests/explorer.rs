@@ -27,7 +27,8 @@
 //! own charge's.
 //!
 //! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
-//! below), `EXPLORE_SEED=S` runs that one seed alone (a failure prints its
+//! below; `EXPLORE_FIRST_SEED=F` starts them at F, for runs in chunks;
+//! progress is printed every 1000 seeds), `EXPLORE_SEED=S` runs that one seed alone (a failure prints its
 //! seed and step trace; it replays the same steps). `ops/explore.sh`.
 
 use cobro_core::{Clock, PaymentId};
@@ -77,7 +78,11 @@ async fn explore(backend: Backend) {
                 .ok()
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(DEFAULT_SEEDS);
-            (0..n).collect()
+            let first: u64 = std::env::var("EXPLORE_FIRST_SEED")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            (first..first + n).collect()
         }
     };
     let started = std::time::Instant::now();
@@ -86,9 +91,10 @@ async fn explore(backend: Backend) {
     // is kept for inspection and replaced.
     let lanes = Mutex::new(Vec::new());
     let failed_lanes = Mutex::new(Vec::new());
+    let finished = std::sync::atomic::AtomicU64::new(0);
     let failures: Vec<String> = futures::stream::iter(seeds.clone())
         .map(|seed| {
-            let (lanes, failed_lanes) = (&lanes, &failed_lanes);
+            let (lanes, failed_lanes, finished) = (&lanes, &failed_lanes, &finished);
             async move {
                 let spare = lanes.lock().unwrap_or_else(PoisonError::into_inner).pop();
                 let lane = match spare {
@@ -96,6 +102,13 @@ async fn explore(backend: Backend) {
                     None => TestDb::new(backend).await,
                 };
                 let outcome = run_seed(backend, seed, lane.lend()).await;
+                let done = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if done % 1000 == 0 {
+                    eprintln!(
+                        "explorer {backend:?}: {done} seeds in {:.1?}",
+                        started.elapsed()
+                    );
+                }
                 if outcome.is_ok() {
                     lane.wipe().await;
                     lanes

@@ -335,25 +335,65 @@ impl TestDb {
     /// `SELECT COUNT(*) FROM <from_where>`: counting rows is how API tests
     /// assert effects before a provider is involved.
     pub async fn count(&self, from_where: &str) -> i64 {
-        let sql = format!("SELECT COUNT(*) FROM {from_where}");
+        self.scalar(&format!("SELECT COUNT(*) FROM {from_where}"))
+            .await
+    }
+
+    /// The one value `sql` selects (one row, one column), on either backend.
+    /// Write SQL both dialects read: `CAST(x AS BIGINT)` for an `INTEGER`
+    /// column read as `i64` (PostgreSQL's is 4 bytes), `CAST(x AS TEXT)`
+    /// for ids and times, [`now_sql`](Self::now_sql) for the time now.
+    pub async fn scalar<T: Scalar>(&self, sql: &str) -> T {
         if self.url.starts_with("postgres") {
             let mut c = sqlx::PgConnection::connect(&self.url)
                 .await
                 .expect("connect");
-            sqlx::query_scalar(&sql)
+            sqlx::query_scalar(sql)
                 .fetch_one(&mut c)
                 .await
-                .expect("count")
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
         } else {
             let mut c = sqlx::SqliteConnection::connect(&self.url)
                 .await
                 .expect("connect");
-            sqlx::query_scalar(&sql)
+            sqlx::query_scalar(sql)
                 .fetch_one(&mut c)
                 .await
-                .expect("count")
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
         }
     }
+
+    /// The SQL for "now" comparable with the stored times of this backend
+    /// (SQLite stores RFC 3339 text, compared as text to millisecond
+    /// precision here).
+    pub fn now_sql(&self) -> &'static str {
+        if self.url.starts_with("postgres") {
+            "now()"
+        } else {
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+        }
+    }
+}
+
+/// A value [`TestDb::scalar`] can read from either backend.
+pub trait Scalar:
+    Send
+    + Unpin
+    + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+    + sqlx::Type<sqlx::Postgres>
+    + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+    + sqlx::Type<sqlx::Sqlite>
+{
+}
+
+impl<T> Scalar for T where
+    T: Send
+        + Unpin
+        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+        + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+        + sqlx::Type<sqlx::Sqlite>
+{
 }
 
 /// cobro's HTTP API served on a random port over a fresh database, with a
@@ -995,7 +1035,9 @@ mod dep_info_tests {
         );
     }
 }
+pub mod chaos;
 pub mod process;
+pub mod site;
 
 /// `POST /v1/payments` with `key` and `body`, answered (any status).
 pub async fn create(app: &TestApp, key: &str, body: &serde_json::Value) -> reqwest::Response {

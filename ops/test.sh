@@ -4,11 +4,15 @@
 # it if needed), runs every test with nextest (and cobro-client's doc tests),
 # then a bounded schemathesis pass on both stores (ops/fuzz.sh, installing
 # schemathesis into a virtualenv under the build directory), stops it.
+# localstripe (ops/localstripe.sh, from PyPI into a virtualenv under the
+# build directory) runs beside it for tests/localstripe.rs.
 # Extra arguments go to `cargo nextest run` (e.g. a test name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ops/throwaway-postgres.sh
 source ops/throwaway-postgres.sh
+# shellcheck source=ops/localstripe.sh
+source ops/localstripe.sh
 
 # promtool (Debian's prometheus package) checks the alert rules and runs
 # their unit tests; installed when missing, like PostgreSQL.
@@ -21,6 +25,9 @@ promtool check rules ops/prometheus/alerts.yml
 (cd ops/prometheus && promtool test rules alerts.test.yml)
 
 pg_up
+# pg_up's EXIT trap stops PostgreSQL; this one stops localstripe too.
+localstripe_up
+trap 'status=$?; localstripe_down; (exit "$status"); pg_down' EXIT
 # The binaries the process-level tests run (cobro, fake-provider, checkout),
 # built first so they are never older than the sources they are tested as.
 cargo build --workspace --bins

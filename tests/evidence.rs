@@ -5,32 +5,42 @@
 
 use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
-use cobro_provider::HttpProvider;
+use cobro_provider::Connector;
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
 use cobro_settle::{Applied, Proof, Source, apply_proof};
 use cobro_store::StoreError;
 use cobro_test_support::{
-    Backend, Rig, double_charges, manual_payment_body, on_both_backends, payment_body,
+    Backend, Dialect, Rig, double_charges, manual_payment_body, on_both_backends,
+    on_every_provider, payment_body,
 };
 use cobro_worker::Step;
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::{Value, json};
 
+mod dialects {
+    use super::*;
+    on_every_provider!(
+        two_accounts_with_one_order_ref_never_share_a_charge,
+        needs_review_blocks_every_new_send_and_the_operator_names_the_attempt,
+        a_recovered_provider_is_drained_without_new_traffic,
+        a_charge_for_an_attempt_recorded_no_effect_stops_the_line,
+        a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconciler_sees_it,
+        a_run_pages_through_every_candidate,
+    );
+}
+
+// Fake dialect only, by their API shape: they act at the provider through
+// the fake's own API (a dashboard capture, a charge made behind cobro's
+// back) or keep a stale worker's answer in the fake's object shape.
 on_both_backends!(
-    two_accounts_with_one_order_ref_never_share_a_charge,
-    needs_review_blocks_every_new_send_and_the_operator_names_the_attempt,
     a_refused_void_ends_with_the_providers_truth_once,
-    a_recovered_provider_is_drained_without_new_traffic,
-    a_charge_for_an_attempt_recorded_no_effect_stops_the_line,
-    a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconciler_sees_it,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
-    a_run_pages_through_every_candidate,
 );
 
-fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
+fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
     rig.reconciler(tweak)
 }
 
@@ -48,11 +58,10 @@ fn every_candidate_now() -> Scope {
     }
 }
 
-/// The provider's charge `id` as the ledger knows it.
+/// The provider's charge for cobro's `provider_ref` as the ledger knows
+/// it (a Stripe-dialect PaymentIntent: the charge its confirmation made).
 fn charge(rig: &Rig, id: &str) -> fake_provider::LedgerCharge {
-    rig.ledger()
-        .charge(id)
-        .cloned()
+    rig.ledger_charge(id)
         .unwrap_or_else(|| panic!("the provider has no charge {id}"))
 }
 
@@ -66,8 +75,8 @@ async fn pass_the_window(rig: &Rig) {
     assert!(steps.contains(&Step::HandedOver), "{steps:?}");
 }
 
-async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend, dialect: Dialect) {
+    let rig = Rig::new_in(backend, dialect).await;
     // Account B pays its ord-1.
     let (_, token_b) = rig.app.new_account("merchant-b").await;
     let r = rig
@@ -80,7 +89,18 @@ async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend) 
     assert_eq!(r.status().as_u16(), 201);
     let b: Value = r.json().await.expect("json");
     rig.drain(2).await;
-    let b_charge = rig.ledger().charges[0].id.clone();
+    // B's charge as the provider names it to cobro (a charge or a
+    // PaymentIntent id): its only one so far.
+    let b_charge = match dialect {
+        Dialect::Fake => rig.ledger().charges[0].id.clone(),
+        Dialect::Stripe => rig
+            .ledger()
+            .payment_intents
+            .keys()
+            .next()
+            .expect("b's PaymentIntent")
+            .clone(),
+    };
 
     // Account A pays its own ord-1; its attempt goes unknown.
     rig.provider
@@ -128,8 +148,12 @@ async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend) 
     assert_eq!(r.status().as_u16(), 201);
     rig.drain(2).await;
     let ledger = rig.ledger();
-    assert_eq!(ledger.refunds_of_charge(&a_charge).len(), 1);
-    assert!(ledger.refunds_of_charge(&b_charge).is_empty());
+    assert_eq!(ledger.refunds_of_charge(&mine.id).len(), 1);
+    assert!(
+        ledger
+            .refunds_of_charge(&charge(&rig, &b_charge).id)
+            .is_empty()
+    );
     assert_eq!(ledger.totals.charges, 2);
     assert!(
         double_charges(&ledger).is_empty(),
@@ -155,8 +179,11 @@ async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend) 
     assert_eq!(b_view["amount_refunded"], 0);
 }
 
-async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
@@ -296,8 +323,8 @@ async fn a_refused_void_ends_with_the_providers_truth_once(backend: Backend) {
     assert_eq!(ledger.totals.captures, 1);
 }
 
-async fn a_recovered_provider_is_drained_without_new_traffic(backend: Backend) {
-    let rig = Rig::with(backend, |_, config| {
+async fn a_recovered_provider_is_drained_without_new_traffic(backend: Backend, dialect: Dialect) {
+    let rig = Rig::with_in(backend, dialect, |_, config| {
         config.retry_max = 2.0;
         config.retry_per_second = 0.5;
     })
@@ -332,8 +359,11 @@ async fn a_recovered_provider_is_drained_without_new_traffic(backend: Backend) {
     assert!(double_charges(&ledger).is_empty());
 }
 
-async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
@@ -387,8 +417,9 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(backend: Back
 /// no effect stays a conflict (the test above).
 async fn a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconciler_sees_it(
     backend: Backend,
+    dialect: Dialect,
 ) {
-    let rig = Rig::new(backend).await;
+    let rig = Rig::new_in(backend, dialect).await;
     let p = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
     let id = p["id"].as_str().expect("id").to_owned();
     rig.drain(2).await;
@@ -553,8 +584,8 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 
-async fn a_run_pages_through_every_candidate(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn a_run_pages_through_every_candidate(backend: Backend, dialect: Dialect) {
+    let rig = Rig::new_in(backend, dialect).await;
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect));

@@ -1,18 +1,21 @@
-//! The reconciler against the fake provider, on both backends: it applies
-//! only what the provider proves, and the ledger shows no second charge.
+//! The reconciler against the fake provider, on both backends and through
+//! both connectors (the fake's own API; the Stripe connector against the
+//! fake's Stripe dialect, where search is `payment_intents/search`): it
+//! applies only what the provider proves, and the ledger shows no second
+//! charge.
 
 use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
-use cobro_provider::HttpProvider;
+use cobro_provider::Connector;
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
-use cobro_test_support::{Backend, Rig, on_both_backends, payment_body};
+use cobro_test_support::{Backend, Dialect, Rig, on_every_provider, payment_body};
 use cobro_worker::Step;
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::Value;
 
-on_both_backends!(
+on_every_provider!(
     an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again,
     proven_no_effect_after_the_search_lag_retries_with_a_new_key_once,
     not_found_within_the_search_lag_decides_nothing,
@@ -23,7 +26,7 @@ on_both_backends!(
     an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages,
 );
 
-fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<HttpProvider> {
+fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
     rig.reconciler(tweak)
 }
 
@@ -61,8 +64,9 @@ async fn pass_the_window(rig: &Rig, expected: usize) {
 
 async fn an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again(
     backend: Backend,
+    dialect: Dialect,
 ) {
-    let rig = Rig::new(backend).await;
+    let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, "o-1", FaultAction::FailAfterEffect).await;
     pass_the_window(&rig, 1).await;
     // The provider forgets the key: a resend now WOULD be a second charge.
@@ -88,7 +92,7 @@ async fn an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_ag
     assert!(
         p["provider_ref"]
             .as_str()
-            .is_some_and(|r| r.starts_with("ch_"))
+            .is_some_and(|r| r.starts_with(dialect.charge_prefix()))
     );
     assert_eq!(
         cobro_test_support::for_intent(&ledger, "o-1:authorize-v1").charges,
@@ -112,8 +116,11 @@ async fn an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_ag
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 
-async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
     pass_the_window(&rig, 1).await;
     rig.provider.control().clear_faults();
@@ -145,11 +152,11 @@ async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(backe
     );
 }
 
-async fn not_found_within_the_search_lag_decides_nothing(backend: Backend) {
+async fn not_found_within_the_search_lag_decides_nothing(backend: Backend, dialect: Dialect) {
     // A provider key window that closes right after the first send: the
     // worker hands the attempt over at once, so the reconciler looks while
     // the last send is still recent.
-    let rig = Rig::with(backend, |_, worker| {
+    let rig = Rig::with_in(backend, dialect, |_, worker| {
         worker.key_retention = std::time::Duration::from_secs(2 * 3600);
         worker.safety_margin =
             std::time::Duration::from_secs(2 * 3600) - std::time::Duration::from_millis(1);
@@ -202,8 +209,8 @@ async fn not_found_within_the_search_lag_decides_nothing(backend: Backend) {
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 
-async fn a_failing_status_query_decides_nothing(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn a_failing_status_query_decides_nothing(backend: Backend, dialect: Dialect) {
+    let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
     pass_the_window(&rig, 1).await;
     rig.provider.control().clear_faults();
@@ -224,8 +231,11 @@ async fn a_failing_status_query_decides_nothing(backend: Backend) {
     assert_eq!(rig.ledger().totals.charges, 0);
 }
 
-async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, "o-1", FaultAction::FailAfterEffect).await;
     pass_the_window(&rig, 1).await;
     rig.provider
@@ -314,8 +324,11 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(ba
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 
-async fn two_reconcilers_on_one_backlog_decide_each_payment_once(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn two_reconcilers_on_one_backlog_decide_each_payment_once(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
     const N: usize = 10;
     let mut ids = Vec::new();
     for i in 0..N {
@@ -348,8 +361,8 @@ async fn two_reconcilers_on_one_backlog_decide_each_payment_once(backend: Backen
     assert!(ledger.duplicate_charge_references.is_empty());
 }
 
-async fn a_dry_run_changes_nothing(backend: Backend) {
-    let rig = Rig::new(backend).await;
+async fn a_dry_run_changes_nothing(backend: Backend, dialect: Dialect) {
+    let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, "o-1", FaultAction::FailAfterEffect).await;
     pass_the_window(&rig, 1).await;
     let summary = reconciler(&rig, |_| {})
@@ -373,8 +386,9 @@ async fn a_dry_run_changes_nothing(backend: Backend) {
 
 async fn an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages(
     backend: Backend,
+    dialect: Dialect,
 ) {
-    let rig = Rig::new(backend).await;
+    let rig = Rig::new_in(backend, dialect).await;
     let mut ids = Vec::new();
     for order in ["o-1", "o-2", "o-3"] {
         ids.push(handed_over(&rig, order, FaultAction::FailAfterEffect).await);

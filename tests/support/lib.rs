@@ -259,6 +259,37 @@ macro_rules! on_both_backends {
     };
 }
 
+/// Generates one `#[tokio::test]` per backend and provider dialect for each
+/// listed async test function taking a `Backend` and a `Dialect`:
+/// `postgres::fake::<test>`, `postgres::stripe::<test>`, `sqlite::...`.
+/// One body, both connectors: a behaviour the worker, the reconciler or
+/// the webhooks prove on the fake's API is proven on the Stripe connector
+/// too (against the fake's Stripe dialect, the same engine and ledger).
+#[macro_export]
+macro_rules! on_every_provider {
+    ($($test:ident),+ $(,)?) => {
+        $crate::on_every_provider!(@backend postgres, Postgres, $($test),+);
+        $crate::on_every_provider!(@backend sqlite, Sqlite, $($test),+);
+    };
+    (@backend $module:ident, $backend:ident, $($test:ident),+) => {
+        mod $module {
+            $crate::on_every_provider!(@dialect fake, Fake, $backend, $($test),+);
+            $crate::on_every_provider!(@dialect stripe, Stripe, $backend, $($test),+);
+        }
+    };
+    (@dialect $module:ident, $dialect:ident, $backend:ident, $($test:ident),+) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::super::$test($crate::Backend::$backend, $crate::Dialect::$dialect)
+                        .await;
+                }
+            )+
+        }
+    };
+}
+
 impl TestDb {
     /// A new account named `name` and an API token for it, made at `now`.
     pub async fn new_account(
@@ -304,25 +335,65 @@ impl TestDb {
     /// `SELECT COUNT(*) FROM <from_where>`: counting rows is how API tests
     /// assert effects before a provider is involved.
     pub async fn count(&self, from_where: &str) -> i64 {
-        let sql = format!("SELECT COUNT(*) FROM {from_where}");
+        self.scalar(&format!("SELECT COUNT(*) FROM {from_where}"))
+            .await
+    }
+
+    /// The one value `sql` selects (one row, one column), on either backend.
+    /// Write SQL both dialects read: `CAST(x AS BIGINT)` for an `INTEGER`
+    /// column read as `i64` (PostgreSQL's is 4 bytes), `CAST(x AS TEXT)`
+    /// for ids and times, [`now_sql`](Self::now_sql) for the time now.
+    pub async fn scalar<T: Scalar>(&self, sql: &str) -> T {
         if self.url.starts_with("postgres") {
             let mut c = sqlx::PgConnection::connect(&self.url)
                 .await
                 .expect("connect");
-            sqlx::query_scalar(&sql)
+            sqlx::query_scalar(sql)
                 .fetch_one(&mut c)
                 .await
-                .expect("count")
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
         } else {
             let mut c = sqlx::SqliteConnection::connect(&self.url)
                 .await
                 .expect("connect");
-            sqlx::query_scalar(&sql)
+            sqlx::query_scalar(sql)
                 .fetch_one(&mut c)
                 .await
-                .expect("count")
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
         }
     }
+
+    /// The SQL for "now" comparable with the stored times of this backend
+    /// (SQLite stores RFC 3339 text, compared as text to millisecond
+    /// precision here).
+    pub fn now_sql(&self) -> &'static str {
+        if self.url.starts_with("postgres") {
+            "now()"
+        } else {
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+        }
+    }
+}
+
+/// A value [`TestDb::scalar`] can read from either backend.
+pub trait Scalar:
+    Send
+    + Unpin
+    + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+    + sqlx::Type<sqlx::Postgres>
+    + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+    + sqlx::Type<sqlx::Sqlite>
+{
+}
+
+impl<T> Scalar for T where
+    T: Send
+        + Unpin
+        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+        + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+        + sqlx::Type<sqlx::Sqlite>
+{
 }
 
 /// cobro's HTTP API served on a random port over a fresh database, with a
@@ -440,32 +511,136 @@ pub fn payment_body(order_ref: &str) -> serde_json::Value {
     })
 }
 
+/// Which of the fake provider's two APIs a [`Rig`] drives: its own
+/// (`/v1/charges`, through [`cobro_provider::HttpProvider`]) or its Stripe
+/// dialect (`/v1/payment_intents`, through
+/// [`cobro_provider::StripeProvider`], the connector that drives Stripe).
+/// Both reach the same engine, ledger, faults and clock, so one test body
+/// proves a behaviour for both connectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Fake,
+    Stripe,
+}
+
+impl Dialect {
+    /// The `{provider}` of `/v1/webhooks/{provider}` this dialect's events
+    /// are delivered to.
+    pub fn webhook_provider(self) -> &'static str {
+        match self {
+            Dialect::Fake => "fake",
+            Dialect::Stripe => "stripe",
+        }
+    }
+
+    /// How the provider's id of cobro's charge starts: the fake's charge
+    /// (`ch_`) or Stripe's PaymentIntent (`pi_`).
+    pub fn charge_prefix(self) -> &'static str {
+        match self {
+            Dialect::Fake => "ch_",
+            Dialect::Stripe => "pi_",
+        }
+    }
+}
+
+/// The secret key the rig's connectors send (the fake's caller identity;
+/// Stripe's key shape for the Stripe dialect).
+pub const RIG_SECRET_KEY: &str = "sk_test_cobro";
+
+/// How a [`Rig`] reaches its provider, whatever the dialect: what tests
+/// adjust (a dead port, a short timeout).
+#[derive(Clone, Debug)]
+pub struct ProviderClient {
+    /// The fake provider's URL (both dialects are served on it).
+    pub base_url: String,
+    /// After it the outcome of a call is unknown.
+    pub request_timeout: std::time::Duration,
+}
+
+impl ProviderClient {
+    /// The connector for `dialect` with these settings.
+    pub fn connector(&self, dialect: Dialect) -> cobro_provider::Connector {
+        match dialect {
+            Dialect::Fake => {
+                let mut config =
+                    cobro_provider::HttpProviderConfig::new(&self.base_url, RIG_SECRET_KEY);
+                config.request_timeout = self.request_timeout;
+                cobro_provider::HttpProvider::new(config)
+                    .expect("fake client")
+                    .into()
+            }
+            Dialect::Stripe => {
+                let mut config = cobro_provider::StripeConfig::new(
+                    &self.base_url,
+                    cobro_provider::StripeSecretKey::new(RIG_SECRET_KEY),
+                );
+                config.request_timeout = self.request_timeout;
+                cobro_provider::StripeProvider::new(config)
+                    .expect("stripe client")
+                    .into()
+            }
+        }
+    }
+}
+
 /// cobro's API and an outbox worker over one fresh database and one manual
 /// clock, with the fake provider running in-process on a random port: the
-/// provider's ledger is the judge.
+/// provider's ledger is the judge. The worker (and [`Rig::reconciler`])
+/// speak the rig's [`Dialect`].
 pub struct Rig {
     pub app: TestApp,
     pub provider: fake_provider::Running,
-    pub worker: std::sync::Arc<cobro_worker::Worker<cobro_provider::HttpProvider>>,
+    pub worker: std::sync::Arc<cobro_worker::Worker<cobro_provider::Connector>>,
+    pub dialect: Dialect,
+    /// Where and how the worker reaches its provider: a second worker or a
+    /// reconciler of this rig goes to the same place.
+    pub client: ProviderClient,
 }
 
 impl Rig {
+    /// A rig of the fake's own API.
     pub async fn new(backend: Backend) -> Self {
         Self::with(backend, |_, _| {}).await
     }
 
-    /// A rig whose provider client and worker settings `tweak` may adjust.
-    pub async fn with(
-        backend: Backend,
-        tweak: impl FnOnce(&mut cobro_provider::HttpProviderConfig, &mut cobro_worker::WorkerConfig),
-    ) -> Self {
-        Self::on(TestApp::spawn(backend).await, tweak).await
+    /// A rig speaking `dialect`.
+    pub async fn new_in(backend: Backend, dialect: Dialect) -> Self {
+        Self::with_in(backend, dialect, |_, _| {}).await
     }
 
-    /// A rig around an app already spawned (on a lent database, say).
+    /// A rig (the fake's own API) whose provider client and worker
+    /// settings `tweak` may adjust.
+    pub async fn with(
+        backend: Backend,
+        tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
+    ) -> Self {
+        Self::with_in(backend, Dialect::Fake, tweak).await
+    }
+
+    /// A rig speaking `dialect` whose provider client and worker settings
+    /// `tweak` may adjust.
+    pub async fn with_in(
+        backend: Backend,
+        dialect: Dialect,
+        tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
+    ) -> Self {
+        Self::on_in(TestApp::spawn(backend).await, dialect, tweak).await
+    }
+
+    /// A rig (the fake's own API) around an app already spawned (on a lent
+    /// database, say).
     pub async fn on(
         app: TestApp,
-        tweak: impl FnOnce(&mut cobro_provider::HttpProviderConfig, &mut cobro_worker::WorkerConfig),
+        tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
+    ) -> Self {
+        Self::on_in(app, Dialect::Fake, tweak).await
+    }
+
+    /// A rig speaking `dialect` around an app already spawned.
+    pub async fn on_in(
+        app: TestApp,
+        dialect: Dialect,
+        tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
     ) -> Self {
         let provider = fake_provider::start(fake_provider::Config {
             admin: true,
@@ -473,8 +648,10 @@ impl Rig {
         })
         .await
         .expect("start fake provider");
-        let mut client = cobro_provider::HttpProviderConfig::new(provider.url(), "sk_test_cobro");
-        client.request_timeout = std::time::Duration::from_secs(2);
+        let mut client = ProviderClient {
+            base_url: provider.url(),
+            request_timeout: std::time::Duration::from_secs(2),
+        };
         let mut config = cobro_worker::WorkerConfig {
             backoff_base: std::time::Duration::from_millis(100),
             backoff_cap: std::time::Duration::from_secs(1),
@@ -483,7 +660,7 @@ impl Rig {
         tweak(&mut client, &mut config);
         let worker = std::sync::Arc::new(cobro_worker::Worker::new(
             app.db.store.clone(),
-            std::sync::Arc::new(cobro_provider::HttpProvider::new(client).expect("client")),
+            std::sync::Arc::new(client.connector(dialect)),
             std::sync::Arc::new(app.clock.clone()),
             config,
             app.state.work_available.clone(),
@@ -492,7 +669,26 @@ impl Rig {
             app,
             provider,
             worker,
+            dialect,
+            client,
         }
+    }
+
+    /// A connector of this rig's dialect to where its worker sends, for a
+    /// second worker or a reconciler.
+    pub fn connector(&self) -> cobro_provider::Connector {
+        self.client.connector(self.dialect)
+    }
+
+    /// The ledger's charge for cobro's `provider_ref` (a fake charge id, or
+    /// a Stripe-dialect PaymentIntent id mapped to the charge its
+    /// confirmation made).
+    pub fn ledger_charge(&self, provider_ref: &str) -> Option<fake_provider::LedgerCharge> {
+        let ledger = self.ledger();
+        ledger
+            .charge(provider_ref)
+            .or_else(|| ledger.charge_of_payment_intent(provider_ref))
+            .cloned()
     }
 
     pub fn ledger(&self) -> fake_provider::Ledger {
@@ -582,16 +778,20 @@ impl TestApp {
 }
 
 impl Rig {
-    /// Makes the app accept webhooks of provider `fake` signed with
-    /// `secret`, and aligns the app's manual clock with the provider's
+    /// Makes the app accept webhooks of provider `fake` (Stripe dialect:
+    /// `stripe`, `Stripe-Signature`) signed with `secret`, and aligns the app's manual clock with the provider's
     /// virtual one (which signs with its own time). With `deliver`, the
     /// provider also sends its webhooks to the app from now on.
     pub async fn accept_webhooks(&mut self, secret: &str, deliver: bool) {
         let mut settings = cobro_api::ApiSettings::default();
-        settings.webhooks.insert(
-            "fake".to_owned(),
-            cobro_api::WebhookReceiver::fake(cobro_provider::WebhookSecret::new(secret)),
-        );
+        let secret_value = cobro_provider::WebhookSecret::new(secret);
+        let receiver = match self.dialect {
+            Dialect::Fake => cobro_api::WebhookReceiver::fake(secret_value),
+            Dialect::Stripe => cobro_api::WebhookReceiver::stripe(secret_value),
+        };
+        settings
+            .webhooks
+            .insert(self.dialect.webhook_provider().to_owned(), receiver);
         self.app.serve_with(settings).await;
         let control = self.provider.control();
         let gap = control.now() - cobro_core::Clock::now(&self.app.clock);
@@ -608,15 +808,23 @@ impl Rig {
         }
     }
 
-    /// Points the provider's webhooks at this app's `/v1/webhooks/fake`,
-    /// signed with `secret` (a wrong one makes the app refuse them).
+    /// Points the provider's webhooks at this app's `/v1/webhooks/fake`
+    /// (Stripe dialect: Stripe's events at `/v1/webhooks/stripe`), signed
+    /// with `secret` (a wrong one makes the app refuse them).
     pub fn point_webhooks(&self, secret: &str) {
-        self.provider
-            .control()
-            .set_webhook(Some(fake_provider::WebhookTarget {
-                url: format!("{}/v1/webhooks/fake", self.app.url),
-                secret: secret.to_owned(),
-            }));
+        let control = self.provider.control();
+        control.set_webhook_dialect(match self.dialect {
+            Dialect::Fake => fake_provider::WebhookDialect::Fake,
+            Dialect::Stripe => fake_provider::WebhookDialect::Stripe,
+        });
+        control.set_webhook(Some(fake_provider::WebhookTarget {
+            url: format!(
+                "{}/v1/webhooks/{}",
+                self.app.url,
+                self.dialect.webhook_provider()
+            ),
+            secret: secret.to_owned(),
+        }));
     }
 }
 
@@ -630,11 +838,14 @@ pub fn manual_payment_body(order_ref: &str) -> serde_json::Value {
 /// The effects the provider made for one intent (`o-1:authorize-v1`) in
 /// total: every attempt of it is sent under `{intent}/{attempt id}`, so this
 /// sums those references (and the bare name, for attempts made before
-/// references were unique).
+/// references were unique). A Stripe-dialect object's reference in the
+/// ledger is its metadata (`cobro_account=...&cobro_reference=...`): its
+/// `cobro_reference` counts.
 pub fn for_intent(ledger: &fake_provider::Ledger, intent: &str) -> fake_provider::Effects {
     let prefix = format!("{intent}/");
     let mut total = fake_provider::Effects::default();
     for (reference, e) in &ledger.by_reference {
+        let reference = cobro_reference(reference);
         if reference == intent || reference.starts_with(&prefix) {
             total.charges += e.charges;
             total.declines += e.declines;
@@ -644,6 +855,16 @@ pub fn for_intent(ledger: &fake_provider::Ledger, intent: &str) -> fake_provider
         }
     }
     total
+}
+
+/// The `cobro_reference` of a ledger reference: the reference itself (the
+/// fake's API), or the value of `cobro_reference` in a Stripe-dialect
+/// object's rendered metadata.
+fn cobro_reference(reference: &str) -> &str {
+    reference
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("cobro_reference="))
+        .unwrap_or(reference)
 }
 
 /// The double charges the judge sees: more than one money-moving charge for
@@ -670,18 +891,17 @@ impl Rig {
 }
 
 impl Rig {
-    /// A reconciler over this rig's store, provider and clock (actor
-    /// `reconciler:test`, search lag 60 s, request timeout 2 s), adjusted by
-    /// `tweak`.
+    /// A reconciler over this rig's store, provider (in the rig's dialect)
+    /// and clock (actor `reconciler:test`, search lag 60 s, request timeout
+    /// 2 s), adjusted by `tweak`.
     pub fn reconciler(
         &self,
         tweak: impl FnOnce(&mut cobro_reconciler::ReconcilerConfig),
-    ) -> cobro_reconciler::Reconciler<cobro_provider::HttpProvider> {
+    ) -> cobro_reconciler::Reconciler<cobro_provider::Connector> {
         let config = Self::reconciler_config(tweak);
-        let client = cobro_provider::HttpProviderConfig::new(self.provider.url(), "sk_test_cobro");
         cobro_reconciler::Reconciler::new(
             self.app.db.store.clone(),
-            std::sync::Arc::new(cobro_provider::HttpProvider::new(client).expect("client")),
+            std::sync::Arc::new(self.connector()),
             std::sync::Arc::new(self.app.clock.clone()),
             config,
         )
@@ -815,7 +1035,9 @@ mod dep_info_tests {
         );
     }
 }
+pub mod chaos;
 pub mod process;
+pub mod site;
 
 /// `POST /v1/payments` with `key` and `body`, answered (any status).
 pub async fn create(app: &TestApp, key: &str, body: &serde_json::Value) -> reqwest::Response {

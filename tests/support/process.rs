@@ -1,6 +1,7 @@
 //! One real `cobro` child process for process-level tests: its stdout
 //! lines, its stderr (kept under `target/test-failures/` when the test
-//! fails), SIGKILL or SIGTERM on demand and SIGKILL when dropped.
+//! fails, and searchable while it runs), SIGKILL, SIGTERM, SIGSTOP and
+//! SIGCONT on demand and SIGKILL when dropped.
 //!
 //! The binary: `cobro` is not a dependency of the tests crate, so Cargo sets
 //! no `CARGO_BIN_EXE_cobro`. The tests run `target/<profile>/cobro`, next to
@@ -121,6 +122,30 @@ impl Cobro {
 
     pub fn sigterm(&self) {
         kill(self.pid(), Signal::SIGTERM).expect("SIGTERM delivered");
+    }
+
+    /// SIGSTOP: the process stays alive and holds its sockets, but runs
+    /// nothing (no heartbeat, no answer read) until [`resume`](Self::resume):
+    /// a lease owner gone stale for real.
+    pub fn stop(&self) {
+        kill(self.pid(), Signal::SIGSTOP).expect("SIGSTOP delivered");
+    }
+
+    /// SIGCONT after [`stop`](Self::stop).
+    pub fn resume(&self) {
+        kill(self.pid(), Signal::SIGCONT).expect("SIGCONT delivered");
+    }
+
+    /// Waits (at most [`STARTUP`]) until a line of stderr contains `text`,
+    /// and returns that line: how a test knows the process reached a point
+    /// it logs (e.g. `COBRO_TEST_HOLD: holding this request`).
+    pub async fn wait_for_stderr(&self, text: &str) -> String {
+        crate::wait_for(
+            &format!("{} logs a line with `{text}`", self.name),
+            STARTUP,
+            async || self.stderr().into_iter().find(|line| line.contains(text)),
+        )
+        .await
     }
 
     pub async fn exit_within(&mut self, within: Duration) -> ExitStatus {

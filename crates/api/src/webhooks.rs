@@ -65,6 +65,18 @@ impl WebhookReceiver {
             previous: None,
         }
     }
+
+    /// Stripe's scheme (`Stripe-Signature`, Stripe's events) with the
+    /// endpoint's signing secret (`whsec_...`): the receiver for
+    /// `/v1/webhooks/stripe`, whether Stripe, the fake's Stripe dialect
+    /// or localstripe delivers.
+    pub fn stripe(secret: WebhookSecret) -> Self {
+        Self {
+            scheme: Arc::new(cobro_provider::StripeWebhooks),
+            secret,
+            previous: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for WebhookReceiver {

@@ -46,12 +46,12 @@ pub const STRIPE_VERSION: &str = "2024-06-20";
 /// Stripe's API.
 pub const STRIPE_API: &str = "https://api.stripe.com";
 
-/// Whether this build can speak TLS. The workspace builds reqwest without
-/// a TLS stack (no `rustls` in Cargo.lock), so `https://api.stripe.com`
-/// cannot be reached yet: the configuration refuses an `https` base URL
-/// rather than let every call fail as not sent. Turn this on with
-/// reqwest's `rustls` feature.
-const TLS_BUILT_IN: bool = false;
+/// Whether this build can speak TLS: the workspace builds reqwest with
+/// its `rustls` feature (rustls over aws-lc-rs, the platform's root
+/// certificates), so `https://api.stripe.com` is reached. Were a build to
+/// drop it, the configuration would refuse an `https` base URL rather than
+/// let every call fail as not sent.
+const TLS_BUILT_IN: bool = true;
 
 /// A Stripe secret key (`sk_live_...`, `sk_test_...`, or a restricted
 /// `rk_...`). Its `Debug` never shows the value, so settings can be
@@ -679,10 +679,6 @@ mod tests {
             Err(StripeConfigError::PlainHttp(host)) if host == "stripe.example"
         ));
         assert!(matches!(
-            StripeProvider::new(config(STRIPE_API)),
-            Err(StripeConfigError::NoTls)
-        ));
-        assert!(matches!(
             StripeProvider::new(config("ftp://127.0.0.1")),
             Err(StripeConfigError::BaseUrl)
         ));
@@ -695,6 +691,14 @@ mod tests {
             StripeProvider::new(empty),
             Err(StripeConfigError::EmptyKey)
         ));
+    }
+
+    #[test]
+    fn an_https_base_url_is_accepted_now_that_the_build_speaks_tls() {
+        for ok in [STRIPE_API, "https://stripe.example:8443/"] {
+            let provider = StripeProvider::new(config(ok));
+            assert!(provider.is_ok(), "{ok}: {:?}", provider.err());
+        }
     }
 
     #[test]

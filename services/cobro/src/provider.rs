@@ -627,14 +627,13 @@ pub fn client(spec: &ProviderSpec) -> anyhow::Result<Connector> {
 /// a signing secret: the scheme of its kind.
 pub fn webhook_receiver(spec: &ProviderSpec) -> Option<cobro_api::WebhookReceiver> {
     let secret = spec.webhook_secret.clone()?;
-    let scheme: std::sync::Arc<dyn cobro_provider::WebhookScheme> = match spec.kind {
-        ProviderKind::Fake => std::sync::Arc::new(cobro_provider::FakeWebhooks),
-        ProviderKind::Stripe => std::sync::Arc::new(cobro_provider::StripeWebhooks),
+    let receiver = match spec.kind {
+        ProviderKind::Fake => cobro_api::WebhookReceiver::fake(secret),
+        ProviderKind::Stripe => cobro_api::WebhookReceiver::stripe(secret),
     };
     Some(cobro_api::WebhookReceiver {
-        scheme,
-        secret,
         previous: spec.webhook_secret_previous.clone(),
+        ..receiver
     })
 }
 

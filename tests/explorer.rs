@@ -109,7 +109,10 @@ async fn explore(backend: Backend) {
                     Some(lane) => lane,
                     None => TestDb::new(backend).await,
                 };
-                let outcome = run_seed(backend, seed, lane.lend()).await;
+                let lent = lane.lend().await;
+                let store = lent.store.clone();
+                let outcome = run_seed(backend, seed, lent).await;
+                store.close().await;
                 let done = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 if done % 1000 == 0 {
                     eprintln!(

@@ -175,12 +175,18 @@ impl TestDb {
 }
 
 impl TestDb {
-    /// A handle on this same database (and store) for one short run of a
-    /// test that runs many (the explorer's seeds): dropping it leaves the
-    /// database to this owner, which [`wipe`](Self::wipe)s it for the next.
-    pub fn lend(&self) -> TestDb {
+    /// A handle on this same database, with a store (pool) of its own, for
+    /// one short run of a test that runs many (the explorer's seeds):
+    /// dropping it leaves the database to this owner, which
+    /// [`wipe`](Self::wipe)s it for the next. Close the lent store before
+    /// wiping, so nothing left running from one run (a task a crash
+    /// abandoned) can write into the next.
+    pub async fn lend(&self) -> TestDb {
+        let store = Store::connect(&StoreConfig::new(self.url.clone()))
+            .await
+            .expect("connect a lent store");
         TestDb {
-            store: self.store.clone(),
+            store,
             url: self.url.clone(),
             cleanup: Cleanup::Lent,
         }

@@ -350,6 +350,13 @@ async fn a_dropped_stripe_event_is_redelivered_after_the_backoff() {
 
     let events = receiver.wait_for(1).await;
     assert_eq!(events[0].object()["id"], pi.id());
+    // The receiver has the redelivery before the provider has recorded its
+    // acknowledgement.
+    let control = p.control.clone();
+    common::wait_until("the redelivery is recorded", || async {
+        control.webhook_deliveries().len() >= 2
+    })
+    .await;
     let deliveries = p.control.webhook_deliveries();
     assert_eq!(deliveries[0].error.as_deref(), Some("dropped by fault"));
     assert_eq!(deliveries[0].event_type, "payment_intent.succeeded");

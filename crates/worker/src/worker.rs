@@ -634,12 +634,14 @@ impl<P: Provider> Worker<P> {
             self.observe(claim, proof.outcome(), &said, now).await?;
             return Ok(Step::LeaseLost);
         }
-        note_call(&mut tx, claim, call).await?;
         let source = Source {
             name: "worker",
             said: &said,
         };
         let applied = apply_proof(&mut tx, &claim.attempt, &proof, &source, now).await?;
+        // After the payment's lock (taken by apply_proof): payment, then
+        // attempt, as everywhere (a webhook settling it takes them so).
+        note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
         tracing::info!(attempt_id = %claim.attempt.id.0, ?applied, "outcome recorded");
         Ok(Step::Recorded { class })
@@ -663,7 +665,6 @@ impl<P: Provider> Worker<P> {
             self.observe(claim, "conflict", said, now).await?;
             return Ok(Step::LeaseLost);
         }
-        note_call(&mut tx, claim, call).await?;
         hand_to_reconciler(&mut tx, &claim.attempt, why, now).await?;
         let source = Source {
             name: "worker",
@@ -679,6 +680,7 @@ impl<P: Provider> Worker<P> {
             now,
         )
         .await?;
+        note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
         Ok(Step::Conflict)
     }
@@ -739,8 +741,8 @@ impl<P: Provider> Worker<P> {
             tx.rollback().await?;
             return Ok(Step::LeaseLost);
         }
-        note_call(&mut tx, claim, call).await?;
         hand_to_reconciler(&mut tx, &claim.attempt, reason, now).await?;
+        note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
         tracing::warn!(attempt_id = %claim.attempt.id.0, reference = %claim.attempt.reference, reason, "attempt handed to the reconciler");
         Ok(Step::HandedOver)
@@ -791,7 +793,10 @@ impl<P: Provider> Worker<P> {
 }
 
 /// Writes what the provider said about the call on the attempt, in the
-/// caller's transaction (the one whose fenced write records the outcome).
+/// caller's transaction (the one whose fenced write records the outcome),
+/// after anything that locks the payment: the lock order is payment, then
+/// attempt, everywhere (the reverse deadlocked with a webhook settling the
+/// same refund on PostgreSQL).
 async fn note_call(
     tx: &mut WriteTx,
     claim: &Claim,

@@ -30,7 +30,11 @@ localstripe_up
 trap 'status=$?; localstripe_down; (exit "$status"); pg_down' EXIT
 # The binaries the process-level tests run (cobro, fake-provider, checkout),
 # built first so they are never older than the sources they are tested as.
-cargo build --workspace --bins
+# With every target, so that features resolve as they do for the tests:
+# `--bins` alone resolved them without the dev-dependencies' features and
+# compiled tokio, sqlx, axum, reqwest and every cobro crate a second time
+# (about 3 minutes of a cold CI run); nextest then finds it all built.
+cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"
 # nextest does not run doc tests; cobro-client's crate example runs against
 # a real cobro API.

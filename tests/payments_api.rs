@@ -305,6 +305,17 @@ async fn revoked_and_expired_tokens_are_401_and_change_nothing(backend: Backend)
             .await
             .expect("revoke")
     );
+    // The token was read within the API's token cache bound (it has just
+    // been used): it is still accepted until that bound has passed on the
+    // API's clock, and refused from then on, by every route.
+    assert_eq!(
+        get(&app.token).await.expect("send").status(),
+        StatusCode::OK,
+        "remembered for at most the cache's bound"
+    );
+    let bound = cobro_api::ApiSettings::default().token_cache_ttl;
+    app.clock
+        .advance(Duration::from_std(bound).expect("a bound in range"));
     assert_problem(get(&app.token).await.expect("send"), 401, "unauthenticated").await;
     let created = app
         .post("/v1/payments", Some("k-revoked"))

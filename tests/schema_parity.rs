@@ -24,11 +24,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "SQLite has no gen_random_uuid(): 0006's triggers build event ids \
          from this view over randomblob",
     ),
-    (
-        "trigger: only on PostgreSQL: outbox has triggers",
-        "0002's NOTIFY cobro_outbox wakes workers in other processes; SQLite \
-         has no NOTIFY and its worker is woken in memory (0002 is a no-op there)",
-    ),
 ];
 
 /// Triggers are compared by the table they fire on. SQLite has no trigger

@@ -249,14 +249,9 @@ async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(bac
     // A database from before 0008, when only `cobro accounts create`'s own
     // look-up kept names apart (two concurrent creates could both pass).
     db.exec("DROP INDEX accounts_name_key").await;
-    // And from before every later migration (0009's trigger exists on
-    // PostgreSQL only; on SQLite 0009 is a no-op).
-    if backend == Backend::Postgres {
-        db.exec("DROP TRIGGER payment_settled_notify ON payments")
-            .await;
-        db.exec("DROP FUNCTION cobro_payment_settled_notify()")
-            .await;
-    }
+    // And from before every later migration (0009's trigger, on PostgreSQL
+    // only, is gone already: 0012 dropped it, and running them again
+    // creates and drops it again; 0012 changes nothing else).
     // 0010's columns, on both.
     for (table, column) in [
         ("accounts", "provider"),

@@ -431,14 +431,24 @@ async fn a_long_poll_wakes_when_the_payment_settles_not_on_a_tick(
         let id = q["id"].as_str().expect("id").to_owned();
         let poll = tokio::spawn(rig.app.get(&format!("/v1/payments/{id}?wait=25")).send());
         waiting(1).await;
-        let mut other = <sqlx::PgConnection as sqlx::Connection>::connect(&rig.app.db.url)
+        // Another process settles it: a store of its own (its own pool
+        // and its own notifications, sent after its commit).
+        let other = cobro_store::Store::connect(&cobro_store::StoreConfig::new(&rig.app.db.url))
             .await
-            .expect("a connection of its own");
-        sqlx::query("UPDATE payments SET status = 'failed' WHERE id = $1::uuid")
-            .bind(&id)
-            .execute(&mut other)
+            .expect("a store of its own");
+        let mut tx = other.begin().await.expect("begin");
+        let moved = tx
+            .transition_payment(
+                rig.app.account,
+                id.parse().expect("payment id"),
+                cobro_core::PaymentStatus::Processing,
+                cobro_core::PaymentStatus::Failed,
+                cobro_core::Clock::now(&rig.app.clock),
+            )
             .await
             .expect("settled elsewhere");
+        assert!(moved.is_some(), "it was processing");
+        tx.commit().await.expect("commit");
         let answer = tokio::time::timeout(deadline, poll)
             .await
             .expect("woken by LISTEN before the deadline")

@@ -28,13 +28,22 @@ impl FromRequestParts<AppState> for Account {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let token = bearer_token(&parts.headers)?;
-        // Tokens are high-entropy: one SHA-256 and one indexed lookup, no
-        // slow password hash per request.
-        let account = state
-            .store
-            .account_for_token_at(&token_hash(token), state.clock.now())
-            .await?
-            .ok_or(ApiError::Unauthenticated)?;
+        // Tokens are high-entropy: one SHA-256 and, unless it was read
+        // within the cache's bound, one indexed lookup; no slow password
+        // hash per request.
+        let (hash, now) = (token_hash(token), state.clock.now());
+        let account = match state.tokens.get(&hash, now) {
+            Some(account) => account,
+            None => {
+                let live = state
+                    .store
+                    .live_token(&hash, now)
+                    .await?
+                    .ok_or(ApiError::Unauthenticated)?;
+                state.tokens.put(&hash, live, now);
+                live.account
+            }
+        };
         tracing::Span::current().record("account_id", tracing::field::display(account));
         // Before anything else: a refused request never touches a key.
         if !state.rate_limiter.allow(account) {

@@ -10,6 +10,7 @@ mod openapi;
 mod payments;
 pub mod rate_limit;
 pub mod server;
+mod tokens;
 pub mod views;
 mod webhooks;
 
@@ -49,6 +50,10 @@ pub struct ApiSettings {
     pub webhook_tolerance: Duration,
     /// Requests per second (and burst) per account, per process.
     pub rate_limit: rate_limit::RateLimit,
+    /// How long a live token is remembered in process after it was read
+    /// (zero: never). A token revoked in the database stops working within
+    /// this bound; one that expires stops at its expiry exactly.
+    pub token_cache_ttl: Duration,
     /// From the end of a request's headers to its answer, body included;
     /// then 408 `request-timeout`. The handler itself is not cut short (it
     /// runs in its own task), so a request that began executing finishes
@@ -133,6 +138,7 @@ impl Default for ApiSettings {
             webhooks: std::collections::BTreeMap::new(),
             webhook_tolerance: Duration::from_secs(300),
             rate_limit: rate_limit::RateLimit::default(),
+            token_cache_ttl: Duration::from_secs(2),
             request_timeout: Duration::from_secs(45),
             long_poll_fallback: Duration::from_secs(1),
             test_hold: None,
@@ -151,6 +157,8 @@ pub struct AppState {
     /// in-process worker wakes without polling.
     pub work_available: Arc<Notify>,
     pub rate_limiter: Arc<rate_limit::RateLimiter>,
+    /// Live tokens read recently (`ApiSettings::token_cache_ttl`).
+    pub tokens: Arc<tokens::TokenCache>,
     /// Webhook deliveries whose signature failed, per provider: over this
     /// budget they are answered 429 unlogged, so an unsigned flood costs
     /// neither log volume nor more than an HMAC each.
@@ -169,6 +177,7 @@ impl AppState {
                 webhooks::REFUSED_SIGNATURE_BUDGET,
                 Arc::clone(&clock),
             )),
+            tokens: Arc::new(tokens::TokenCache::new(settings.token_cache_ttl)),
             clock,
             settings: Arc::new(settings),
             work_available: Arc::new(Notify::new()),

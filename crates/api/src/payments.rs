@@ -349,14 +349,11 @@ pub(crate) async fn load_payment(
     account: AccountId,
     id: PaymentId,
 ) -> Result<Option<views::PaymentView>, ApiError> {
-    let Some(row) = state.store.payment_for_account(account, id).await? else {
-        return Ok(None);
-    };
-    let attempts = state
+    Ok(state
         .store
-        .attempts_of_payment_for_account(account, id)
-        .await?;
-    Ok(Some(views::payment(&row, Some(&attempts))))
+        .payment_with_attempts_for_account(account, id)
+        .await?
+        .map(|(row, attempts)| views::payment(&row, Some(&attempts))))
 }
 
 pub(crate) async fn load_refund_by_id(

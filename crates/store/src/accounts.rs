@@ -20,6 +20,14 @@ pub struct TokenRow {
 }
 
 /// A token about to be stored: never its secret.
+/// A token that is live now ([`crate::Store::live_token`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveToken {
+    pub account: AccountId,
+    /// `None`: it never expires.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct NewTokenRow<'a> {
     /// What it is for, e.g. `checkout-prod`.
@@ -133,14 +141,31 @@ impl Store {
         token_hash: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<AccountId>> {
-        let sql = "SELECT account_id FROM api_tokens WHERE token_hash = $1 \
+        Ok(self
+            .live_token(token_hash, now)
+            .await?
+            .map(|live| live.account))
+    }
+
+    /// A token live at `now` (not revoked, not expired): its account and
+    /// when it expires, so a caller that keeps it for a while still stops
+    /// at the expiry exactly. One indexed lookup by hash.
+    pub async fn live_token(
+        &self,
+        token_hash: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LiveToken>> {
+        let sql = "SELECT account_id, expires_at FROM api_tokens WHERE token_hash = $1 \
                    AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)";
-        let found: Option<DbId> = on_pool!(self, pool => sqlx::query_scalar(sql)
+        let found: Option<(DbId, Option<DbTime>)> = on_pool!(self, pool => sqlx::query_as(sql)
             .bind(token_hash)
             .bind(DbTime(now))
             .fetch_optional(pool)
             .await?);
-        Ok(found.map(|id| AccountId::from_uuid(id.0)))
+        Ok(found.map(|(account, expires_at)| LiveToken {
+            account: AccountId::from_uuid(account.0),
+            expires_at: expires_at.map(|t| t.0),
+        }))
     }
 
     /// Every token (of `account`, or of all accounts), oldest first; never

@@ -108,27 +108,67 @@ impl WriteTx {
              response_body, resource_type, resource_id, created_at) \
             VALUES ($1, $2, $3, $4, 'completed', 0, $5, $6, $7, $8) \
             ON CONFLICT (account_id, operation, idempotency_key) DO NOTHING";
-        let inserted = on_tx!(self, conn => sqlx::query(insert)
-            .bind(DbId::from(scope.account))
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .bind(fingerprint.as_str())
-            .bind(Vec::<u8>::new())
-            .bind(resource.0.as_str())
-            .bind(DbId(resource.1))
-            .bind(DbTime(now))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
-        if inserted == 1 {
-            return Ok(Reservation::Reserved);
+        // The reservation's values, in the order of `insert`'s placeholders.
+        macro_rules! bind_reservation {
+            ($query:expr) => {
+                $query
+                    .bind(DbId::from(scope.account))
+                    .bind(scope.operation.as_str())
+                    .bind(scope.key.as_str())
+                    .bind(fingerprint.as_str())
+                    .bind(Vec::<u8>::new())
+                    .bind(resource.0.as_str())
+                    .bind(DbId(resource.1))
+                    .bind(DbTime(now))
+            };
         }
-        let row: RecordRow = on_tx!(self, conn => sqlx::query_as(SELECT_RECORD)
-            .bind(DbId::from(scope.account))
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .fetch_one(&mut *conn)
-            .await?);
+        let found: Option<RecordRow> = match &mut self.inner {
+            crate::TxInner::Postgres(tx) => {
+                // One round trip for a replay too: the INSERT and the read
+                // of the record that refused it are one statement. The
+                // read sees the statement's snapshot, never the INSERT's
+                // own row, so it finds a record committed before the
+                // statement began. `reserved` says the INSERT won.
+                let sql = format!(
+                    "WITH ins AS ({insert} RETURNING 1) \
+                     SELECT EXISTS (SELECT 1 FROM ins) AS reserved, r.* FROM (SELECT 1) AS one \
+                     LEFT JOIN ({SELECT_RECORD}) AS r ON true"
+                );
+                let row = bind_reservation!(sqlx::query(&sql))
+                    .fetch_one(&mut **tx)
+                    .await?;
+                if sqlx::Row::try_get::<bool, _>(&row, "reserved")? {
+                    return Ok(Reservation::Reserved);
+                }
+                // NULL columns: the record that refused the INSERT was
+                // committed by a concurrent holder the INSERT waited for,
+                // after this statement's snapshot; read it again below.
+                let fingerprint: Option<String> = sqlx::Row::try_get(&row, "fingerprint")?;
+                match fingerprint {
+                    Some(_) => Some(sqlx::FromRow::from_row(&row)?),
+                    None => None,
+                }
+            }
+            crate::TxInner::Sqlite(tx) => {
+                let inserted = bind_reservation!(sqlx::query(insert))
+                    .execute(&mut **tx)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(Reservation::Reserved);
+                }
+                None
+            }
+        };
+        let row = match found {
+            Some(row) => row,
+            None => on_tx!(self, conn => sqlx::query_as(SELECT_RECORD)
+                .bind(DbId::from(scope.account))
+                .bind(scope.operation.as_str())
+                .bind(scope.key.as_str())
+                .fetch_one(&mut *conn)
+                .await?),
+        };
         Ok(Reservation::Taken(row.try_into()?))
     }
 

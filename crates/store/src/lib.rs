@@ -201,6 +201,8 @@ pub struct Store {
     /// this process that moved a payment, and (PostgreSQL) on
     /// `cobro_payment_settled` from any process. Shared by every clone.
     payment_moves: Arc<PaymentMoves>,
+    /// The cross-process wake-ups this process sends after its commits.
+    doorbells: Arc<Doorbells>,
 }
 
 /// Runs `$body` with `$pool` bound to the backend's pool. The body is
@@ -244,8 +246,11 @@ enum TxInner {
 pub struct WriteTx {
     inner: TxInner,
     payment_moves: Arc<PaymentMoves>,
+    doorbells: Arc<Doorbells>,
     /// A statement of this transaction moved a payment's status.
     moved_payment: bool,
+    /// A statement of this transaction inserted an outbox row.
+    enqueued_work: bool,
 }
 
 impl WriteTx {
@@ -260,8 +265,18 @@ impl WriteTx {
         done.map_err(|_| StoreError::Corrupt("the commit task was lost".into()))??;
         if self.moved_payment {
             self.payment_moves.bump();
+            self.doorbells.settled.ring();
+        }
+        if self.enqueued_work {
+            self.doorbells.outbox.ring();
         }
         Ok(())
+    }
+
+    /// Notes that this transaction inserted an outbox row, so that workers
+    /// of other processes are woken once it commits.
+    pub(crate) fn note_enqueued(&mut self) {
+        self.enqueued_work = true;
     }
 
     /// Passes on what a status update returned, noting a moved payment so
@@ -339,9 +354,11 @@ impl Store {
                 "expected postgres://... or sqlite://...".to_owned(),
             ));
         };
+        let doorbells = Arc::new(Doorbells::new(&backend));
         Ok(Self {
             backend,
             payment_moves: Arc::new(PaymentMoves::default()),
+            doorbells,
         })
     }
 
@@ -443,7 +460,9 @@ impl Store {
         Ok(WriteTx {
             inner,
             payment_moves: Arc::clone(&self.payment_moves),
+            doorbells: Arc::clone(&self.doorbells),
             moved_payment: false,
+            enqueued_work: false,
         })
     }
 
@@ -466,6 +485,92 @@ impl WorkSignal {
     pub async fn recv(&mut self) -> Result<()> {
         self.listener.recv().await?;
         Ok(())
+    }
+}
+
+/// PostgreSQL notifications to other processes, sent after the commits
+/// that call for them and never inside a transaction: `cobro_outbox` wakes
+/// the workers of other processes (LISTEN, `Store::listen_for_work`),
+/// `cobro_payment_settled` the long polls of other API processes.
+///
+/// A NOTIFY inside the request's transaction (the triggers of migrations
+/// 0002 and 0009, dropped by 0012) made every commit take PostgreSQL 15's
+/// database-wide notify lock from pre-commit until the commit record was
+/// flushed: with `synchronous_commit` on, those commits were serialised,
+/// one WAL flush each, and group commit could not batch them. Here each
+/// channel has one task per process that sends `SELECT pg_notify(...)` on
+/// its own, at most one at a time and then no sooner than [`NOTIFY_GAP`]
+/// after the last: any number of commits in between ring once. A listener
+/// is woken at most one round trip plus [`NOTIFY_GAP`] after the commit
+/// (workers and long polls also re-read now and then, so a notification
+/// lost with a broken connection delays, never loses, work).
+#[derive(Debug)]
+struct Doorbells {
+    outbox: Doorbell,
+    settled: Doorbell,
+}
+
+/// The shortest time between two notifications of one channel from one
+/// process.
+const NOTIFY_GAP: Duration = Duration::from_millis(2);
+
+impl Doorbells {
+    fn new(backend: &Backend) -> Self {
+        let pool = match backend {
+            Backend::Postgres(pool) => Some(pool.clone()),
+            // SQLite's worker shares the API's process and is woken in
+            // memory; nobody else listens.
+            Backend::Sqlite(_) => None,
+        };
+        Self {
+            outbox: Doorbell::new("cobro_outbox", pool.clone()),
+            settled: Doorbell::new("cobro_payment_settled", pool),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Doorbell {
+    channel: &'static str,
+    pool: Option<PgPool>,
+    pressed: Arc<tokio::sync::Notify>,
+    started: std::sync::Once,
+}
+
+impl Doorbell {
+    fn new(channel: &'static str, pool: Option<PgPool>) -> Self {
+        Self {
+            channel,
+            pool,
+            pressed: Arc::new(tokio::sync::Notify::new()),
+            started: std::sync::Once::new(),
+        }
+    }
+
+    /// Asks for one notification soon; rings since the last one fold into
+    /// it (`Notify` keeps one permit).
+    fn ring(&self) {
+        let Some(pool) = &self.pool else { return };
+        self.started.call_once(|| {
+            let (pool, pressed, channel) = (pool.clone(), Arc::clone(&self.pressed), self.channel);
+            tokio::spawn(async move {
+                loop {
+                    pressed.notified().await;
+                    if pool.is_closed() {
+                        return;
+                    }
+                    let sent = sqlx::query("SELECT pg_notify($1, '')")
+                        .bind(channel)
+                        .execute(&pool)
+                        .await;
+                    if let Err(e) = sent {
+                        tracing::warn!(channel, error = %e, "could not notify other processes; they will poll");
+                    }
+                    tokio::time::sleep(NOTIFY_GAP).await;
+                }
+            });
+        });
+        self.pressed.notify_one();
     }
 }
 

@@ -119,6 +119,7 @@ impl WriteTx {
             .execute(&mut *conn)
             .await?
             .rows_affected());
+        self.note_enqueued();
         Ok(())
     }
 

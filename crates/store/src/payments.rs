@@ -337,7 +337,7 @@ impl WriteTx {
             );
             // The outbox row keeps the creating request's trace context.
             let trace = cobro_telemetry::current_context();
-            return Ok(sqlx::query_as(&sql)
+            let attempt = sqlx::query_as(&sql)
                 .bind(DbId::from(IntentId::new()))
                 .bind(DbId::from(account))
                 .bind(DbId::from(payment))
@@ -352,7 +352,9 @@ impl WriteTx {
                 .bind(trace.as_ref().map(|t| t.traceparent.as_str()))
                 .bind(trace.as_ref().and_then(|t| t.tracestate.as_deref()))
                 .fetch_one(&mut **tx)
-                .await?);
+                .await?;
+            self.note_enqueued();
+            return Ok(attempt);
         }
         // SQLite has no data-modifying CTEs: three statements (in process,
         // so no network round trips either).
@@ -555,6 +557,36 @@ impl Store {
             .bind(DbId::from(account))
             .fetch_optional(pool)
             .await?))
+    }
+
+    /// A payment of this account with its attempts (oldest first), both
+    /// read on one pooled connection: one checkout (and one release) for
+    /// the two statements instead of one each. `None`: no such payment in
+    /// this account.
+    pub async fn payment_with_attempts_for_account(
+        &self,
+        account: AccountId,
+        id: PaymentId,
+    ) -> Result<Option<(PaymentRow, Vec<AttemptRow>)>> {
+        let (payment, attempts) = (
+            payment_by_id(Scope::ForAccount, ""),
+            attempts_of_payment(Scope::ForAccount, None),
+        );
+        on_pool!(self, pool => {
+            let mut conn = pool.acquire().await?;
+            let row: Option<PaymentRow> = sqlx::query_as(&payment)
+                .bind(DbId::from(id))
+                .bind(DbId::from(account))
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            let attempts = sqlx::query_as(&attempts)
+                .bind(DbId::from(id))
+                .bind(DbId::from(account))
+                .fetch_all(&mut *conn)
+                .await?;
+            Ok(Some((row, attempts)))
+        })
     }
 
     /// Payments of an account, newest first (ids are time-ordered).

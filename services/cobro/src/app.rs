@@ -123,6 +123,7 @@ impl Application {
                 per_second: settings.rate_limit,
                 burst: settings.rate_limit_burst,
             },
+            token_cache_ttl: settings.token_cache_ttl,
             request_timeout: settings.http.http_request_timeout,
             test_hold: settings.test_hold.clone(),
             ..ApiSettings::default()

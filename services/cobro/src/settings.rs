@@ -156,6 +156,13 @@ pub struct ServeSettings {
     #[arg(long, env = "COBRO_RATE_LIMIT_BURST", default_value_t = 400)]
     pub rate_limit_burst: u32,
 
+    /// How long a live API token is remembered after it was read, so a
+    /// request skips its token lookup: a token revoked (`cobro tokens
+    /// revoke`) stops working within this bound; an expiring one stops at
+    /// its expiry. `0s`: look every token up on every request.
+    #[arg(long, env = "COBRO_TOKEN_CACHE_TTL", default_value = "2s", value_parser = parse_duration)]
+    pub token_cache_ttl: Duration,
+
     #[command(flatten)]
     pub retention: RetentionSettings,
 

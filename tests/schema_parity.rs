@@ -457,3 +457,182 @@ async fn the_postgres_and_sqlite_schemas_say_the_same_thing() {
             .join("\n"),
     );
 }
+
+/// Tables with no `account_id`, each with why. Everything else carries its
+/// account, so a distributed PostgreSQL (Citus with `account_id` as the
+/// distribution column, ops/SCALING.md) can keep one account's rows on one
+/// node and send each statement to one shard.
+const GLOBAL_TABLES: &[(&str, &str)] = &[
+    (
+        "accounts",
+        "the distribution key's own table: small, read on every request (the \
+         token's account, its provider); a reference table under Citus, copied \
+         to every node",
+    ),
+    (
+        "webhook_events",
+        "a provider's event ids are unique per provider, not per account, and \
+         an event is deduplicated before its payload is matched to a payment \
+         (payment_id is NULL when it matches none); under Citus it is \
+         distributed on event_id on its own",
+    ),
+    (
+        "reconciliation_runs",
+        "one row per reconciler run, and a run sweeps every account (the \
+         operators' log); under Citus a table of the coordinator",
+    ),
+];
+
+/// Unique keys that do not name `account_id` (besides primary keys on a
+/// row's own `id`, see below, and the keys of GLOBAL_TABLES), each with why.
+/// An entry is `table (columns)`, as the schemas list it.
+const UNKEYED_UNIQUE_KEYS: &[(&str, &str)] = &[
+    (
+        "api_tokens (token_hash)",
+        "a token is looked up by its hash before its account is known; under \
+         Citus api_tokens is a reference table, like accounts",
+    ),
+    (
+        "attempts (provider_key)",
+        "a random v4 UUID sent as the provider's idempotency key: unique across \
+         accounts by construction, and it must stay so at the provider, whose \
+         key scope is the API key all accounts share. A table constraint, which \
+         SQLite cannot change without rebuilding attempts; under Citus it \
+         becomes UNIQUE (account_id, provider_key) (ops/SCALING.md)",
+    ),
+    (
+        "outbox (attempt_id)",
+        "one outbox row per attempt (attempt ids are UUIDv7, unique across \
+         accounts); a table constraint, under Citus UNIQUE (account_id, attempt_id)",
+    ),
+    (
+        "events (feed_position)",
+        "the position the sequencer gives an event in the feed, one counter for \
+         all accounts on one database; under Citus one counter per account, \
+         UNIQUE (account_id, feed_position) (ops/SCALING.md)",
+    ),
+    (
+        "events (payment_id, sequence)",
+        "a payment's own event sequence (payment ids are unique across \
+         accounts); a table constraint, under Citus UNIQUE (account_id, \
+         payment_id, sequence)",
+    ),
+    (
+        "events (written)",
+        "SQLite only (see EXCEPTIONS): insertion order under its one writer",
+    ),
+    (
+        "event_deliveries (event_id, endpoint_id)",
+        "the primary key of one event to one endpoint, both unique across \
+         accounts; under Citus (account_id, event_id, endpoint_id)",
+    ),
+];
+
+/// `table (columns)` of every unique key of a schema: primary keys, unique
+/// constraints and unique indexes.
+fn unique_keys(s: &Schema) -> BTreeSet<String> {
+    let indexes = s.indexes.iter().filter_map(|line| {
+        // `name on table (columns) unique [where ...]`
+        let (_, rest) = line.split_once(" on ")?;
+        let (key, tail) = rest.split_once(')')?;
+        tail.starts_with(" unique").then(|| format!("{key})"))
+    });
+    s.primary_keys
+        .iter()
+        .chain(&s.unique_constraints)
+        .cloned()
+        .chain(indexes)
+        .collect()
+}
+
+/// What keeps a schema from being keyed by account: tables without
+/// `account_id`, unique keys that do not name it; and allowlist entries
+/// that no longer match anything (to be removed).
+fn unkeyed(s: &Schema) -> Vec<String> {
+    let global: BTreeSet<&str> = GLOBAL_TABLES.iter().map(|(t, _)| *t).collect();
+    let tables: BTreeSet<&str> = s
+        .columns
+        .iter()
+        .filter_map(|c| c.split_once('.').map(|(t, _)| t))
+        .collect();
+    let mut out = Vec::new();
+    for table in &tables {
+        let keyed = s
+            .columns
+            .iter()
+            .any(|c| c.starts_with(&format!("{table}.account_id ")));
+        if keyed && global.contains(table) {
+            out.push(format!(
+                "{table} has account_id now: take it off GLOBAL_TABLES"
+            ));
+        }
+        if !keyed && !global.contains(table) {
+            out.push(format!("{table} has no account_id"));
+        }
+    }
+    for (table, _) in GLOBAL_TABLES {
+        if !tables.contains(table) {
+            out.push(format!("GLOBAL_TABLES names {table}, which does not exist"));
+        }
+    }
+    let keys = unique_keys(s);
+    let allowed: BTreeSet<&str> = UNKEYED_UNIQUE_KEYS.iter().map(|(k, _)| *k).collect();
+    for key in &keys {
+        let Some((table, cols)) = key.split_once(" (") else {
+            continue;
+        };
+        let names_account = cols
+            .trim_end_matches(')')
+            .split(", ")
+            .any(|c| c == "account_id");
+        // A primary key on the row's own id: cobro generates ids as UUIDs
+        // (v7), unique across accounts by construction. Under Citus each
+        // becomes (account_id, id), a change of constraint only.
+        let own_id = s.primary_keys.contains(key) && cols == "id)";
+        if !names_account && !own_id && !global.contains(table) && !allowed.contains(key.as_str()) {
+            out.push(format!("unique key {key} does not name account_id"));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_table_and_unique_key_names_its_account_on_both_backends() {
+    let pg = TestDb::new(Backend::Postgres).await;
+    let lite = TestDb::new(Backend::Sqlite).await;
+    let (pg_schema, lite_schema) = (
+        postgres_schema(&pg.url).await,
+        sqlite_schema(&lite.url).await,
+    );
+    assert!(
+        unique_keys(&pg_schema).contains("payments (account_id, order_ref)"),
+        "the reading of unique indexes found the one active payment per order"
+    );
+    let mut problems: Vec<String> = unkeyed(&pg_schema)
+        .into_iter()
+        .map(|p| format!("PostgreSQL: {p}"))
+        .chain(
+            unkeyed(&lite_schema)
+                .into_iter()
+                .map(|p| format!("SQLite: {p}")),
+        )
+        .collect();
+    // An allowlisted key that neither schema has any more is stale.
+    let (pg_keys, lite_keys) = (unique_keys(&pg_schema), unique_keys(&lite_schema));
+    for (key, _) in UNKEYED_UNIQUE_KEYS {
+        if !pg_keys.contains(*key) && !lite_keys.contains(*key) {
+            problems.push(format!(
+                "UNKEYED_UNIQUE_KEYS names {key}, which neither schema has"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the schema is not keyed by account:\n{}",
+        problems
+            .iter()
+            .map(|p| format!("  {p}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -252,7 +252,24 @@ async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(bac
     // And from before every later migration (0009's trigger, on PostgreSQL
     // only, is gone already: 0012 dropped it, and running them again
     // creates and drops it again; 0012 changes nothing else).
-    // 0010's columns, on both.
+    // 0011's index and columns, then 0010's columns, on both.
+    db.exec("DROP INDEX attempts_one_unresolved_per_intent")
+        .await;
+    db.exec(
+        "CREATE UNIQUE INDEX attempts_one_unresolved_per_intent ON attempts (intent_id) \
+         WHERE state IN ('pending', 'unknown', 'reconciling', 'held')",
+    )
+    .await;
+    for table in [
+        "attempts",
+        "outbox",
+        "attempt_observations",
+        "reconciliation_decisions",
+        "evidence_conflicts",
+    ] {
+        db.exec(&format!("ALTER TABLE {table} DROP COLUMN account_id"))
+            .await;
+    }
     for (table, column) in [
         ("accounts", "provider"),
         ("payments", "provider"),

@@ -307,12 +307,13 @@ async fn search_charges(
     RawQuery(query): RawQuery,
 ) -> Response {
     search(&shared, &headers, query, |state, filter, ctx| {
-        let found =
-            state
-                .charges
-                .search(ctx.caller, filter.reference.as_deref(), ctx.now, |charge| {
-                    filter.matches(&charge.reference, &charge.metadata)
-                });
+        let found = state.charges.search(
+            ctx.caller,
+            filter.reference.as_deref(),
+            filter.first_metadata(),
+            ctx.now,
+            |charge| filter.matches(&charge.reference, &charge.metadata),
+        );
         list(found)
     })
     .await
@@ -327,12 +328,13 @@ async fn search_refunds(
         return stripe::list_refunds(&shared, &headers, query).await;
     }
     search(&shared, &headers, query, |state, filter, ctx| {
-        let found =
-            state
-                .refunds
-                .search(ctx.caller, filter.reference.as_deref(), ctx.now, |refund| {
-                    filter.matches(&refund.reference, &refund.metadata)
-                });
+        let found = state.refunds.search(
+            ctx.caller,
+            filter.reference.as_deref(),
+            filter.first_metadata(),
+            ctx.now,
+            |refund| filter.matches(&refund.reference, &refund.metadata),
+        );
         list(found)
     })
     .await

@@ -380,6 +380,13 @@ impl SearchFilter {
         Ok(())
     }
 
+    /// One metadata filter (the first), for the store's metadata index.
+    pub(crate) fn first_metadata(&self) -> Option<(&str, &str)> {
+        self.metadata
+            .first()
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+    }
+
     /// Whether an object with this reference and metadata passes every filter.
     pub(crate) fn matches(&self, reference: &str, metadata: &BTreeMap<String, String>) -> bool {
         self.reference.as_deref().is_none_or(|r| r == reference)

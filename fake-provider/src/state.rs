@@ -9,7 +9,7 @@
 //! wire format. The ledger, search lag and the fake's webhook events are
 //! recorded here, so they are the same whichever API caused the effect.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -88,14 +88,17 @@ pub(crate) struct Stored<T> {
     pub(crate) searchable_at: DateTime<Utc>,
 }
 
-/// What the store's indexes need from a stored object.
+/// What the store's indexes need from a stored object. The three are fixed
+/// when the object is created (no endpoint changes an object's id,
+/// reference or metadata), so the indexes never go stale.
 pub(crate) trait Resource {
     fn id(&self) -> &str;
     fn reference(&self) -> &str;
+    fn metadata(&self) -> &BTreeMap<String, String>;
 }
 
 /// Charges and refunds (and the Stripe dialect's PaymentIntents) carry the
-/// two fields under the same names.
+/// three fields under the same names.
 macro_rules! resource {
     ($($kind:ty),+) => {$(
         impl $crate::state::Resource for $kind {
@@ -105,6 +108,9 @@ macro_rules! resource {
             fn reference(&self) -> &str {
                 &self.reference
             }
+            fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
+                &self.metadata
+            }
         }
     )+};
 }
@@ -113,7 +119,9 @@ pub(crate) use resource;
 resource!(Charge, Refund);
 
 /// One kind of object in creation order, with the indexes that find it.
-/// Inserting is O(1): a push and three hash-map updates.
+/// Inserting is O(1) per metadata entry: a push and hash-map updates. A
+/// lookup by id, reference or one metadata entry reads only the objects
+/// that carry it, however many the provider holds.
 #[derive(Debug)]
 pub(crate) struct Store<T> {
     /// Creation order: the ledger's order and, reversed, search's.
@@ -122,8 +130,11 @@ pub(crate) struct Store<T> {
     by_id: HashMap<String, usize>,
     /// Positions per reference (all callers), in creation order.
     by_reference: HashMap<String, Vec<usize>>,
-    /// Positions per caller, in creation order, for metadata-only search.
+    /// Positions per caller, in creation order, for an unfiltered list.
     by_caller: HashMap<String, Vec<usize>>,
+    /// Positions per metadata key and value (all callers), in creation
+    /// order, for metadata search (the Stripe dialect's only search).
+    by_metadata: HashMap<String, HashMap<String, Vec<usize>>>,
 }
 
 impl<T> Default for Store<T> {
@@ -133,6 +144,7 @@ impl<T> Default for Store<T> {
             by_id: HashMap::new(),
             by_reference: HashMap::new(),
             by_caller: HashMap::new(),
+            by_metadata: HashMap::new(),
         }
     }
 }
@@ -143,6 +155,14 @@ impl<T: Resource> Store<T> {
         self.by_id.insert(stored.item.id().to_owned(), position);
         index(&mut self.by_reference, stored.item.reference(), position);
         index(&mut self.by_caller, &stored.caller, position);
+        for (key, value) in stored.item.metadata() {
+            if !self.by_metadata.contains_key(key) {
+                self.by_metadata.insert(key.clone(), HashMap::new());
+            }
+            if let Some(values) = self.by_metadata.get_mut(key) {
+                index(values, value, position);
+            }
+        }
         self.items.push(stored);
     }
 
@@ -175,23 +195,39 @@ impl<T: Resource> Store<T> {
             .map(|stored| &stored.item)
     }
 
+    /// The positions a search has to read, in creation order: those with
+    /// `reference` when one is given, else those with the metadata entry
+    /// `metadata`, else every object of `caller`. Another caller's objects
+    /// may be among them (the reference and metadata indexes are shared);
+    /// [`Store::search`] filters them out.
+    fn candidates(
+        &self,
+        caller: &str,
+        reference: Option<&str>,
+        metadata: Option<(&str, &str)>,
+    ) -> &[usize] {
+        let found = match (reference, metadata) {
+            (Some(reference), _) => self.by_reference.get(reference),
+            (None, Some((key, value))) => self.by_metadata.get(key).and_then(|v| v.get(value)),
+            (None, None) => self.by_caller.get(caller),
+        };
+        found.map_or(&[], Vec::as_slice)
+    }
+
     /// `caller`'s objects that `keep` accepts, newest first, skipping what a
-    /// `search_lag` still hides. With a reference the by-reference index is
-    /// used; otherwise the caller's objects are scanned.
+    /// `search_lag` still hides. Only the objects with `reference`, or else
+    /// with the metadata entry `metadata` (one of the search's filters), are
+    /// read; with neither, the caller's objects are scanned.
     pub(crate) fn search<'s>(
         &'s self,
         caller: &'s str,
         reference: Option<&str>,
+        metadata: Option<(&str, &str)>,
         now: DateTime<Utc>,
         keep: impl Fn(&T) -> bool + 's,
     ) -> impl Iterator<Item = &'s T> + 's {
-        let candidates = match reference {
-            Some(reference) => self.by_reference.get(reference),
-            None => self.by_caller.get(caller),
-        };
-        candidates
-            .into_iter()
-            .flatten()
+        self.candidates(caller, reference, metadata)
+            .iter()
             .rev()
             .filter_map(|&position| self.items.get(position))
             .filter(move |stored| stored.caller == caller && stored.searchable_at <= now)
@@ -583,5 +619,81 @@ fn ledger_refund(stored: &Stored<Refund>) -> LedgerRefund {
         status: refund.status.as_str().to_owned(),
         idempotency_key: stored.key.clone(),
         created: refund.created,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest object the store can index.
+    struct Doc {
+        id: String,
+        reference: String,
+        metadata: BTreeMap<String, String>,
+    }
+    resource!(Doc);
+
+    fn doc(i: usize, caller: &str) -> Stored<Doc> {
+        Stored {
+            item: Doc {
+                id: format!("doc_{i}"),
+                reference: format!("ref-{i}"),
+                metadata: BTreeMap::from([
+                    ("attempt".to_owned(), format!("a-{i}")),
+                    ("kind".to_owned(), "charge".to_owned()),
+                ]),
+            },
+            caller: caller.to_owned(),
+            key: None,
+            searchable_at: DateTime::<Utc>::MIN_UTC,
+        }
+    }
+
+    /// The complexity, counted: among 100 000 objects of one caller, a
+    /// search by reference or by a metadata entry reads the one object that
+    /// carries it (a scan would read all 100 000), and finds it.
+    #[test]
+    fn a_search_by_reference_or_metadata_reads_only_the_objects_that_carry_it() {
+        let mut store = Store::default();
+        let n = 100_000;
+        for i in 0..n {
+            store.insert(doc(i, "sk_one"));
+        }
+        store.insert(doc(7, "sk_other"));
+        let now = Utc::now();
+        assert_eq!(store.candidates("sk_one", None, None).len(), n);
+        assert_eq!(
+            store.candidates("sk_one", None, Some(("attempt", "a-12345"))),
+            &[12_345]
+        );
+        assert_eq!(
+            store.candidates("sk_one", Some("ref-99999"), None),
+            &[99_999]
+        );
+        // Shared with another caller's object, filtered out by the search.
+        assert_eq!(
+            store
+                .candidates("sk_one", None, Some(("attempt", "a-7")))
+                .len(),
+            2
+        );
+        let found: Vec<&str> = store
+            .search("sk_other", None, Some(("attempt", "a-7")), now, |_| true)
+            .map(|d| d.id.as_str())
+            .collect();
+        assert_eq!(found, ["doc_7"]);
+        let found: Vec<&str> = store
+            .search("sk_one", None, Some(("attempt", "a-12345")), now, |d| {
+                d.metadata.get("kind").map(String::as_str) == Some("charge")
+            })
+            .map(|d| d.id.as_str())
+            .collect();
+        assert_eq!(found, ["doc_12345"]);
+        assert!(
+            store
+                .candidates("sk_one", None, Some(("attempt", "none")))
+                .is_empty()
+        );
     }
 }

@@ -42,7 +42,8 @@ impl WriteTx {
     pub async fn record_decision(&mut self, d: &NewDecision, now: DateTime<Utc>) -> Result<()> {
         let sql = "INSERT INTO reconciliation_decisions (id, run_id, payment_id, refund_id, \
             attempt_id, state_before, state_after, provider_said, decision, actor, reason, \
-            decided_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+            decided_at, account_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+            (SELECT account_id FROM payments WHERE id = $3))";
         on_tx!(self, conn => sqlx::query(sql)
             .bind(DbId(uuid::Uuid::now_v7()))
             .bind(d.run_id.map(DbId::from))

@@ -77,8 +77,10 @@ const CONFLICT_COLUMNS: &str = "id, payment_id, refund_id, attempt_id, source, k
 
 impl WriteTx {
     pub async fn record_conflict(&mut self, c: &NewConflict<'_>, now: DateTime<Utc>) -> Result<()> {
+        // The account is the payment's; evidence that names no payment has none.
         let sql = "INSERT INTO evidence_conflicts (id, payment_id, refund_id, attempt_id, source, \
-            kind, detail, evidence, found_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+            kind, detail, evidence, found_at, account_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+            $9, (SELECT account_id FROM payments WHERE id = $2))";
         on_tx!(self, conn => sqlx::query(sql)
             .bind(DbId(uuid::Uuid::now_v7()))
             .bind(c.payment.map(DbId::from))

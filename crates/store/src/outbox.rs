@@ -107,7 +107,8 @@ impl WriteTx {
         now: DateTime<Utc>,
     ) -> Result<()> {
         let outbox = "INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
-            traceparent, tracestate) VALUES ($1, $2, 'pending', $3, $4, $4, $5, $6)";
+            traceparent, tracestate, account_id) VALUES ($1, $2, 'pending', $3, $4, $4, $5, $6, \
+            (SELECT account_id FROM attempts WHERE id = $2))";
         let trace = cobro_telemetry::current_context();
         on_tx!(self, conn => sqlx::query(outbox)
             .bind(DbId::from(OutboxId::new()))
@@ -170,14 +171,15 @@ impl WriteTx {
         state: AttemptState,
         now: DateTime<Utc>,
     ) -> Result<AttemptRow> {
-        // The provider is the payment's, copied by the statement itself:
-        // whatever the caller knows, a capture, void, refund or retry goes
-        // where its payment went.
+        // The provider (and the account) are the payment's, copied by the
+        // statement itself: whatever the caller knows, a capture, void,
+        // refund or retry goes where its payment went.
         let sql = format!(
             "INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
-             provider_key, reference, state, created_at, updated_at, provider) \
+             provider_key, reference, state, created_at, updated_at, provider, account_id) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, \
-             (SELECT provider FROM payments WHERE id = $3)) RETURNING {ATTEMPT_COLUMNS}"
+             (SELECT provider FROM payments WHERE id = $3), \
+             (SELECT account_id FROM payments WHERE id = $3)) RETURNING {ATTEMPT_COLUMNS}"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(a.id))
@@ -501,7 +503,8 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<()> {
         let sql = "INSERT INTO attempt_observations (id, attempt_id, lease_token, outcome, detail, \
-            observed_at) VALUES ($1, $2, $3, $4, $5, $6)";
+            observed_at, account_id) VALUES ($1, $2, $3, $4, $5, $6, \
+            (SELECT account_id FROM attempts WHERE id = $2))";
         on_pool!(self, pool => sqlx::query(sql)
             .bind(DbId(uuid::Uuid::now_v7()))
             .bind(DbId::from(attempt))

@@ -326,13 +326,13 @@ impl WriteTx {
                 "WITH i AS (INSERT INTO intents (id, account_id, payment_id, refund_id, operation, \
                      name, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id), \
                  a AS (INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, \
-                     provider_key, reference, state, created_at, updated_at, provider) \
-                     SELECT $8, i.id, $3, $4, $5, $9, $11, 'pending', $7, $7, \
+                     provider_key, reference, state, created_at, updated_at, account_id, provider) \
+                     SELECT $8, i.id, $3, $4, $5, $9, $11, 'pending', $7, $7, $2, \
                      (SELECT provider FROM payments WHERE id = $3) FROM i \
                      RETURNING *), \
                  o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, \
-                     traceparent, tracestate) \
-                     SELECT $10, a.id, 'pending', $7, $7, $7, $12, $13 FROM a) \
+                     traceparent, tracestate, account_id) \
+                     SELECT $10, a.id, 'pending', $7, $7, $7, $12, $13, $2 FROM a) \
                  SELECT {columns} FROM a"
             );
             // The outbox row keeps the creating request's trace context.

@@ -739,9 +739,13 @@ async fn search_intents(
         let found: Vec<&Intent> = state
             .stripe
             .intents
-            .search(ctx.caller, None, ctx.now, |intent| {
-                params.query.matches(&intent.metadata)
-            })
+            .search(
+                ctx.caller,
+                None,
+                params.query.first_clause(),
+                ctx.now,
+                |intent| params.query.matches(&intent.metadata),
+            )
             .skip(params.offset)
             .take(params.limit + 1)
             .collect();

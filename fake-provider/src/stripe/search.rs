@@ -36,6 +36,14 @@ impl Query {
             .all(|(key, value)| metadata.get(key) == Some(value))
     }
 
+    /// One clause (the first), for the store's metadata index: only the
+    /// objects carrying it are read.
+    pub(crate) fn first_clause(&self) -> Option<(&str, &str)> {
+        self.clauses
+            .first()
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+    }
+
     /// What fault rules match for this search: the clauses rendered like an
     /// object's reference (`key=value` by key, joined by `&`), so a rule
     /// that matches a payment's objects matches the searches for them.

@@ -85,9 +85,11 @@ memory() { awk '/^VmRSS:/ {r=$2} /^VmHWM:/ {h=$2} END {print r, h}' "/proc/$1/st
 settle_db() { psql_q "$(db_url "$1")" -c "VACUUM (ANALYZE)" -c "CHECKPOINT"; }
 db_count() { psql_q "$(db_url "$1")" -c "$2"; }
 
-pgbench_args() { # DB SCRIPT CLIENTS
+pgbench_args() { # DB SCRIPT CLIENTS (SCRIPT: under ops/bench, or a path)
+  local script=$2
+  [ "${script#/}" = "$script" ] && script="$BENCH/$script"
   PGB_ARGS=(-n -M prepared -j 1 -c "$3" -h 127.0.0.1 -p "$PG_PORT" -U postgres
-    "${PGBENCH_VARS[@]}" -f "$BENCH/$2" "$1")
+    "${PGBENCH_VARS[@]}" -f "$script" "$1")
 }
 
 pgbench_warmup() { # DB SCRIPT CLIENTS
@@ -99,8 +101,9 @@ pgbench_warmup() { # DB SCRIPT CLIENTS
 
 # pgbench_round SCENARIO DB SCRIPT CLIENTS ROUND
 pgbench_round() {
-  local scenario=$1 db=$2 script=$3 clients=$4 round=$5 out prefix load result cpu0 cpu1
+  local scenario=$1 db=$2 script=$3 clients=$4 round=$5 out prefix load result cpu0 cpu1 script_name
   out="$WORK/pgbench-$DUR-$scenario-$clients-$round.out"
+  script_name=$(basename "$script")
   prefix="$WORK/pgbench-log-$DUR-$scenario-$clients-$round"
   pgbench_args "$db" "$script" "$clients"
   settle_db "$db"
@@ -111,7 +114,7 @@ pgbench_round() {
   cpu1=$(pg_cpu)
   result=$(report pgbench "$out" "$prefix")
   rm -f "$prefix".*
-  record "$result" tool=pgbench scenario="$scenario" script="$script" clients="$clients" round="$round" \
+  record "$result" tool=pgbench scenario="$scenario" script="$script_name" clients="$clients" round="$round" \
     rate="$(json_field "$result" tps)" loadavg_1m="$load" \
     pg_cpu_ms_per_op="$(per_op "$cpu0" "$cpu1" "$(json_field "$result" transactions)")"
   log "[$DUR r$round] pgbench $scenario c=$clients: $(json_field "$result" tps) tx/s (load $load)"
@@ -236,11 +239,12 @@ e2e_scenario() { # CLIENTS
   clone_db "$pgdb" bench_tpl
   clone_db "$cdb" bench_tpl
   start_charging "$cdb" "e2e-$DUR"
-  pgbench_warmup "$pgdb" e2e.sql "$clients"
+  e2e_script "$WORK/e2e.sql"
+  pgbench_warmup "$pgdb" "$WORK/e2e.sql" "$clients"
   wrk_once new "$clients" "$WARMUP" "e2ew$RUN_ID-$DUR-$clients" "$WORK/wrk-warmup.out"
   drain "$cdb" "" || log "warning: the warm-up backlog was not charged within ${DRAIN_LIMIT}s"
   for round in $(seq "$ROUNDS"); do
-    pgbench_round e2e "$pgdb" e2e.sql "$clients" "$round"
+    pgbench_round e2e "$pgdb" "$WORK/e2e.sql" "$clients" "$round"
     e2e_round "$cdb" "$clients" "$round"
   done
   stop_all_cobro

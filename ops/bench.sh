@@ -5,7 +5,7 @@
 # figures; the worker's drain with 1, 2 and 4 processes; cobro's memory.
 # See ops/bench/README.md for every setting and what each figure means.
 #
-#   ops/bench.sh                                   # the full run (about 50 minutes on 2 cores)
+#   ops/bench.sh                                   # the full run (about 45 minutes on 2 cores, plus the build)
 #   DURATION=3 WARMUP=1 ROUNDS=2 CLIENTS=16 LOAD_SECONDS=5 DURABILITY=safe ops/bench.sh   # a smoke run
 #
 # Exits non-zero only when something failed to run (a tool, a non-2xx

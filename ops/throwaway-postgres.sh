@@ -9,6 +9,11 @@
 # root), and stops and deletes it when the calling shell exits, tests passed
 # or not. Exports COBRO_TEST_PG_URL (a superuser URL; tests create one
 # database each and drop it).
+#
+# PG_SETTINGS (optional): the server's durability flags on its command line.
+# Unset: fsync, synchronous_commit and full_page_writes off, as the tests
+# run. Set (even empty), it replaces them; ops/bench.sh sets it empty so that
+# ALTER SYSTEM can switch durability (command-line flags would override it).
 
 pg_find_bin() {
   local dir
@@ -54,8 +59,9 @@ pg_up() {
   trap pg_down EXIT
   # fsync off: a throwaway cluster trades durability for speed; crash tests
   # kill cobro, never this server.
+  local durability="${PG_SETTINGS--c fsync=off -c synchronous_commit=off -c full_page_writes=off}"
   "${PG_AS[@]}" "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 \
-    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+    -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1 -c max_connections=300 $durability" \
     start >/dev/null || { cat "$PG_DIR/server.log" >&2; return 1; }
   export COBRO_TEST_PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
   export PG_BIN PG_PORT PG_DIR

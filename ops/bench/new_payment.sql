@@ -5,13 +5,18 @@
 --    cobro generates the request's ids, key and order ref in process; here
 --    the same lookup also returns them (\gset), which costs no extra round
 --    trip and keeps every statement after it byte-identical to cobro's.
+--    (lease_end and charge are for worker.sql, when this file is the first
+--    half of e2e.sql.)
 \set amount random(100, 99999)
+-- mirrors: SELECT account_id FROM api_tokens WHERE token_hash = ? AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)
 SELECT account_id, gen_random_uuid() AS payment_id, gen_random_uuid() AS intent_id,
-       gen_random_uuid() AS attempt_id, gen_random_uuid() AS outbox_id,
+       gen_random_uuid() AS outbox_id,
        gen_random_uuid()::text AS provider_key, md5(random()::text) AS idem_key,
-       o.order_ref, o.order_ref || ':' || 'authorize-v1' AS intent, clock_timestamp() AS ts
-  FROM api_tokens, (SELECT 'pgb-' || md5(random()::text) AS order_ref) o
- WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()) \gset
+       o.order_ref, o.order_ref || ':' || 'authorize-v1' AS intent,
+       o.order_ref || ':' || 'authorize-v1/' || o.attempt_id AS reference, o.attempt_id, clock_timestamp() AS ts,
+       clock_timestamp() + interval '30 seconds' AS lease_end, 'ch_' || md5(random()::text) AS charge
+  FROM api_tokens, (SELECT 'pgb-' || md5(random()::text) AS order_ref, gen_random_uuid() AS attempt_id) o
+ WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now) \gset
 -- 2. keyed::begin: sqlx pool.begin() sends BEGIN on its own.
 BEGIN;
 -- 3. idempotency.rs reserve_key (the key is new: one row inserted).
@@ -19,11 +24,11 @@ INSERT INTO idempotency_records (account_id, operation, idempotency_key, fingerp
 -- 4. payments.rs next_intent_sequence (authorize).
 SELECT COUNT(*) FROM payments WHERE account_id = :account_id AND order_ref = :order_ref;
 -- 5. payments.rs insert_payment.
-INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, status_changed_at, created_at, updated_at) VALUES (:payment_id, :account_id, :order_ref, :intent, :amount, :currency, :capture_method, :payment_method, :description, :metadata, 'processing', :ts, :ts, :ts) RETURNING id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, amount_captured, amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, failure_message, cancel_requested_at, status_changed_at, created_at, updated_at;
+INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, status_changed_at, created_at, updated_at, provider) VALUES (:payment_id, :account_id, :order_ref, :intent, :amount, :currency, :capture_method, :payment_method, :description, :metadata, 'processing', :ts, :ts, :ts, COALESCE((SELECT provider FROM accounts WHERE id = :account_id), :provider)) RETURNING id, account_id, order_ref, intent, amount, currency, capture_method, payment_method, description, metadata, status, amount_captured, amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason, review_from, provider;
 -- 6. payments.rs open_intent on PostgreSQL: the intent, its attempt and its
 --    outbox row in one data-modifying CTE (fires the NOTIFY trigger of
 --    migration 0002).
-WITH i AS (INSERT INTO intents (id, account_id, payment_id, refund_id, operation, name, created_at) VALUES (:intent_id, :account_id, :payment_id, NULL, :operation, :intent, :ts) RETURNING id), a AS (INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, created_at, updated_at) SELECT :attempt_id, i.id, :payment_id, NULL, :operation, :provider_key, :intent, 'pending', :ts, :ts FROM i RETURNING *), o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at) SELECT :outbox_id, a.id, 'pending', :ts, :ts, :ts FROM a) SELECT a.id, a.intent_id, a.payment_id, a.refund_id, a.operation, a.provider_key, a.reference, a.state, a.send_count, a.first_send_at, a.last_send_at, a.provider_ref, a.last_error, a.created_at, a.updated_at FROM a;
+WITH i AS (INSERT INTO intents (id, account_id, payment_id, refund_id, operation, name, created_at) VALUES (:intent_id, :account_id, :payment_id, NULL, :operation, :intent, :ts) RETURNING id), a AS (INSERT INTO attempts (id, intent_id, payment_id, refund_id, operation, provider_key, reference, state, created_at, updated_at, provider) SELECT :attempt_id, i.id, :payment_id, NULL, :operation, :provider_key, :reference, 'pending', :ts, :ts, (SELECT provider FROM payments WHERE id = :payment_id) FROM i RETURNING *), o AS (INSERT INTO outbox (id, attempt_id, state, due_at, created_at, updated_at, traceparent, tracestate) SELECT :outbox_id, a.id, 'pending', :ts, :ts, :ts, NULL, NULL FROM a) SELECT a.id, a.intent_id, a.payment_id, a.refund_id, a.operation, a.provider_key, a.reference, a.state, a.send_count, a.first_send_at, a.last_send_at, a.provider_ref, a.last_error, a.created_at, a.updated_at, a.provider, a.provider_request_id, a.provider_replayed FROM a;
 -- 7. idempotency.rs complete_key: the stored 201 body (a real one, -D body).
 UPDATE idempotency_records SET status_code = :status_code, response_body = :body WHERE account_id = :account_id AND operation = :operation AND idempotency_key = :idem_key;
 -- 8. keyed::commit.

@@ -3,9 +3,10 @@
 --
 -- 1. Account extractor: accounts.rs account_for_token_at. cobro draws a fresh
 --    payment id and reads its clock in process; the lookup returns them here.
+-- mirrors: SELECT account_id FROM api_tokens WHERE token_hash = ? AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)
 SELECT account_id, gen_random_uuid() AS payment_id, clock_timestamp() AS ts
   FROM api_tokens
- WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp()) \gset
+ WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now) \gset
 -- 2. keyed::begin: BEGIN, then idempotency.rs reserve_key, whose INSERT
 --    conflicts with the committed record (0 rows) ...
 BEGIN;

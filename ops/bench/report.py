@@ -105,57 +105,163 @@ def fmt(v, digits=0):
     return f"{v:,.{digits}f}" if isinstance(v, (int, float)) else str(v)
 
 
+def spread(values):
+    """Median, min, max and every value of the rounds (None when empty)."""
+    import statistics
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 3), "min": min(values),
+            "max": max(values), "rounds": values}
+
+
+def fmt_spread(s, digits=0):
+    if not s:
+        return "-"
+    if len(s["rounds"]) == 1:
+        return fmt(s["median"], digits)
+    return f'{fmt(s["median"], digits)} [{fmt(s["min"], digits)}-{fmt(s["max"], digits)}]'
+
+
+def median_of(s):
+    return s["median"] if s else None
+
+
+def ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
+
+
+# The pgbench script a cobro scenario is measured against (None: no ceiling).
+BASELINE = {"new_payment": "new_payment", "replay": "replay", "get_payment": "get_payment", "e2e": "e2e"}
+# The embedded default's targets (issue 15, item 4): rate and p99 of new payments.
+SQLITE_TARGET = {"rate": 1000, "p99_ms": 50}
+
+
+def summarise(runs):
+    """One row per (store, durability, scenario, clients): the rounds' rates
+    and latencies as median [min-max], and per round the ratio to the
+    pgbench run of the same round (ABAB: pgbench then cobro)."""
+    groups = {}
+    for r in runs:
+        if r["tool"] != "cobro" or r["scenario"] in ("memory", "drain"):
+            continue
+        key = (r["store"], r["durability"], r["scenario"], r["clients"])
+        groups.setdefault(key, []).append(r)
+    pg = {(r["durability"], r["scenario"], r["clients"], r["round"]): r
+          for r in runs if r["tool"] == "pgbench"}
+    rows = []
+    for (store, durability, scenario, clients), mine in groups.items():
+        mine.sort(key=lambda r: r["round"])
+        base = BASELINE.get(scenario) if store == "postgres" else None
+        theirs = [pg.get((durability, base, clients, r["round"])) for r in mine] if base else []
+        theirs = [t for t in theirs if t]
+        pairs = [(m, pg.get((durability, base, clients, m["round"]))) for m in mine] if base else []
+        row = {
+            "store": store, "durability": durability, "scenario": scenario, "clients": clients,
+            "baseline": base, "rounds": len(mine),
+            "cobro_rate": spread([m["rate"] for m in mine]),
+            "cobro_p50_ms": spread([m.get("p50_ms") for m in mine]),
+            "cobro_p99_ms": spread([m.get("p99_ms") for m in mine]),
+            "pgbench_rate": spread([t["rate"] for t in theirs]),
+            "pgbench_p50_ms": spread([t.get("p50_ms") for t in theirs]),
+            "pgbench_p99_ms": spread([t.get("p99_ms") for t in theirs]),
+            "ratio": spread([ratio(m["rate"], t["rate"]) for m, t in pairs if t]),
+            "p99_ratio": spread([ratio(m.get("p99_ms"), t.get("p99_ms")) for m, t in pairs if t]),
+            "pg_cpu_ms_per_op_pgbench": spread([t.get("pg_cpu_ms_per_op") for t in theirs]),
+            "pg_cpu_ms_per_op_cobro": spread([m.get("pg_cpu_ms_per_op") for m in mine]),
+            "cobro_cpu_ms_per_op": spread([m.get("cobro_cpu_ms_per_op") for m in mine]),
+            "loadavg_1m": [{"round": m["round"], "cobro": m.get("loadavg_1m"),
+                            "pgbench": t.get("loadavg_1m") if t else None} for m, t in
+                           (pairs or [(m, None) for m in mine])],
+        }
+        if scenario == "e2e":
+            row["backlog_at_load_end"] = spread([m.get("backlog_at_load_end") for m in mine])
+            row["backlog_seconds_of_intake"] = spread([m.get("backlog_seconds_of_intake") for m in mine])
+            row["http_rps"] = spread([m.get("http_rps") for m in mine])
+        if store == "sqlite" and scenario == "new_payment":
+            rate, p99 = median_of(row["cobro_rate"]), median_of(row["cobro_p99_ms"])
+            row["target"] = dict(SQLITE_TARGET, met=bool(rate and p99 and rate >= SQLITE_TARGET["rate"]
+                                                          and p99 < SQLITE_TARGET["p99_ms"]))
+        rows.append(row)
+    return rows
+
+
+def table(head, body):
+    lines = [head] + body
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
+    print(line(head))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in body:
+        print(line(r))
+
+
+def loads(row):
+    return " ".join(f'{fmt(l["pgbench"], 1)}/{fmt(l["cobro"], 1)}' if l["pgbench"] is not None
+                    else fmt(l["cobro"], 1) for l in row["loadavg_1m"])
+
+
 def assemble(runs_path, meta_path, out_path):
     meta = json.load(open(meta_path, encoding="utf-8"))
     runs = [json.loads(l) for l in open(runs_path, encoding="utf-8") if l.strip()]
-    pg = {(r["scenario"], r["clients"]): r for r in runs if r["tool"] == "pgbench"}
-    rows = []
-    for r in runs:
-        if r["tool"] != "cobro":
-            continue
-        base = pg.get((r["baseline"], r["clients"]))
-        tps = base["tps"] if base else None
-        rows.append({
-            "scenario": r["scenario"],
-            "clients": r["clients"],
-            "cobro_per_s": r["rps"],
-            "cobro_p50_ms": r.get("p50_ms"),
-            "cobro_p99_ms": r.get("p99_ms"),
-            "pgbench_tps": tps,
-            "pgbench_p50_ms": base.get("p50_ms") if base else None,
-            "pgbench_p99_ms": base.get("p99_ms") if base else None,
-            "ratio": round(r["rps"] / tps, 3) if tps else None,
-            "pg_cpu_ms_per_op_pgbench": base.get("pg_cpu_ms_per_op") if base else None,
-            "pg_cpu_ms_per_op_cobro": r.get("pg_cpu_ms_per_op"),
-            "cobro_cpu_ms_per_op": r.get("cobro_cpu_ms_per_op"),
-            "baseline": r["baseline"],
-            "detail": {k: v for k, v in r.items() if k not in ("tool", "scenario", "clients", "baseline")},
-            "pgbench_detail": base,
-        })
-    result = dict(meta, results=rows)
+    rows = summarise(runs)
+    memory = [{k: r.get(k) for k in ("store", "durability", "load_seconds", "clients", "rate",
+                                     "rss_idle_kib", "hwm_idle_kib", "rss_loaded_kib", "hwm_loaded_kib")}
+              for r in runs if r["scenario"] == "memory"]
+    drain = [{k: r.get(k) for k in ("durability", "workers", "payments", "seconds", "rate", "not_captured",
+                                    "worker_cpu_ms_per_payment", "pg_cpu_ms_per_op",
+                                    "fake_provider_cpu_ms_per_op", "loadavg_1m")}
+             for r in runs if r["scenario"] == "drain"]
+    result = dict(meta, summary=rows, memory=memory, drain=drain, runs=runs)
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
         f.write("\n")
 
-    head = ["scenario", "clients", "cobro/s", "pgbench tx/s", "ratio",
-            "cobro p50/p99 ms", "pgbench p50/p99 ms",
-            "PG CPU ms/op pgbench / cobro", "cobro CPU ms/op"]
-    table = [head]
-    for row in rows:
-        table.append([
-            row["scenario"], str(row["clients"]), fmt(row["cobro_per_s"]),
-            fmt(row["pgbench_tps"]), fmt(row["ratio"], 2),
-            f'{fmt(row["cobro_p50_ms"], 2)} / {fmt(row["cobro_p99_ms"], 2)}',
-            f'{fmt(row["pgbench_p50_ms"], 2)} / {fmt(row["pgbench_p99_ms"], 2)}',
-            f'{fmt(row["pg_cpu_ms_per_op_pgbench"], 3)} / {fmt(row["pg_cpu_ms_per_op_cobro"], 3)}',
-            fmt(row["cobro_cpu_ms_per_op"], 3),
-        ])
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-    print(line(table[0]))
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in table[1:]:
-        print(line(r))
+    pg_rows = [r for r in rows if r["store"] == "postgres"]
+    if pg_rows:
+        print("PostgreSQL: median [min-max] of the rounds; ratio = cobro/s / pgbench tx/s of the same round")
+        table(["durability", "scenario", "clients", "cobro/s", "pgbench tx/s", "ratio",
+               "p99 ms cobro / pgbench", "p99 ratio", "PG CPU ms/op pgbench / cobro",
+               "cobro CPU ms/op", "load 1m pgbench/cobro per round"],
+              [[r["durability"], r["scenario"], str(r["clients"]), fmt_spread(r["cobro_rate"]),
+                fmt_spread(r["pgbench_rate"]), fmt_spread(r["ratio"], 2),
+                f'{fmt(median_of(r["cobro_p99_ms"]), 2)} / {fmt(median_of(r["pgbench_p99_ms"]), 2)}',
+                fmt_spread(r["p99_ratio"], 2),
+                f'{fmt(median_of(r["pg_cpu_ms_per_op_pgbench"]), 3)} / {fmt(median_of(r["pg_cpu_ms_per_op_cobro"]), 3)}',
+                fmt(median_of(r["cobro_cpu_ms_per_op"]), 3), loads(r)] for r in pg_rows])
+        e2e = [r for r in pg_rows if r["scenario"] == "e2e"]
+        if e2e:
+            print()
+            print("End to end (created and captured/s against e2e.sql): the backlog when the load stopped")
+            table(["durability", "clients", "POST/s", "captured/s", "backlog at load end",
+                   "backlog in seconds of intake"],
+                  [[r["durability"], str(r["clients"]), fmt_spread(r["http_rps"]), fmt_spread(r["cobro_rate"]),
+                    fmt_spread(r["backlog_at_load_end"]), fmt_spread(r["backlog_seconds_of_intake"], 2)]
+                   for r in e2e])
+    sq_rows = [r for r in rows if r["store"] == "sqlite"]
+    if sq_rows:
+        print()
+        print("SQLite (the embedded default, worker and fake provider in process): no pgbench ceiling")
+        table(["scenario", "clients", "per s", "p50 ms", "p99 ms", "cobro CPU ms/op", "target", "load 1m per round"],
+              [[r["scenario"], str(r["clients"]), fmt_spread(r["cobro_rate"]), fmt_spread(r["cobro_p50_ms"], 2),
+                fmt_spread(r["cobro_p99_ms"], 2), fmt(median_of(r["cobro_cpu_ms_per_op"]), 3),
+                (">=1000/s, p99 < 50 ms: " + ("met" if r["target"]["met"] else "not met")) if "target" in r else "",
+                loads(r)] for r in sq_rows])
+    if memory:
+        print()
+        print("Memory of cobro serve (VmRSS; VmHWM is the peak), MiB")
+        mib = lambda k: fmt(k / 1024, 1) if k else "-"
+        table(["store", "idle VmRSS", "after load VmRSS", "after load VmHWM", "load"],
+              [[m["store"], mib(m["rss_idle_kib"]), mib(m["rss_loaded_kib"]), mib(m["hwm_loaded_kib"]),
+                f'{m["load_seconds"]} s of new payments, c={m["clients"]}, {fmt(m["rate"])}/s'] for m in memory])
+    if drain:
+        print()
+        print("Drain alone (payments created first, no intake), by cobro worker processes")
+        table(["durability", "workers", "payments", "drained/s", "worker CPU ms/payment (each)",
+               "PG CPU ms/payment", "fake-provider CPU ms/payment", "load 1m"],
+              [[d["durability"], str(d["workers"]), str(d["payments"]), fmt(d["rate"]),
+                str(d["worker_cpu_ms_per_payment"]).replace(",", " "), fmt(d["pg_cpu_ms_per_op"], 3),
+                fmt(d["fake_provider_cpu_ms_per_op"], 3), fmt(d["loadavg_1m"], 1)] for d in drain])
 
 
 if __name__ == "__main__":

@@ -339,8 +339,10 @@ impl cobro_provider::Provider for Gated {
     async fn search_refunds(
         &self,
         reference: &str,
+        charge: Option<&str>,
     ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        self.query(self.inner.search_refunds(reference)).await
+        self.query(self.inner.search_refunds(reference, charge))
+            .await
     }
 }
 

@@ -222,10 +222,9 @@ async fn refunds_are_made_at_localstripe_and_listed_by_payment_intent(backend: B
         let reference = refund["metadata"]["cobro_reference"]
             .as_str()
             .expect("reference");
-        let found =
-            cobro_provider::Provider::search_refunds_of_charge(&connector, reference, Some(pi))
-                .await
-                .expect("listing");
+        let found = cobro_provider::Provider::search_refunds(&connector, reference, Some(pi))
+            .await
+            .expect("listing");
         assert_eq!(found.len(), 1, "{reference}");
         assert_eq!(found[0].id, refund["id"].as_str().expect("id"));
     }

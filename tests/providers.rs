@@ -527,9 +527,184 @@ async fn a_stripe_signed_webhook_is_applied_at_its_providers_route(backend: Back
     );
 }
 
+/// The requests the fake received for `method path`, in order.
+fn requests_to(world: &World, method: &str, path: &str) -> Vec<fake_provider::SeenRequest> {
+    world
+        .provider
+        .control()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == method && r.path == path)
+        .collect()
+}
+
+/// `Stripe-Should-Retry: false` on an unknown outcome (a 500 after the
+/// PaymentIntent was charged, which the key replays): the worker records
+/// the call, sends nothing more and hands the attempt to the reconciler at
+/// once, well inside its key window; the reconciler's search adopts the
+/// one PaymentIntent. The twin on the fake's own API (same order and key,
+/// the same fault, which there sends no such header) is retried under its
+/// key, whose saved answer is the real one.
+async fn a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_resend(
+    backend: Backend,
+) {
+    let world = World::new(backend).await;
+    world.provider.control().add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::FailAfterEffectNoRetry).with_next(2),
+    );
+    let on_stripe = world
+        .post(true, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    let on_fake = world
+        .post(false, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    assert_eq!(world.drain("stripe").await, vec![Step::HandedOver]);
+    let stripe_id = id(&on_stripe);
+    let creates = requests_to(&world, "POST", "/v1/payment_intents");
+    assert_eq!(creates.len(), 1, "one send, no resend");
+    let attempts = world.attempts(&stripe_id).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, cobro_core::AttemptState::Reconciling);
+    assert_eq!(attempts[0].send_count, 1);
+    assert!(
+        attempts[0].provider_request_id.is_some(),
+        "the call is recorded: {:?}",
+        attempts[0]
+    );
+    let last_error = attempts[0].last_error.clone().unwrap_or_default();
+    assert!(
+        last_error.contains("server_error_replayed") && last_error.contains("would not help"),
+        "{last_error}"
+    );
+    // The fake's twin: the same fault is a plain 500 there, retried.
+    assert_eq!(
+        world.drain("fake").await,
+        vec![Step::Rescheduled { class: "unknown" }],
+        "the fake sends no Stripe-Should-Retry"
+    );
+    world.app.clock.advance(chrono::Duration::seconds(2));
+    assert_eq!(
+        world.drain("fake").await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    assert_eq!(
+        world.payment(false, &id(&on_fake)).await.status.to_string(),
+        "captured"
+    );
+    assert_eq!(
+        world.payment(true, &stripe_id).await.status.to_string(),
+        "requires_reconciliation"
+    );
+    let ledger = world.ledger();
+    assert_eq!(
+        ledger.charges.len(),
+        2,
+        "one charge per account: {ledger:?}"
+    );
+
+    // The reconciler settles it from Stripe's search once the lag passed.
+    world.app.clock.advance(chrono::Duration::minutes(10));
+    let run = world
+        .reconciler("stripe")
+        .run(
+            &cobro_reconciler::Scope::default(),
+            false,
+            "test",
+            &|_, _| {},
+        )
+        .await
+        .expect("stripe run");
+    assert_eq!(run.resolved.get("succeeded"), Some(&1), "{run:?}");
+    let payment = world.payment(true, &stripe_id).await;
+    assert_eq!(payment.status.to_string(), "captured");
+    world.drain("stripe").await;
+    assert_eq!(requests_to(&world, "POST", "/v1/payment_intents").len(), 1);
+    let ledger = world.ledger();
+    let charge = ledger
+        .charge_of_payment_intent(payment.provider_ref.as_deref().expect("adopted"))
+        .expect("the PaymentIntent's charge");
+    assert_eq!(
+        charge.metadata.get("cobro_payment").map(String::as_str),
+        Some(stripe_id.as_str())
+    );
+    assert_eq!(
+        (charge.status.as_str(), charge.amount_captured),
+        ("captured", 1999)
+    );
+    assert_eq!(ledger.charges.len(), 2);
+    assert!(cobro_test_support::double_charges(&ledger).is_empty());
+}
+
+/// A card that asks for 3-D Secure: Stripe leaves the PaymentIntent in
+/// `requires_action`. cobro records the payment failed (it never
+/// authenticates) and cancels the PaymentIntent under the attempt's
+/// derived key `<key>:cancel`: at the provider it is `canceled`, nothing
+/// was charged, and a resend of the authorisation would replay both.
+async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe(backend: Backend) {
+    let world = World::new(backend).await;
+    let mut body = payment_body("o-1");
+    body["payment_method"] = json!("pm_card_authenticationRequired");
+    let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Recorded { class: "failed" }]
+    );
+    let stripe_id = id(&on_stripe);
+    let payment = world.payment(true, &stripe_id).await;
+    assert_eq!(payment.status.to_string(), "failed");
+    let attempts = world.attempts(&stripe_id).await;
+    let key = attempts[0].provider_key.clone();
+
+    let creates = requests_to(&world, "POST", "/v1/payment_intents");
+    assert_eq!(creates.len(), 1);
+    assert_eq!(creates[0].idempotency_key.as_deref(), Some(key.as_str()));
+    let intents: Vec<fake_provider::SeenRequest> = world
+        .provider
+        .control()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/cancel"))
+        .collect();
+    assert_eq!(intents.len(), 1, "one cancel: {intents:?}");
+    assert_eq!(
+        intents[0].idempotency_key.as_deref(),
+        Some(format!("{key}:cancel").as_str())
+    );
+    let pi = intents[0]
+        .path
+        .trim_start_matches("/v1/payment_intents/")
+        .trim_end_matches("/cancel")
+        .to_owned();
+    // The provider's own record of the PaymentIntent.
+    let at_stripe: Value = reqwest::Client::new()
+        .get(format!("{}/v1/payment_intents/{pi}", world.provider.url()))
+        .bearer_auth("sk_test_cobro_stripe")
+        .header("stripe-version", fake_provider::STRIPE_API_VERSION)
+        .send()
+        .await
+        .expect("GET the PaymentIntent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(at_stripe["status"], "canceled", "{at_stripe}");
+    assert_eq!(at_stripe["cancellation_reason"], "abandoned", "{at_stripe}");
+    assert_eq!(at_stripe["metadata"]["cobro_payment"], stripe_id.as_str());
+    // Nothing was charged, held or voided.
+    let ledger = world.ledger();
+    assert_eq!(
+        ledger.totals,
+        fake_provider::Effects::default(),
+        "{ledger:?}"
+    );
+    assert!(ledger.charges.is_empty());
+    assert!(ledger.payment_intents.is_empty());
+}
+
 on_both_backends!(
     each_account_is_charged_through_its_own_providers_api,
     a_capture_and_a_refund_of_a_stripe_payment_go_to_stripe,
     the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost,
     a_stripe_signed_webhook_is_applied_at_its_providers_route,
+    a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_resend,
+    a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe,
 );

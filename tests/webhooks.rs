@@ -31,13 +31,17 @@ mod delivered {
     );
 }
 
-// Events written and signed by hand in the fake's own shape: fake dialect
-// only (Stripe's signature and event shape are unit-tested in
-// cobro-provider's `stripe::webhooks`, and the Stripe endpoint end to end
-// by the delivered tests above and tests/localstripe.rs).
+// Events written and signed by hand in the fake's own shape (fake
+// dialect), and in Stripe's (`Stripe-Signature: t=..,v1=..[,v1=..]`, the
+// PaymentIntent as the fake's Stripe dialect holds it) at
+// `/v1/webhooks/stripe`. Stripe's scheme is also unit-tested in
+// cobro-provider's `stripe::webhooks`, and delivered end to end by the
+// tests above and tests/localstripe.rs.
 on_both_backends!(
     a_bad_signature_an_old_timestamp_and_a_malformed_body_change_nothing,
     event_ids_are_kept_for_their_retention_and_no_longer,
+    stripe_signatures_outside_the_rules_change_nothing_and_one_valid_v1_of_two_is_enough,
+    hand_signed_stripe_events_duplicated_and_reordered_apply_once_and_never_move_backwards,
 );
 
 const SECRET: &str = "whsec_test_cobro";
@@ -462,7 +466,8 @@ fn captured_event(event_id: &str, reference: &str, sequence: i64) -> Value {
     })
 }
 
-/// POSTs `body` to the webhook endpoint of `provider` with `signature`.
+/// POSTs `body` to the webhook endpoint of `provider` with `signature`
+/// (as `Stripe-Signature` to `stripe`, else `Fake-Signature`).
 async fn post_webhook(
     rig: &Rig,
     provider: &str,
@@ -476,7 +481,11 @@ async fn post_webhook(
         .header("content-type", "application/json")
         .body(body.to_vec());
     if let Some(signature) = signature {
-        request = request.header(fake_provider::SIGNATURE_HEADER, signature);
+        let header = match provider {
+            "stripe" => fake_provider::STRIPE_SIGNATURE_HEADER,
+            _ => fake_provider::SIGNATURE_HEADER,
+        };
+        request = request.header(header, signature);
     }
     let response = request.send().await.expect("send");
     let status = response.status().as_u16();
@@ -673,4 +682,252 @@ async fn event_ids_are_kept_for_their_retention_and_no_longer(backend: Backend) 
     // Within its retention, a redelivery is still recognised.
     assert_eq!(send("evt_young").await, "duplicate_delivery");
     assert_eq!(rig.ledger().totals.charges, 0);
+}
+
+/// A Stripe event of type `kind` about `object`, created at `created`
+/// (unix seconds), as Stripe sends it.
+fn stripe_event(event_id: &str, kind: &str, created: i64, object: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": event_id, "object": "event", "api_version": fake_provider::STRIPE_API_VERSION,
+        "created": created, "data": {"object": object}, "livemode": false,
+        "pending_webhooks": 1, "request": {"id": null, "idempotency_key": null}, "type": kind,
+    }))
+    .expect("json")
+}
+
+/// The PaymentIntent `id` as the fake's Stripe dialect holds it now.
+async fn payment_intent_at_stripe(rig: &Rig, id: &str) -> Value {
+    rig.app
+        .client
+        .get(format!("{}/v1/payment_intents/{id}", rig.provider.url()))
+        .bearer_auth(cobro_test_support::RIG_SECRET_KEY)
+        .header("stripe-version", fake_provider::STRIPE_API_VERSION)
+        .send()
+        .await
+        .expect("GET the PaymentIntent")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// The hex of the `v1=` of a `Stripe-Signature` made with `secret`.
+fn v1(secret: &str, t: i64, body: &[u8]) -> String {
+    let signature = fake_provider::sign(secret, t, body);
+    let (_, hex) = signature.split_once(",v1=").expect("t=..,v1=..");
+    hex.to_owned()
+}
+
+/// `Stripe-Signature` as Stripe documents it: `t` and one or more `v1`
+/// (HMAC-SHA256 of `t.body`), compared in constant time, `t` within 300 s
+/// of cobro's clock. Every refusal is a 400 that stores nothing and moves
+/// nothing; a header with two `v1` of which one is right (a rotating
+/// secret) is accepted at the edge of the tolerance, and the event settles
+/// the payment the worker could not: one charge.
+async fn stripe_signatures_outside_the_rules_change_nothing_and_one_valid_v1_of_two_is_enough(
+    backend: Backend,
+) {
+    let mut rig = Rig::new_in(backend, Dialect::Stripe).await;
+    rig.accept_webhooks(SECRET, false).await;
+    rig.provider.control().add_fault(FaultRule::new(
+        FOp::Charge,
+        FaultAction::DropResponseAfterEffect,
+    ));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id");
+    rig.drain(1).await;
+    let before = rig.payment(id).await;
+    assert_eq!(before["status"], "processing");
+    let ledger = rig.ledger();
+    let [(intent, _)] = ledger.payment_intents.iter().collect::<Vec<_>>()[..] else {
+        panic!("one PaymentIntent charged: {ledger:?}");
+    };
+    let object = payment_intent_at_stripe(&rig, intent).await;
+    assert_eq!(object["status"], "succeeded", "{object}");
+
+    let now = rig.app.clock.now().timestamp();
+    let event = stripe_event("evt_1", "payment_intent.succeeded", now, &object);
+    let sign = |secret: &str, t: i64, body: &[u8]| Some(fake_provider::sign(secret, t, body));
+    let refused = |case, signature| {
+        (
+            case,
+            "stripe",
+            event.clone(),
+            signature,
+            400,
+            "webhook-signature-invalid",
+        )
+    };
+    let cases: Vec<Refused> = vec![
+        refused("another secret", sign("whsec_other", now, &event)),
+        refused(
+            "two v1, neither ours",
+            Some(format!(
+                "t={now},v1={},v1={}",
+                v1("whsec_other", now, &event),
+                v1("whsec_older", now, &event)
+            )),
+        ),
+        refused("older than the tolerance", sign(SECRET, now - 301, &event)),
+        refused("newer than the tolerance", sign(SECRET, now + 301, &event)),
+        refused("signed over another body", sign(SECRET, now, b"{}")),
+        refused(
+            "a right v1 under another t",
+            Some(format!("t={},v1={}", now - 1, v1(SECRET, now, &event))),
+        ),
+        refused("no t", Some(format!("v1={}", v1(SECRET, now, &event)))),
+        // Stripe's test-mode `v0` is not a signature cobro accepts.
+        refused(
+            "only a v0",
+            Some(format!("t={now},v0={}", v1(SECRET, now, &event))),
+        ),
+        refused("no signature", None),
+    ];
+    for (case, provider, body, signature, status, code) in cases {
+        let (got, problem) = post_webhook(&rig, provider, &body, signature).await;
+        assert_eq!(got, status, "{case}: {problem}");
+        assert_eq!(problem["code"], code, "{case}");
+    }
+    assert_eq!(
+        rig.app.db.count("webhook_events").await,
+        0,
+        "nothing stored"
+    );
+    assert_eq!(webhook_decisions(&rig).await, 0);
+    assert_eq!(rig.payment(id).await, before, "payment unchanged");
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.captures), (1, 0));
+
+    // Two v1, the first of another secret, the second ours, 299 s old.
+    let t = now - 299;
+    let two = format!(
+        "t={t},v1={},v1={}",
+        v1("whsec_other", t, &event),
+        v1(SECRET, t, &event)
+    );
+    let (status, receipt) = post_webhook(&rig, "stripe", &event, Some(two)).await;
+    assert_eq!(status, 200, "{receipt}");
+    assert_eq!(receipt, json!({"event_id": "evt_1", "outcome": "applied"}));
+    let p = rig.payment(id).await;
+    assert_eq!(p["status"], "captured");
+    assert_eq!(p["provider_ref"], intent.as_str());
+    assert_eq!(p["amount_captured"], 1999);
+    assert_eq!(
+        stored_events(&rig).await,
+        [("payment_intent.succeeded".to_owned(), "applied".to_owned())]
+    );
+    // The worker's retry finds it settled: still one send, one charge.
+    rig.app.clock.advance(chrono::Duration::seconds(5));
+    assert_eq!(rig.drain(2).await, vec![Step::Skipped]);
+    assert_eq!(rig.payment(id).await["attempts"][0]["sends"], 1);
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert!(cobro_test_support::double_charges(&ledger).is_empty());
+    let charge = ledger.charge_of_payment_intent(intent).expect("its charge");
+    assert_eq!(
+        (charge.status.as_str(), charge.amount_captured),
+        ("captured", 1999)
+    );
+}
+
+/// Stripe's events carry no sequence; cobro derives one from the
+/// PaymentIntent's state order and `created`. Hand-signed here, both in
+/// the same second: the capture's `payment_intent.succeeded` first (it
+/// settles the capture whose answer was lost), then the older
+/// `payment_intent.amount_capturable_updated` (stale: never back to
+/// authorized), then each again (duplicates: the same id, stored once).
+async fn hand_signed_stripe_events_duplicated_and_reordered_apply_once_and_never_move_backwards(
+    backend: Backend,
+) {
+    let mut rig = Rig::new_in(backend, Dialect::Stripe).await;
+    rig.accept_webhooks(SECRET, false).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Capture, FaultAction::DropResponseAfterEffect).with_next(1));
+    let p = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id");
+    assert_eq!(
+        rig.drain(1).await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    let authorized = rig.payment(id).await;
+    assert_eq!(authorized["status"], "authorized");
+    let intent = authorized["provider_ref"]
+        .as_str()
+        .expect("intent")
+        .to_owned();
+    let requires_capture = payment_intent_at_stripe(&rig, &intent).await;
+    assert_eq!(requires_capture["status"], "requires_capture");
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{id}/capture"), Some("cap-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 202);
+    assert_eq!(
+        rig.drain(1).await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+    assert_eq!(rig.payment(id).await["status"], "capturing");
+    let succeeded = payment_intent_at_stripe(&rig, &intent).await;
+    assert_eq!(succeeded["status"], "succeeded");
+
+    let now = rig.app.clock.now().timestamp();
+    let capturable = stripe_event(
+        "evt_capturable",
+        "payment_intent.amount_capturable_updated",
+        now,
+        &requires_capture,
+    );
+    let captured = stripe_event("evt_succeeded", "payment_intent.succeeded", now, &succeeded);
+    let deliveries = [
+        (&captured, "applied"),
+        (&capturable, "ignored_stale"),
+        (&captured, "duplicate_delivery"),
+        (&capturable, "duplicate_delivery"),
+    ];
+    for (body, outcome) in deliveries {
+        let signature = fake_provider::sign(SECRET, now, body);
+        let (status, receipt) = post_webhook(&rig, "stripe", body, Some(signature)).await;
+        assert_eq!(status, 200, "{receipt}");
+        assert_eq!(receipt["outcome"], outcome, "{receipt}");
+        let p = rig.payment(id).await;
+        assert_eq!(p["status"], "captured", "never backwards: {p}");
+        assert_eq!(p["amount_captured"], 1999);
+    }
+    assert_eq!(
+        stored_events(&rig).await,
+        [
+            (
+                "payment_intent.amount_capturable_updated".to_owned(),
+                "ignored_stale".to_owned()
+            ),
+            ("payment_intent.succeeded".to_owned(), "applied".to_owned()),
+        ]
+    );
+    assert_eq!(webhook_decisions(&rig).await, 1, "one audit row");
+    assert_eq!(
+        rig.app
+            .db
+            .count(&format!(
+                "payments WHERE provider_sequence = {}",
+                2 * 10_000_000_000i64 + now
+            ))
+            .await,
+        1,
+        "the derived sequence of the terminal state"
+    );
+    // The capture's retry finds it settled and sends nothing more.
+    rig.app.clock.advance(chrono::Duration::seconds(5));
+    assert_eq!(rig.drain(2).await, vec![Step::Skipped]);
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.captures), (1, 1));
+    let charge = ledger
+        .charge_of_payment_intent(&intent)
+        .expect("its charge");
+    assert_eq!(
+        (charge.status.as_str(), charge.amount_captured),
+        ("captured", 1999)
+    );
+    assert!(cobro_test_support::double_charges(&ledger).is_empty());
 }

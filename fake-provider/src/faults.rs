@@ -49,6 +49,10 @@ pub enum FaultAction {
     FailBeforeEffect,
     /// Effect made, key stores the real answer, the caller gets 500.
     FailAfterEffect,
+    /// As `FailAfterEffect`; in the Stripe dialect the 500 (and the key's
+    /// replays of it) also says `Stripe-Should-Retry: false`: Stripe
+    /// telling the client a retry under the key would not help.
+    FailAfterEffectNoRetry,
     /// Effect made, then the TCP connection is closed without any response.
     DropResponseAfterEffect,
     /// Effect made, the answer is sent after `delay_ms` (real time).

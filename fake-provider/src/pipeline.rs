@@ -57,10 +57,10 @@ impl Dialect {
     /// the effect: the fake saves the real answer (so a retry converges),
     /// Stripe the 500 itself (its layer caches 500s; a retry with the same
     /// key gets the same 500, and only a read can tell what happened).
-    fn saved_after_failure(self, real: StoredResponse) -> StoredResponse {
+    fn saved_after_failure(self, real: StoredResponse, no_retry: bool) -> StoredResponse {
         match self {
             Dialect::Fake => real,
-            Dialect::Stripe => self.fail_after_effect(),
+            Dialect::Stripe => self.fail_after_effect(no_retry),
         }
     }
 
@@ -104,7 +104,10 @@ impl Dialect {
         }
     }
 
-    fn fail_after_effect(self) -> StoredResponse {
+    /// The 500 of a `fail_after_effect` fault; `no_retry` (the
+    /// `fail_after_effect_no_retry` fault): in Stripe's dialect it says
+    /// `Stripe-Should-Retry: false`.
+    fn fail_after_effect(self, no_retry: bool) -> StoredResponse {
         match self {
             Dialect::Fake => ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -114,9 +117,12 @@ impl Dialect {
             )
             .into_stored(),
             // No retry hint: the key replays this same 500.
-            Dialect::Stripe => {
+            Dialect::Stripe if !no_retry => {
                 StripeError::api_error("injected fault: fail_after_effect").into_stored()
             }
+            Dialect::Stripe => StripeError::api_error("injected fault: fail_after_effect_no_retry")
+                .into_stored()
+                .with_retry(false),
         }
     }
 
@@ -425,8 +431,17 @@ pub(crate) async fn execute(
         },
     };
     match picked.outcome {
-        Some((FaultAction::FailAfterEffect, _)) => {
-            respond(dialect, dialect.fail_after_effect(), false, request_id)
+        Some((
+            action @ (FaultAction::FailAfterEffect | FaultAction::FailAfterEffectNoRetry),
+            _,
+        )) => {
+            let no_retry = action == FaultAction::FailAfterEffectNoRetry;
+            respond(
+                dialect,
+                dialect.fail_after_effect(no_retry),
+                false,
+                request_id,
+            )
         }
         Some((FaultAction::DropResponseAfterEffect, _)) => drop_connection(),
         Some((FaultAction::DelayAfterEffect, delay)) => {
@@ -452,9 +467,13 @@ fn run_effect(
         Outcome::Refused(response) => (response, dialect.saves_refusals()),
     };
     if let Some(scope) = reservation.scope.take() {
-        let failed_after = matches!(picked.outcome, Some((FaultAction::FailAfterEffect, _)));
+        let (failed_after, no_retry) = match picked.outcome {
+            Some((FaultAction::FailAfterEffect, _)) => (true, false),
+            Some((FaultAction::FailAfterEffectNoRetry, _)) => (true, true),
+            _ => (false, false),
+        };
         let kept = if failed_after && saved {
-            dialect.saved_after_failure(response.clone())
+            dialect.saved_after_failure(response.clone(), no_retry)
         } else {
             response.clone()
         };

@@ -9,7 +9,7 @@
 //! against its own charge).
 
 use crate::site::{SETTLE, Site, id_of};
-use crate::{Backend, payment_body, wait_for};
+use crate::{Backend, Dialect, payment_body, provider_ref_of, wait_for};
 use fake_provider::{FaultAction, FaultRule, Ledger, Operation as FOp};
 use futures::{StreamExt, stream};
 use serde_json::Value;
@@ -37,15 +37,23 @@ use std::time::{Duration, Instant};
 /// by five processes) takes no longer than PostgreSQL's, so it needs no
 /// smaller size.
 pub async fn chaos_run(backend: Backend) {
-    const ORDERS: usize = 500;
+    chaos_run_in(backend, Dialect::Fake, 500).await;
+}
+
+/// The chaos run with the processes speaking `dialect` (on Stripe's: a
+/// providers file naming a `stripe` provider at the fake's Stripe dialect,
+/// which also sends Stripe's webhooks), `orders` orders per account. The
+/// same faults, kills and judge at any size; every fault must still fire.
+pub async fn chaos_run_in(backend: Backend, dialect: Dialect, orders: usize) {
     const SEED: u64 = 14;
     // The provider forgets a key 4 s after its first use; cobro is told so
     // and sends no attempt later than 4 s - 3 s after its first send, then
     // hands it to the reconciler (which must search: the search path is
     // part of the run). Real time, so the window really closes during the
     // run.
-    let site = Site::with_provider(
+    let site = Site::with_provider_in(
         backend,
+        dialect,
         fake_provider::Config {
             admin: true,
             seed: SEED,
@@ -58,6 +66,12 @@ pub async fn chaos_run(backend: Backend) {
     let tokens = [site.token.clone(), token_b];
     let control = site.provider.control();
     let chance = |op, action, p: f64| FaultRule::new(op, action).with_probability(p);
+    // Captures, voids and refunds are a fraction of the charges: a smaller
+    // run faults each of them more often, so that every rule still fires
+    // (at 500 orders, as configured; at 200, two and a half times as
+    // often, at most 30 %).
+    let scale = 500.0 / orders as f64;
+    let often = |op, action, p: f64| chance(op, action, (p * scale).min(0.3));
     let rules = [
         chance(FOp::Any, FaultAction::Latency, 0.05).with_delay(Duration::from_millis(150)),
         chance(FOp::Charge, FaultAction::FailBeforeEffect, 0.05),
@@ -66,13 +80,13 @@ pub async fn chaos_run(backend: Backend) {
         chance(FOp::Charge, FaultAction::DelayAfterEffect, 0.03).with_delay(Duration::from_secs(2)),
         chance(FOp::Charge, FaultAction::InProgress, 0.03),
         chance(FOp::Charge, FaultAction::SearchLag, 0.2).with_lag_seconds(2),
-        chance(FOp::Capture, FaultAction::FailBeforeEffect, 0.1),
-        chance(FOp::Capture, FaultAction::DropResponseAfterEffect, 0.1),
-        chance(FOp::Void, FaultAction::FailAfterEffect, 0.1),
-        chance(FOp::Void, FaultAction::DropResponseAfterEffect, 0.1),
-        chance(FOp::Refund, FaultAction::FailBeforeEffect, 0.1),
-        chance(FOp::Refund, FaultAction::FailAfterEffect, 0.1),
-        chance(FOp::Refund, FaultAction::DropResponseAfterEffect, 0.1),
+        often(FOp::Capture, FaultAction::FailBeforeEffect, 0.1),
+        often(FOp::Capture, FaultAction::DropResponseAfterEffect, 0.1),
+        often(FOp::Void, FaultAction::FailAfterEffect, 0.1),
+        often(FOp::Void, FaultAction::DropResponseAfterEffect, 0.1),
+        often(FOp::Refund, FaultAction::FailBeforeEffect, 0.1),
+        often(FOp::Refund, FaultAction::FailAfterEffect, 0.1),
+        often(FOp::Refund, FaultAction::DropResponseAfterEffect, 0.1),
         // Searches are few (only attempts handed to the reconciler need
         // one): half of them fail, so the run certainly sees some fail.
         chance(FOp::Search, FaultAction::FailBeforeEffect, 0.5),
@@ -96,7 +110,7 @@ pub async fn chaos_run(backend: Backend) {
     let (_api_a, url_a) = site.serve("api a", &["--no-worker"], env).await;
     let (mut api_b, url_b) = site.serve("api b", &["--no-worker"], env).await;
     control.set_webhook(Some(fake_provider::WebhookTarget {
-        url: format!("{url_a}/v1/webhooks/fake"),
+        url: site.webhook_url(&url_a),
         secret: "whsec_chaos".to_owned(),
     }));
     let urls = Arc::new(Mutex::new(vec![url_a.clone(), url_b]));
@@ -109,7 +123,7 @@ pub async fn chaos_run(backend: Backend) {
     let journeys = {
         let (http, tokens, urls) = (site.http.clone(), tokens.clone(), Arc::clone(&urls));
         tokio::spawn(async move {
-            stream::iter((0..ORDERS).flat_map(|order| [(order, 0usize), (order, 1usize)]))
+            stream::iter((0..orders).flat_map(|order| [(order, 0usize), (order, 1usize)]))
                 .map(|(order, account)| {
                     let client = Merchant {
                         http: http.clone(),
@@ -152,7 +166,7 @@ pub async fn chaos_run(backend: Backend) {
         }
     }
     let journeys = journeys.await.expect("the merchants' task");
-    assert_eq!(journeys.len(), 2 * ORDERS);
+    assert_eq!(journeys.len(), 2 * orders);
 
     // Two reconcilers at once, until nothing is unsettled.
     let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
@@ -191,7 +205,7 @@ pub async fn chaos_run(backend: Backend) {
         Vec::<Vec<String>>::new(),
         "an intent charged twice"
     );
-    assert_eq!(site.count("payments").await, 2 * ORDERS as i64);
+    assert_eq!(site.count("payments").await, 2 * orders as i64);
     let http = site.http.clone();
     let wrong: Vec<String> = stream::iter(journeys.iter())
         .map(|journey| {
@@ -496,7 +510,7 @@ impl Journey {
             charge.amount
         };
         let amount = payment["amount"].as_i64().unwrap_or_default();
-        if payment["provider_ref"] != charge.id.as_str()
+        if payment["provider_ref"] != provider_ref_of(ledger, &charge.id)
             || charge.amount != amount
             || charge.status != expected_charge_status
             || charge.amount_captured != captured

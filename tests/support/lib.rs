@@ -296,6 +296,30 @@ macro_rules! on_every_provider {
     };
 }
 
+/// Generates one `#[tokio::test]` per provider dialect for each listed
+/// async test function taking a `Dialect`: `fake::<test>` and
+/// `stripe::<test>`. For process-level tests whose store is fixed (the
+/// crash tests, on PostgreSQL): a [`site::Site`] built with the dialect
+/// gives its `cobro` processes the fake's own API or a providers file
+/// naming a `stripe` provider at the fake's Stripe dialect.
+#[macro_export]
+macro_rules! on_every_dialect {
+    ($($test:ident),+ $(,)?) => {
+        $crate::on_every_dialect!(@dialect fake, Fake, $($test),+);
+        $crate::on_every_dialect!(@dialect stripe, Stripe, $($test),+);
+    };
+    (@dialect $module:ident, $dialect:ident, $($test:ident),+) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    super::$test($crate::Dialect::$dialect).await;
+                }
+            )+
+        }
+    };
+}
+
 impl TestDb {
     /// A new account named `name` and an API token for it, made at `now`.
     pub async fn new_account(
@@ -871,6 +895,17 @@ fn cobro_reference(reference: &str) -> &str {
         .split('&')
         .find_map(|pair| pair.strip_prefix("cobro_reference="))
         .unwrap_or(reference)
+}
+
+/// What cobro records as the `provider_ref` of the ledger's charge
+/// `charge`: the charge's own id (the fake's API), or the Stripe dialect's
+/// PaymentIntent whose confirmation made it.
+pub fn provider_ref_of<'l>(ledger: &'l fake_provider::Ledger, charge: &'l str) -> &'l str {
+    ledger
+        .payment_intents
+        .iter()
+        .find(|(_, made)| *made == charge)
+        .map_or(charge, |(intent, _)| intent.as_str())
 }
 
 /// The double charges the judge sees: more than one money-moving charge for

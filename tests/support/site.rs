@@ -19,15 +19,41 @@
 //!
 //! Declare processes after the site, so they are killed before its
 //! database is dropped.
+//!
+//! Dialects: a site in [`Dialect::Fake`] gives its processes the fake's
+//! own API through the environment (`COBRO_PROVIDER_URL`, as before the
+//! providers file); in [`Dialect::Stripe`] each process reads a providers
+//! file (`COBRO_PROVIDERS_FILE`) naming one provider `stripe` of kind
+//! `stripe` at the same fake, which answers in its Stripe dialect and
+//! sends Stripe's webhooks. The `COBRO_PROVIDER_*` and
+//! `COBRO_WEBHOOK_SECRET` variables a test passes become that file's
+//! fields ([`Site::command`]), so one test body runs on either.
 
 use crate::process::{Cobro, cobro_binary};
-use crate::{Backend, TestDb, wait_for};
+use crate::{Backend, Dialect, RIG_SECRET_KEY, TestDb, wait_for};
 use fake_provider::{FaultAction, FaultRule, Ledger, LedgerCharge, Operation as FOp};
 use serde_json::Value;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use uuid::Uuid;
+
+/// The variables the Stripe site's providers file names for the secrets
+/// (set on each process, never written into the file).
+const STRIPE_SECRET_ENV: &str = "COBRO_TEST_STRIPE_SECRET_KEY";
+const STRIPE_WEBHOOK_SECRET_ENV: &str = "COBRO_TEST_STRIPE_WEBHOOK_SECRET";
+
+/// The environment variables of the single environment-defined provider,
+/// and the providers file field each becomes on a Stripe site.
+const PROVIDER_FIELDS: [(&str, &str); 5] = [
+    ("COBRO_PROVIDER_TIMEOUT", "request_timeout"),
+    ("COBRO_PROVIDER_CONNECT_TIMEOUT", "connect_timeout"),
+    ("COBRO_PROVIDER_KEY_RETENTION", "key_retention"),
+    ("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "key_safety_margin"),
+    ("COBRO_PROVIDER_SEARCH_LAG", "search_lag"),
+];
 
 /// How long anything a test waits for may take once it is due.
 pub const SETTLE: Duration = Duration::from_secs(15);
@@ -48,12 +74,23 @@ pub struct Site {
     pub token: String,
     pub provider: fake_provider::Running,
     pub http: reqwest::Client,
+    /// Which of the fake's APIs the processes speak (see the module docs).
+    pub dialect: Dialect,
+    /// Where a Stripe site writes its providers files (removed with it).
+    files: PathBuf,
+    written: AtomicUsize,
 }
 
 impl Site {
     pub async fn new(backend: Backend) -> Self {
-        Self::with_provider(
+        Self::new_in(backend, Dialect::Fake).await
+    }
+
+    /// A site whose processes speak `dialect` to the fake provider.
+    pub async fn new_in(backend: Backend, dialect: Dialect) -> Self {
+        Self::with_provider_in(
             backend,
+            dialect,
             fake_provider::Config {
                 admin: true,
                 ..Default::default()
@@ -64,6 +101,19 @@ impl Site {
 
     /// A site whose fake provider runs with `config` (retention, seed).
     pub async fn with_provider(backend: Backend, config: fake_provider::Config) -> Self {
+        Self::with_provider_in(backend, Dialect::Fake, config).await
+    }
+
+    /// A site speaking `dialect` whose fake provider runs with `config`;
+    /// on the Stripe dialect the fake sends Stripe's webhooks.
+    pub async fn with_provider_in(
+        backend: Backend,
+        dialect: Dialect,
+        mut config: fake_provider::Config,
+    ) -> Self {
+        if dialect == Dialect::Stripe {
+            config.webhook_dialect = fake_provider::WebhookDialect::Stripe;
+        }
         let db = TestDb::new(backend).await;
         let (account, token) = db.new_account("merchant", chrono::Utc::now()).await;
         let pg = match backend {
@@ -86,6 +136,9 @@ impl Site {
             token,
             provider,
             http: reqwest::Client::new(),
+            dialect,
+            files: std::env::temp_dir().join(format!("cobro-site-{}", Uuid::new_v4().simple())),
+            written: AtomicUsize::new(0),
         }
     }
 
@@ -103,6 +156,8 @@ impl Site {
 
     /// `cobro ARGS` against this site, with nothing inherited from the
     /// environment of whoever runs the tests; `env` comes last and wins.
+    /// On a Stripe site the provider's variables of `env` are written into
+    /// the providers file the process is given instead.
     pub fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut command = Command::new(cobro_binary());
         for (name, _) in std::env::vars() {
@@ -110,10 +165,25 @@ impl Site {
                 command.env_remove(name);
             }
         }
+        let env: Vec<(&str, &str)> = match self.dialect {
+            Dialect::Fake => {
+                command.env("COBRO_PROVIDER_URL", self.provider.url());
+                env.to_vec()
+            }
+            Dialect::Stripe => {
+                let (file, webhook_secret, rest) = self.providers_file(env);
+                command
+                    .env("COBRO_PROVIDERS_FILE", file)
+                    .env(STRIPE_SECRET_ENV, RIG_SECRET_KEY);
+                if let Some(secret) = webhook_secret {
+                    command.env(STRIPE_WEBHOOK_SECRET_ENV, secret);
+                }
+                rest
+            }
+        };
         command
             .args(args)
             .env("COBRO_DATABASE_URL", &self.db.url)
-            .env("COBRO_PROVIDER_URL", self.provider.url())
             .env("COBRO_LOG", "warn")
             .env("COBRO_DB_MAX_CONNECTIONS", "5")
             .env("COBRO_WORKER_LEASE", LEASE)
@@ -123,6 +193,47 @@ impl Site {
             .env("COBRO_RATE_LIMIT", "0")
             .envs(env.iter().copied());
         command
+    }
+
+    /// The providers file of a Stripe site for a process started with
+    /// `env`: one provider `stripe` (the default) at the fake, with the
+    /// contract `env`'s `COBRO_PROVIDER_*` variables give and the webhook
+    /// secret of `COBRO_WEBHOOK_SECRET`. Returns its path, that secret and
+    /// the rest of `env`.
+    fn providers_file<'e>(
+        &self,
+        env: &[(&'e str, &'e str)],
+    ) -> (PathBuf, Option<&'e str>, Vec<(&'e str, &'e str)>) {
+        let mut text = format!(
+            "default_provider = \"stripe\"\n\n[[provider]]\nname = \"stripe\"\nkind = \"stripe\"\n\
+             base_url = \"{}\"\nsecret_env = \"{STRIPE_SECRET_ENV}\"\n",
+            self.provider.url()
+        );
+        let (mut webhook_secret, mut rest) = (None, Vec::new());
+        for &(name, value) in env {
+            if let Some((_, field)) = PROVIDER_FIELDS.iter().find(|(n, _)| *n == name) {
+                text.push_str(&format!("{field} = \"{value}\"\n"));
+            } else if name == "COBRO_WEBHOOK_SECRET" {
+                webhook_secret = Some(value);
+                text.push_str(&format!(
+                    "webhook_secret_env = \"{STRIPE_WEBHOOK_SECRET_ENV}\"\n"
+                ));
+            } else {
+                rest.push((name, value));
+            }
+        }
+        std::fs::create_dir_all(&self.files).expect("the site's directory");
+        let n = self.written.fetch_add(1, Ordering::Relaxed);
+        let path = self.files.join(format!("providers-{n}.toml"));
+        std::fs::write(&path, text).expect("write the providers file");
+        (path, webhook_secret, rest)
+    }
+
+    /// The fake's URL of this site's webhooks at `api` (an API process's
+    /// base URL): `/v1/webhooks/fake`, or `/v1/webhooks/stripe` for the
+    /// Stripe site's provider.
+    pub fn webhook_url(&self, api: &str) -> String {
+        format!("{api}/v1/webhooks/{}", self.dialect.webhook_provider())
     }
 
     /// `cobro serve --listen 127.0.0.1:0 ARGS`, ready; and its base URL.
@@ -283,8 +394,13 @@ impl Site {
     }
 
     /// The ids of the charges the provider holds for `reference`, asked
-    /// through its own search API.
+    /// through its own search API: the fake's charges, or on a Stripe site
+    /// the PaymentIntents whose confirmation charged the card (Stripe's
+    /// `payment_intents/search`).
     pub async fn provider_charges(&self, reference: &str) -> Vec<String> {
+        if self.dialect == Dialect::Stripe {
+            return self.provider_payment_intents(reference).await;
+        }
         let found: Value = self
             .http
             // Intent names are `{order}:{verb}-v{n}`: nothing to escape.
@@ -304,6 +420,36 @@ impl Site {
             .expect("a list")
             .iter()
             .map(|charge| charge["id"].as_str().expect("charge id").to_owned())
+            .collect()
+    }
+
+    /// The Stripe dialect's PaymentIntents of intent `reference` that made
+    /// a charge (declined ones left out), by Stripe's search.
+    async fn provider_payment_intents(&self, reference: &str) -> Vec<String> {
+        let found: Value = self
+            .http
+            .get(format!("{}/v1/payment_intents/search", self.provider.url()))
+            .query(&[
+                ("query", format!("metadata['cobro_intent']:'{reference}'")),
+                ("limit", "100".to_owned()),
+            ])
+            .bearer_auth(RIG_SECRET_KEY)
+            .header("stripe-version", fake_provider::STRIPE_API_VERSION)
+            .send()
+            .await
+            .expect("provider search")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(found["has_more"], false, "{found}");
+        found["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a search result: {found}"))
+            .iter()
+            .filter(|pi| {
+                !pi["latest_charge"].is_null() && pi["status"] != "requires_payment_method"
+            })
+            .map(|pi| pi["id"].as_str().expect("PaymentIntent id").to_owned())
             .collect()
     }
 
@@ -351,10 +497,20 @@ impl Site {
                 moved.len()
             );
         };
-        assert_eq!(payment["provider_ref"], charge.id.as_str(), "{payment}");
+        assert_eq!(
+            payment["provider_ref"],
+            crate::provider_ref_of(ledger, &charge.id),
+            "{payment}"
+        );
         assert_eq!(payment["amount"], charge.amount, "{payment}");
         assert_eq!(payment["currency"], charge.currency.as_str(), "{payment}");
         (*charge).clone()
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.files);
     }
 }
 

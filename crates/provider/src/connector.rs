@@ -62,14 +62,11 @@ impl Provider for Connector {
     async fn search_charges(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
         each!(self, p => p.search_charges(reference).await)
     }
-    async fn search_refunds(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
-        each!(self, p => p.search_refunds(reference).await)
-    }
-    async fn search_refunds_of_charge(
+    async fn search_refunds(
         &self,
         reference: &str,
         charge: Option<&str>,
     ) -> Result<Vec<ProviderObject>, QueryError> {
-        each!(self, p => p.search_refunds_of_charge(reference, charge).await)
+        each!(self, p => p.search_refunds(reference, charge).await)
     }
 }

@@ -358,7 +358,12 @@ impl Provider for HttpProvider {
             .await
     }
 
-    async fn search_refunds(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
+    /// The fake searches refunds by reference; the charge is not needed.
+    async fn search_refunds(
+        &self,
+        reference: &str,
+        _charge: Option<&str>,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
         self.search("search_refunds", "/v1/refunds", reference)
             .await
     }

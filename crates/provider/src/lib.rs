@@ -303,22 +303,15 @@ pub trait Provider: Send + Sync + 'static {
         &self,
         reference: &str,
     ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
-    /// Refunds by merchant reference, subject to the provider's search lag.
+    /// Refunds by merchant reference, given the refunded charge when cobro
+    /// knows it (the payment's `provider_ref`). A provider that searches
+    /// refunds (the fake) ignores `charge` and is subject to its search
+    /// lag; one that cannot (Stripe) lists the charge's refunds instead,
+    /// and without the charge answers a [`QueryError`] (which proves
+    /// nothing).
     fn search_refunds(
         &self,
         reference: &str,
-    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
-    /// Refunds by merchant reference, given the refunded charge when cobro
-    /// knows it (the payment's `provider_ref`). A provider that cannot
-    /// search refunds (Stripe) lists the charge's refunds instead, and
-    /// without the charge answers a [`QueryError`] (which proves nothing).
-    /// The default ignores `charge` and searches by reference.
-    fn search_refunds_of_charge(
-        &self,
-        reference: &str,
         charge: Option<&str>,
-    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send {
-        let _ = charge;
-        self.search_refunds(reference)
-    }
+    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
 }

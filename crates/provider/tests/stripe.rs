@@ -528,12 +528,15 @@ async fn an_authorisation_answered_declined_with_2xx_is_declined() {
     );
 }
 
+/// The row, and the cancel that follows it: the PaymentIntent left
+/// waiting for the customer is canceled under the attempt's derived key
+/// `<key>:cancel`.
 #[tokio::test]
 async fn an_authorisation_that_needs_the_customer_failed() {
-    let (provider, _) = stripe(vec![Reply::new(
-        200,
-        &payment_intent("requires_action", "manual"),
-    )])
+    let (provider, script) = stripe(vec![
+        Reply::new(200, &payment_intent("requires_action", "manual")),
+        Reply::new(200, &payment_intent("canceled", "manual")),
+    ])
     .await;
     let sent = authorize(&provider, false).await;
     assert_class(&sent, "failed", "authorize_needs_customer");
@@ -546,6 +549,34 @@ async fn an_authorisation_that_needs_the_customer_failed() {
         Some(&ProviderStatus::Other("requires_action".into())),
         "kept, and never evidence"
     );
+    let received = script.received();
+    assert_eq!(received.len(), 2, "the authorisation and its cancel");
+    let cancel = &received[1];
+    assert_eq!(cancel.method, Method::POST);
+    assert_eq!(cancel.path, "/v1/payment_intents/pi_3PqRsT/cancel");
+    cancel.assert_stripe_headers();
+    assert_eq!(
+        cancel.header("idempotency-key"),
+        Some(format!("{KEY}:cancel").as_str())
+    );
+    assert_eq!(cancel.form(), [("cancellation_reason", "abandoned")]);
+}
+
+/// Best effort: a cancel Stripe refuses (or never answers) changes
+/// nothing of the authorisation's outcome, and is not retried here.
+#[tokio::test]
+async fn a_failed_cancel_of_a_payment_intent_left_for_the_customer_leaves_the_outcome_failed() {
+    let (provider, script) = stripe(vec![
+        Reply::new(200, &payment_intent("requires_action", "manual")),
+        Reply::new(
+            500,
+            &error("api_error", None, "An unknown error occurred", json!({})),
+        ),
+    ])
+    .await;
+    let sent = authorize(&provider, false).await;
+    assert_class(&sent, "failed", "authorize_needs_customer");
+    assert_eq!(script.received().len(), 2);
 }
 
 #[tokio::test]
@@ -968,7 +999,7 @@ async fn refunds_are_listed_by_payment_intent_page_by_page() {
     let second = json!({"object": "list", "url": "/v1/refunds", "has_more": false, "data": [ours]});
     let (provider, script) = stripe(vec![Reply::new(200, &first), Reply::new(200, &second)]).await;
     let found = provider
-        .search_refunds_of_charge(reference, Some("pi_3PqRsT"))
+        .search_refunds(reference, Some("pi_3PqRsT"))
         .await
         .expect("listing");
     assert_eq!(
@@ -997,13 +1028,7 @@ async fn refunds_are_listed_by_payment_intent_page_by_page() {
 #[tokio::test]
 async fn without_the_refunded_payment_intent_a_refund_search_proves_nothing() {
     let (provider, script) = stripe(vec![]).await;
-    assert!(
-        provider
-            .search_refunds_of_charge(REFERENCE, None)
-            .await
-            .is_err()
-    );
-    assert!(provider.search_refunds(REFERENCE).await.is_err());
+    assert!(provider.search_refunds(REFERENCE, None).await.is_err());
     assert!(script.received().is_empty(), "nothing to ask Stripe");
 }
 
@@ -1018,7 +1043,7 @@ async fn a_refund_listing_for_a_payment_intent_stripe_does_not_know_proves_nothi
     let (provider, _) = stripe(vec![Reply::new(404, &missing)]).await;
     assert!(
         provider
-            .search_refunds_of_charge(REFERENCE, Some("pi_gone"))
+            .search_refunds(REFERENCE, Some("pi_gone"))
             .await
             .is_err()
     );

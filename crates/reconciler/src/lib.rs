@@ -463,7 +463,7 @@ impl<P: Provider> Reconciler<P> {
             // search refunds (Stripe) lists that charge's refunds.
             Operation::Refund => {
                 self.provider
-                    .search_refunds_of_charge(&attempt.reference, payment.provider_ref.as_deref())
+                    .search_refunds(&attempt.reference, payment.provider_ref.as_deref())
                     .await?
             }
         };

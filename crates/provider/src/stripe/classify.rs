@@ -279,6 +279,10 @@ fn anything(_: Op, _: &Heard) -> bool {
     true
 }
 
+/// The row of an authorisation left waiting for the customer, whose
+/// PaymentIntent the connector then cancels.
+pub const NEEDS_CUSTOMER: &str = "authorize_needs_customer";
+
 /// The table. First match wins; the last row matches everything.
 pub const TABLE: &[Row] = &[
     Row {
@@ -314,10 +318,10 @@ pub const TABLE: &[Row] = &[
         matches: authorize_declined_2xx,
     },
     Row {
-        id: "authorize_needs_customer",
+        id: NEEDS_CUSTOMER,
         when: "authorize 2xx, `requires_action`, `requires_confirmation` or `requires_payment_method` without an error",
         class: Class::Failed,
-        why: "cobro confirms in the same request and never authenticates (3-D Secure) or confirms later: nothing was charged, no funds are held, and nothing will be",
+        why: "cobro confirms in the same request and never authenticates (3-D Secure) or confirms later: nothing was charged, no funds are held, and nothing will be; the connector then cancels the PaymentIntent, best effort, under the derived key `<key>:cancel`",
         test: "an_authorisation_that_needs_the_customer_failed",
         matches: authorize_needs_customer,
     },

@@ -10,12 +10,19 @@
 //! - `classify.rs`: the classification table, one row per kind of answer;
 //! - `webhooks.rs`: `Stripe-Signature`, events, the derived sequence.
 //!
-//! One cobro attempt is one Stripe request: an authorisation creates and
-//! confirms the PaymentIntent in one `POST /v1/payment_intents`; a capture,
-//! a void and a refund are attempts of their own. So every POST carries
-//! the attempt's own provider idempotency key unchanged and no key is ever
-//! derived. (Were an attempt to need a second call, its key would be
-//! `<key>:<call>`, fixed per call, so that a retry repeats both.)
+//! Idempotency keys, per call: an authorisation creates and confirms the
+//! PaymentIntent in one `POST /v1/payment_intents` under the attempt's own
+//! provider idempotency key, unchanged; a capture, a void and a refund are
+//! attempts of their own, each one POST under its own key. One attempt
+//! makes a second call: an authorisation Stripe leaves in
+//! `requires_action` (or another `requires_*` state: cobro never
+//! authenticates nor confirms later) is recorded failed, and its
+//! PaymentIntent is canceled at once, best effort, under the derived key
+//! `<attempt key>:cancel` ([`derived_key`]). The suffix is fixed per
+//! call, so a resend of the authorisation (which replays the same
+//! PaymentIntent) resends the same cancel, which Stripe replays too: one
+//! cancel per attempt. cobro's keys are 36 characters, so the derived one
+//! (43) stays within Stripe's 255.
 
 mod classify;
 mod form;
@@ -248,6 +255,56 @@ impl StripeProvider {
 
     /// One POST under `key`, classified by the table.
     async fn post(&self, op: Op, key: &str, path: &str, form: Form) -> Sent {
+        self.post_classified(op, key, path, form).await.0
+    }
+
+    /// The authorisation's POST, then the cancel of a PaymentIntent it
+    /// left waiting for the customer (see the module docs): that
+    /// PaymentIntent holds no funds, but left open it could still be
+    /// confirmed by someone else and would show as incomplete in the
+    /// merchant's dashboard. Best effort: the authorisation's outcome
+    /// stands whatever the cancel answers.
+    async fn authorize_and_tidy(&self, key: &str, request: &AuthorizeRequest) -> Sent {
+        let (sent, row) = self
+            .post_classified(
+                Op::Authorize,
+                key,
+                "/v1/payment_intents",
+                authorize_form(request),
+            )
+            .await;
+        if row.id == classify::NEEDS_CUSTOMER
+            && let Outcome::Failed {
+                object: Some(intent),
+                ..
+            } = &sent.outcome
+        {
+            let path = format!("/v1/payment_intents/{}/cancel", encoded(&intent.id));
+            let form = Form::new().field("cancellation_reason", "abandoned");
+            let cancel = derived_key(key, "cancel");
+            let canceled = self.post(Op::Void, &cancel, &path, form).await;
+            if !matches!(canceled.outcome, Outcome::Succeeded(_)) {
+                tracing::warn!(
+                    provider = %self.config.name,
+                    payment_intent = %intent.id,
+                    outcome = canceled.outcome.class(),
+                    "a PaymentIntent left waiting for the customer could not be canceled; \
+                     it holds no funds (cancel it in the dashboard)"
+                );
+            }
+        }
+        sent
+    }
+
+    /// One POST under `key`, classified by the table; and the row that
+    /// decided.
+    async fn post_classified(
+        &self,
+        op: Op,
+        key: &str,
+        path: &str,
+        form: Form,
+    ) -> (Sent, &'static classify::Row) {
         let span = self.span(op.name());
         let started = Instant::now();
         let (heard, call) =
@@ -278,7 +335,7 @@ impl StripeProvider {
             outcome.class()
         };
         self.finish(&span, op.name(), label, started);
-        Sent { outcome, call }
+        (Sent { outcome, call }, row)
     }
 
     async fn exchange(
@@ -472,6 +529,12 @@ impl StripeProvider {
     }
 }
 
+/// The idempotency key of an attempt's second call `call` (see the
+/// module docs): the attempt's key and a suffix fixed per call.
+pub fn derived_key(key: &str, call: &str) -> String {
+    format!("{key}:{call}")
+}
+
 /// What Stripe says about the call itself.
 fn call_info(headers: &HeaderMap) -> CallInfo {
     let text = |name: &str| {
@@ -573,15 +636,7 @@ impl Provider for StripeProvider {
 
     async fn send(&self, key: &str, mutation: Mutation<'_>) -> Sent {
         match mutation {
-            Mutation::Authorize(request) => {
-                self.post(
-                    Op::Authorize,
-                    key,
-                    "/v1/payment_intents",
-                    authorize_form(request),
-                )
-                .await
-            }
+            Mutation::Authorize(request) => self.authorize_and_tidy(key, request).await,
             Mutation::Capture(charge) => {
                 let path = format!("/v1/payment_intents/{}/capture", encoded(charge));
                 self.post(Op::Capture, key, &path, Form::new()).await
@@ -618,22 +673,19 @@ impl Provider for StripeProvider {
         .await
     }
 
-    /// Stripe cannot search refunds: without the refunded PaymentIntent
-    /// there is nothing to list, and that proves nothing.
-    async fn search_refunds(&self, _reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
-        Err(QueryError(
-            "Stripe has no refund search: refunds are listed by their PaymentIntent, which was not given"
-                .into(),
-        ))
-    }
-
-    async fn search_refunds_of_charge(
+    /// Stripe cannot search refunds: they are listed by their
+    /// PaymentIntent; without it there is nothing to list, and that proves
+    /// nothing.
+    async fn search_refunds(
         &self,
         reference: &str,
         charge: Option<&str>,
     ) -> Result<Vec<ProviderObject>, QueryError> {
         let Some(intent) = charge else {
-            return self.search_refunds(reference).await;
+            return Err(QueryError(
+                "Stripe has no refund search: refunds are listed by their PaymentIntent, which was not given"
+                    .into(),
+            ));
         };
         self.query(
             "search_refunds",

@@ -585,7 +585,15 @@ fn tokens_expire_are_listed_without_their_secret_and_revoked_through_the_real_ap
     let stderr_file = workdir.dir.path().join("serve.log");
     let mut server = start_server(
         &workdir,
-        &["serve", "--listen", "127.0.0.1:0"],
+        // With no token cache a revocation takes effect on the next
+        // request (the cache's bound is tested in tests/payments_api.rs).
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-cache-ttl",
+            "0s",
+        ],
         &stderr_file,
     );
     let url = server.wait_for_line("cobro listening on ");

@@ -496,6 +496,29 @@ async fn post_webhook(
 /// status, problem code).
 type Refused<'a> = (&'a str, &'a str, Vec<u8>, Option<String>, u16, &'a str);
 
+/// Posts every refused delivery, each answered with its status and problem
+/// code, then checks that none of them stored an event, made a decision or
+/// moved the payment.
+async fn assert_refused_and_unchanged(
+    rig: &Rig,
+    cases: Vec<Refused<'_>>,
+    id: &str,
+    before: &Value,
+) {
+    for (case, provider, body, signature, status, code) in cases {
+        let (got, problem) = post_webhook(rig, provider, &body, signature).await;
+        assert_eq!(got, status, "{case}: {problem}");
+        assert_eq!(problem["code"], code, "{case}");
+    }
+    assert_eq!(
+        rig.app.db.count("webhook_events").await,
+        0,
+        "nothing stored"
+    );
+    assert_eq!(webhook_decisions(rig).await, 0);
+    assert_eq!(&rig.payment(id).await, before, "payment unchanged");
+}
+
 async fn a_bad_signature_an_old_timestamp_and_a_malformed_body_change_nothing(backend: Backend) {
     // The provider sends no webhooks here: the test sends them by hand.
     let mut rig = Rig::new(backend).await;
@@ -588,18 +611,7 @@ async fn a_bad_signature_an_old_timestamp_and_a_malformed_body_change_nothing(ba
             "body-too-large",
         ),
     ];
-    for (case, provider, body, signature, status, code) in cases {
-        let (got, problem) = post_webhook(&rig, provider, &body, signature).await;
-        assert_eq!(got, status, "{case}");
-        assert_eq!(problem["code"], code, "{case}");
-    }
-    assert_eq!(
-        rig.app.db.count("webhook_events").await,
-        0,
-        "nothing stored"
-    );
-    assert_eq!(webhook_decisions(&rig).await, 0);
-    assert_eq!(rig.payment(id).await, before, "payment unchanged");
+    assert_refused_and_unchanged(&rig, cases, id, &before).await;
 
     // The same event, correctly signed (and padded past the 16 KiB limit of
     // merchant requests), passes the checks above and is stored. It names
@@ -782,18 +794,7 @@ async fn stripe_signatures_outside_the_rules_change_nothing_and_one_valid_v1_of_
         ),
         refused("no signature", None),
     ];
-    for (case, provider, body, signature, status, code) in cases {
-        let (got, problem) = post_webhook(&rig, provider, &body, signature).await;
-        assert_eq!(got, status, "{case}: {problem}");
-        assert_eq!(problem["code"], code, "{case}");
-    }
-    assert_eq!(
-        rig.app.db.count("webhook_events").await,
-        0,
-        "nothing stored"
-    );
-    assert_eq!(webhook_decisions(&rig).await, 0);
-    assert_eq!(rig.payment(id).await, before, "payment unchanged");
+    assert_refused_and_unchanged(&rig, cases, id, &before).await;
     let ledger = rig.ledger();
     assert_eq!((ledger.totals.charges, ledger.totals.captures), (1, 0));
 

@@ -769,17 +769,15 @@ async fn chaos_with_a_merchant_endpoint_down_for_a_while_ends_with_the_endpoint_
 }
 
 /// Scenario 14's chaos run (tests/support/chaos.rs; every fault, worker
-/// and API kills, two reconcilers, duplicated and reordered webhooks) with
-/// every `cobro` process reading a providers file that names a `stripe`
-/// provider at the fake's Stripe dialect, which sends Stripe's webhooks to
-/// `/v1/webhooks/stripe`. PostgreSQL only, and 200 orders per account
-/// rather than 500 (the suite's time): the same faults must each fire and
-/// the same kills happen, and each payment must equal its own
-/// PaymentIntent with no intent charged twice.
+/// and API kills, reconcilers racing throughout and two at the end,
+/// duplicated and reordered webhooks) with every `cobro` process reading a
+/// providers file that names a `stripe` provider at the fake's Stripe
+/// dialect, which sends Stripe's webhooks to `/v1/webhooks/stripe`.
+/// PostgreSQL, 500 orders per account as on the fake's dialect: the same
+/// faults must each fire and the same kills happen, and each payment must
+/// equal its own PaymentIntent with no intent charged twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "failed once in a fresh-clone CI run (2026-12-01): `the provider keeps charging` timed out after 15 s in a kill round; \
-            at 200 orders the intake may be charged out before the 8 kill rounds end. Run with `--run-ignored only`; see the closing note of issue 13"]
 async fn chaos_on_the_stripe_dialect_every_fault_and_kills_then_each_payment_equals_its_own_payment_intent()
  {
-    cobro_test_support::chaos::chaos_run_in(Backend::Postgres, Dialect::Stripe, 200).await;
+    cobro_test_support::chaos::chaos_run_in(Backend::Postgres, Dialect::Stripe, 500).await;
 }

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 /// refunds and searches (errors before and after the effect, lost and late
 /// answers, 409s, search lag), forgets keys after 4 s and duplicates,
 /// reorders and drops its webhooks; worker processes are SIGKILLed and
-/// restarted throughout, one of the two API processes too, and at the end
-/// two reconcilers run at once until nothing is unsettled.
+/// restarted throughout, one of the two API processes too; every process
+/// runs its scheduled reconciler every 2 s, and at the end two reconcilers
+/// run at once until nothing is unsettled.
 ///
 /// The judge is the provider's ledger, per payment: its own charge (found
 /// by cobro's attempt metadata) must have the payment's amount, status,
@@ -103,6 +104,13 @@ pub async fn chaos_run_in(backend: Backend, dialect: Dialect, orders: usize) {
         ("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "3s"),
         ("COBRO_PROVIDER_SEARCH_LAG", "3s"),
         ("COBRO_RECONCILE_STUCK_AFTER", "5s"),
+        // Every process's scheduled reconciler runs every 2 s, racing the
+        // workers, the webhooks and the other processes' reconcilers while
+        // payments flow. With the default (second 30 of each minute) an
+        // attempt handed over mid-run waited up to a minute, the merchants
+        // waiting on such payments filled every client slot, and the
+        // intake stalled, depending on the wall clock's phase.
+        ("COBRO_RECONCILE_SCHEDULE", "*/2 * * * * *"),
         ("COBRO_WEBHOOK_SECRET", "whsec_chaos"),
     ];
     // Two API processes; the first also receives the provider's webhooks
@@ -139,15 +147,23 @@ pub async fn chaos_run_in(backend: Backend, dialect: Dialect, orders: usize) {
     };
 
     // Kill a worker, start a new one, again and again while payments flow;
-    // twice, the second API process too.
+    // three times, the second API process too. The rounds are spread over
+    // two thirds of the charges the intake makes (nine orders in ten
+    // charge), so the kills land throughout the run, not in its first
+    // seconds.
     let (mut worker_kills, mut api_kills) = (0, 0);
+    let per_round = (2 * orders as u64 * 9 / 10 / 12).max(25);
+    let mut kills_in_flow = 0;
     for round in 0..8usize {
         let ledger_before = site.ledger().totals.charges;
         wait_for("the provider keeps charging", SETTLE, async || {
-            (site.ledger().totals.charges >= ledger_before + 25 || journeys.is_finished())
+            (site.ledger().totals.charges >= ledger_before + per_round || journeys.is_finished())
                 .then_some(())
         })
         .await;
+        if !journeys.is_finished() {
+            kills_in_flow += 1;
+        }
         let victim = round % workers.len();
         workers[victim].kill9();
         worker_kills += 1;
@@ -254,9 +270,13 @@ pub async fn chaos_run_in(backend: Backend, dialect: Dialect, orders: usize) {
         "{deliveries} deliveries of {events} events"
     );
     assert_eq!((worker_kills, api_kills), (8, 3));
+    assert_eq!(
+        kills_in_flow, 8,
+        "kills made while the merchants' orders flowed"
+    );
     eprintln!(
         "chaos: {} charges, {} declines, {} captures, {} voids, {} refunds; faults fired {:?}; \
-         {worker_kills} worker and {api_kills} API kills; {deliveries} webhook deliveries of {events} events; \
+         {worker_kills} worker and {api_kills} API kills ({kills_in_flow} rounds while orders flowed); {deliveries} webhook deliveries of {events} events; \
          {} reconciler decisions, {} attempts retried with a new key",
         ledger.totals.charges,
         ledger.totals.declines,

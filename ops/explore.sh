@@ -9,14 +9,14 @@
 # 12 SQLite seeds/s on a loaded 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-filter='binary(explorer)'
+filter='test(/^explorer::/)'
 while [ $# -gt 0 ]; do
   case "$1" in
     --seeds) export EXPLORE_SEEDS="$2"; shift 2 ;;
     --seed) export EXPLORE_SEED="$2"; shift 2 ;;
     --first) export EXPLORE_FIRST_SEED="$2"; shift 2 ;;
-    --postgres) filter='binary(explorer) & test(explore_postgres)'; shift ;;
-    --sqlite) filter='binary(explorer) & test(explore_sqlite)'; shift ;;
+    --postgres) filter='test(/^explorer::explore_postgres/)'; shift ;;
+    --sqlite) filter='test(/^explorer::explore_sqlite/)'; shift ;;
     *) echo "usage: ops/explore.sh [--seeds N [--first F] | --seed S] [--postgres | --sqlite]" >&2; exit 2 ;;
   esac
 done

@@ -573,8 +573,7 @@ async fn a_dispatcher_killed_mid_delivery_is_finished_by_another_with_the_same_e
     );
 }
 
-#[path = "merchant.rs"]
-mod merchant;
+use crate::merchant;
 
 /// The "done when" at process level: a chaos run (provider faults,
 /// an 8 s key window, workers SIGKILLed and restarted, each with its

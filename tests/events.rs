@@ -443,8 +443,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     }
 }
 
-#[path = "merchant.rs"]
-mod merchant;
+use crate::merchant;
 
 use merchant::{Answer, Merchant};
 

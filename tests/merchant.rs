@@ -2,7 +2,7 @@
 //! answers are scripted, that verifies each delivery's signature and
 //! applies it with `cobro-client`'s inbox (dedup by id, apply by
 //! sequence) into its own table, as a merchant would. Shared by
-//! `events.rs` and `crash.rs` (`#[path]`); each uses part of it.
+//! `events` and `crash`; each uses part of it.
 #![allow(dead_code)]
 
 use cobro_client::webhook::{Decision, EventInbox, WebhookEvent, verify_event};

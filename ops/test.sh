@@ -37,8 +37,11 @@ trap 'status=$?; localstripe_down; (exit "$status"); pg_down' EXIT
 cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"
 # nextest does not run doc tests; cobro-client's crate example runs against
-# a real cobro API.
-cargo test --doc -p cobro-client
+# a real cobro API (the only crate with doc tests). `--workspace`, so that
+# features resolve as for the build above: `-p cobro-client` alone resolved
+# them for that crate's graph and recompiled tokio, serde and more (about
+# 80 s of a cold run).
+cargo test --workspace --doc
 # The fuzzer: schemathesis against real servers on both stores (bounded);
 # a filtered run (`ops/test.sh -E ...`) skips it.
 if [ "$#" = 0 ]; then

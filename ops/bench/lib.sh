@@ -198,6 +198,7 @@ pgbench_vars() {
   fingerprint=$(psql_q "$(db_url "$db")" -c "SELECT fingerprint FROM idempotency_records WHERE account_id = '$account' AND idempotency_key = '$key'")
   PGBENCH_VARS=(
     -D "token_hash=$TOKEN_HASH" -D "now=$(date -u +%Y-%m-%dT%H:%M:%SZ)" -D "operation=payment.authorize"
+    -D "account_id=$account" -D "ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     -D "resource_type=payment" -D "fingerprint=$fingerprint" -D 'empty=\x' -D "status_code=201"
     -D "body=$(cat "$seed")" -D "currency=EUR" -D "capture_method=automatic"
     -D "payment_method=pm_card_visa" -D "description=bench" -D "metadata={}"

@@ -1,26 +1,27 @@
 -- pgbench: POST /v1/payments as cobro runs it, statement for statement
 -- (ops/bench.sh; variables come from -D and from the \gset below).
 --
--- 1. Account extractor: crates/store/src/accounts.rs account_for_token_at.
---    cobro generates the request's ids, key and order ref in process; here
---    the same lookup also returns them (\gset), which costs no extra round
---    trip and keeps every statement after it byte-identical to cobro's.
---    (lease_end and charge are for worker.sql, when this file is the first
---    half of e2e.sql.)
+-- 1. The account extractor sends nothing (the token is in the API's token
+--    cache, see replay.sql). cobro generates the request's ids, key and
+--    order ref in process; pgbench cannot make a uuid or a string, so one
+--    statement that reads no table makes them (\gset): the one round trip
+--    here that cobro does not pay (statements.sh counts it apart). The
+--    account is -D :account_id. (lease_end and charge are for worker.sql,
+--    when this file is the first half of e2e.sql.)
 \set amount random(100, 99999)
--- mirrors: SELECT account_id FROM api_tokens WHERE token_hash = ? AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)
-SELECT account_id, gen_random_uuid() AS payment_id, gen_random_uuid() AS intent_id,
+-- pgbench-only: makes in one round trip what cobro makes in process.
+SELECT gen_random_uuid() AS payment_id, gen_random_uuid() AS intent_id,
        gen_random_uuid() AS outbox_id,
        gen_random_uuid()::text AS provider_key, md5(random()::text) AS idem_key,
        o.order_ref, o.order_ref || ':' || 'authorize-v1' AS intent,
        o.order_ref || ':' || 'authorize-v1/' || o.attempt_id AS reference, o.attempt_id, clock_timestamp() AS ts,
        clock_timestamp() + interval '30 seconds' AS lease_end, 'ch_' || md5(random()::text) AS charge
-  FROM api_tokens, (SELECT 'pgb-' || md5(random()::text) AS order_ref, gen_random_uuid() AS attempt_id) o
- WHERE token_hash = :token_hash AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > :now) \gset
+  FROM (SELECT 'pgb-' || md5(random()::text) AS order_ref, gen_random_uuid() AS attempt_id) o \gset
 -- 2. keyed::begin: sqlx pool.begin() sends BEGIN on its own.
 BEGIN;
--- 3. idempotency.rs reserve_key (the key is new: one row inserted).
-INSERT INTO idempotency_records (account_id, operation, idempotency_key, fingerprint, state, status_code, response_body, resource_type, resource_id, created_at) VALUES (:account_id, :operation, :idem_key, :fingerprint, 'completed', 0, :empty, :resource_type, :payment_id, :ts) ON CONFLICT (account_id, operation, idempotency_key) DO NOTHING;
+-- 3. idempotency.rs reserve_key on PostgreSQL (the key is new: the INSERT
+--    makes the row; the read beside it finds nothing), one statement.
+WITH ins AS (INSERT INTO idempotency_records (account_id, operation, idempotency_key, fingerprint, state, status_code, response_body, resource_type, resource_id, created_at) VALUES (:account_id, :operation, :idem_key, :fingerprint, 'completed', 0, :empty, :resource_type, :payment_id, :ts) ON CONFLICT (account_id, operation, idempotency_key) DO NOTHING RETURNING 1) SELECT EXISTS (SELECT 1 FROM ins) AS reserved, r.* FROM (SELECT 1) AS one LEFT JOIN (SELECT fingerprint, status_code, response_body, resource_type, resource_id, created_at FROM idempotency_records WHERE account_id = :account_id AND operation = :operation AND idempotency_key = :idem_key) AS r ON true;
 -- 4. payments.rs next_intent_sequence (authorize).
 SELECT COUNT(*) FROM payments WHERE account_id = :account_id AND order_ref = :order_ref;
 -- 5. payments.rs insert_payment.

@@ -240,6 +240,15 @@ e2e_scenario() { # CLIENTS
   clone_db "$cdb" bench_tpl
   start_charging "$cdb" "e2e-$DUR"
   e2e_script "$WORK/e2e.sql"
+  # A standing backlog of E2E_BACKLOG pending payments (new_payment.sql
+  # alone, once each): each e2e.sql transaction adds one payment and settles
+  # the oldest due one, so the backlog stays put, and a claim always finds a
+  # row that no other client holds. Without it, a claim could find every
+  # pending row locked by the other clients (SKIP LOCKED) and pgbench
+  # aborted on its \gset ("expected one row, got 0").
+  pgbench_args "$pgdb" new_payment.sql 1
+  "$PG_BIN/pgbench" "${PGB_ARGS[@]}" -t "${E2E_BACKLOG:-256}" >"$WORK/pgbench-e2e-backlog.out" 2>&1 \
+    || { tail -20 "$WORK/pgbench-e2e-backlog.out" >&2; die "pgbench e2e backlog failed"; }
   pgbench_warmup "$pgdb" "$WORK/e2e.sql" "$clients"
   wrk_once new "$clients" "$WARMUP" "e2ew$RUN_ID-$DUR-$clients" "$WORK/wrk-warmup.out"
   drain "$cdb" "" || log "warning: the warm-up backlog was not charged within ${DRAIN_LIMIT}s"

@@ -8,12 +8,17 @@
 -- 1. outbox.rs claim_due_for: lease the oldest due row (LIMIT 1: one
 --    payment per transaction here; cobro's worker claims up to its free
 --    slots at once, so under load its claims cost less per payment than
---    this). :claim_before is 'infinity': a row another client has claimed
---    is not due (its due_at is its lease's end), so every client finds one.
+--    this). The claim's "now" is the transaction's :ts, as the worker's
+--    is its clock: a row another client claimed has its due_at at its
+--    lease's end, so it is not due and nobody claims it twice (with
+--    'infinity' here, a row could be claimed again and settled by another
+--    client before its first claimer read it). ops/bench.sh gives the
+--    database a standing backlog (E2E_BACKLOG pending payments), so every
+--    claim finds a row.
 --    pgbench gives each :provider its own parameter, so the first needs a
 --    type (::text): cobro's one $5 gets it from `a.provider = $5`.
 -- mirrors: UPDATE outbox o SET lease_owner = ?, lease_token = o.lease_token + 1, lease_expires_at = ?, due_at = ?, updated_at = ? FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= ? AND EXISTS (SELECT 1 FROM attempts a WHERE a.id = outbox.attempt_id AND (? IS NULL OR a.provider = ? OR (a.provider IS NULL AND ?))) ORDER BY due_at LIMIT ? FOR UPDATE SKIP LOCKED) due WHERE o.id = due.id RETURNING o.id, o.lease_token
-UPDATE outbox o SET lease_owner = :owner, lease_token = o.lease_token + 1, lease_expires_at = :lease_end, due_at = :lease_end, updated_at = :ts FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= :claim_before AND EXISTS (SELECT 1 FROM attempts a WHERE a.id = outbox.attempt_id AND (:provider::text IS NULL OR a.provider = :provider OR (a.provider IS NULL AND :provider_default))) ORDER BY due_at LIMIT :one FOR UPDATE SKIP LOCKED) due WHERE o.id = due.id RETURNING o.id, o.lease_token \gset k_
+UPDATE outbox o SET lease_owner = :owner, lease_token = o.lease_token + 1, lease_expires_at = :lease_end, due_at = :lease_end, updated_at = :ts FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= :ts AND EXISTS (SELECT 1 FROM attempts a WHERE a.id = outbox.attempt_id AND (:provider::text IS NULL OR a.provider = :provider OR (a.provider IS NULL AND :provider_default))) ORDER BY due_at LIMIT :one FOR UPDATE SKIP LOCKED) due WHERE o.id = due.id RETURNING o.id, o.lease_token \gset k_
 -- 2. ... then reads the claimed rows with their attempts.
 SELECT o.id AS outbox_id, o.lease_token, o.lease_expires_at, o.traceparent, o.tracestate, a.id, a.intent_id, a.payment_id, a.refund_id, a.operation, a.provider_key, a.reference, a.state, a.send_count, a.first_send_at, a.last_send_at, a.provider_ref, a.last_error, a.created_at, a.updated_at, a.provider, a.provider_request_id, a.provider_replayed FROM outbox o JOIN attempts a ON a.id = o.attempt_id WHERE o.id IN (:k_id) AND o.state = 'pending' \gset c_
 -- 3. worker.rs prepare: payments.rs payment_any_account.

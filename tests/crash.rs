@@ -780,3 +780,71 @@ async fn chaos_on_the_stripe_dialect_every_fault_and_kills_then_each_payment_equ
  {
     cobro_test_support::chaos::chaos_run_in(Backend::Postgres, Dialect::Stripe, 500).await;
 }
+
+/// `cobro worker` and `cobro serve` on PostgreSQL refuse at start a pool
+/// that their LISTEN connections would fill (each worker's for new work,
+/// the long polls' for settled payments), naming the setting and the
+/// smallest size that works; nothing is charged. The smallest size does
+/// work: a worker with a pool of 2 charges a payment exactly once. SQLite
+/// holds no connection for LISTEN, so a pool of 1 is enough there.
+#[tokio::test]
+async fn a_pool_the_listeners_would_fill_is_refused_at_start_and_the_smallest_that_works_charges_once()
+ {
+    let refused = |site: &Site, args: &'static [&'static str], pool: &'static str| {
+        let mut command = site.command(args, &[("COBRO_DB_MAX_CONNECTIONS", pool)]);
+        async move {
+            tokio::task::spawn_blocking(move || command.output())
+                .await
+                .expect("join")
+                .expect("cobro runs")
+        }
+    };
+    let site = Site::new(Backend::Postgres).await;
+    for (args, pool, least) in [
+        (&["worker"][..], "1", "at least 2"),
+        (
+            &["serve", "--listen", "127.0.0.1:0", "--no-worker"][..],
+            "1",
+            "at least 2",
+        ),
+        (&["serve", "--listen", "127.0.0.1:0"][..], "2", "at least 3"),
+    ] {
+        let output = refused(&site, args, pool).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?} with {pool}: {stderr}"
+        );
+        assert!(
+            stderr.contains("COBRO_DB_MAX_CONNECTIONS") && stderr.contains(least),
+            "{args:?} with {pool}: {stderr}"
+        );
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("running as"));
+    }
+    assert_eq!(site.ledger().totals.charges, 0);
+
+    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
+    let created = site
+        .create_payment(&url, "pool-2", &payment_body("pedido-pool"))
+        .await;
+    let (_worker, _) = site
+        .worker("worker (pool 2)", &[("COBRO_DB_MAX_CONNECTIONS", "2")])
+        .await;
+    let payment = site.payment_in(&url, &id_of(&created), "captured").await;
+    assert_captured_once(&site, &payment, 1).await;
+
+    let site = Site::new(Backend::Sqlite).await;
+    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
+    let created = site
+        .create_payment(&url, "pool-1", &payment_body("pedido-pool"))
+        .await;
+    let (_worker, _) = site
+        .worker(
+            "worker (pool 1, SQLite)",
+            &[("COBRO_DB_MAX_CONNECTIONS", "1")],
+        )
+        .await;
+    let payment = site.payment_in(&url, &id_of(&created), "captured").await;
+    assert_captured_once(&site, &payment, 1).await;
+}

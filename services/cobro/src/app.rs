@@ -149,9 +149,16 @@ impl Application {
         // otherwise; the API wakes them in memory after every commit that
         // enqueued work.
         let (provider_handle, worker) = if settings.no_worker {
+            database::require_pool(global, &store, 1, "the long polls")?;
             (None, None)
         } else {
             let configs = crate::worker::worker_configs(&registry, &settings.worker)?;
+            database::require_pool(
+                global,
+                &store,
+                1 + configs.len(),
+                "the long polls and the workers (one per provider)",
+            )?;
             let handle = crate::provider::connect(registry.clone(), true).await?;
             let task = crate::worker::spawn(
                 store.clone(),

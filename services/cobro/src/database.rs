@@ -3,7 +3,7 @@
 
 use crate::settings::{DatabaseTarget, GlobalSettings};
 use anyhow::Context;
-use cobro_store::Store;
+use cobro_store::{BackendKind, Store};
 
 /// What to do about the schema once connected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,4 +47,28 @@ pub async fn open(
         "database ready"
     );
     Ok((store, target))
+}
+
+/// Refuses a PostgreSQL pool that the connections this process holds for
+/// as long as it runs would fill: `held` LISTEN connections (one per
+/// worker for new work, one for the long polls' settled payments), plus at
+/// least one for everything else. With fewer, the process started and
+/// then never claimed (a worker) or answered a long poll with 503, logging
+/// only a timeout every few seconds. SQLite holds none (no LISTEN).
+pub fn require_pool(
+    global: &GlobalSettings,
+    store: &Store,
+    held: usize,
+    holders: &str,
+) -> anyhow::Result<()> {
+    let size = global.db_max_connections as usize;
+    if store.backend() == BackendKind::Postgres && size <= held {
+        anyhow::bail!(
+            "COBRO_DB_MAX_CONNECTIONS (--db-max-connections) is {size}, but {holders} hold {held} \
+             PostgreSQL connection(s) for as long as this process runs (LISTEN), which leaves none \
+             for anything else: set it to at least {}",
+            held + 1
+        );
+    }
+    Ok(())
 }

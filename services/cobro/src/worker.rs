@@ -149,6 +149,12 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     )?;
     let configs = worker_configs(&registry, &args.worker)?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    database::require_pool(
+        global,
+        &store,
+        configs.len(),
+        "the workers (one per provider)",
+    )?;
     let handle = crate::provider::connect(registry, false).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut scheduler = JobScheduler::new()

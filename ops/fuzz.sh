@@ -26,6 +26,11 @@ if ! "$venv/bin/schemathesis" --version 2>/dev/null | grep -q "$version"; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$version"
 fi
+# FUZZ_INSTALL_ONLY=1: only the install above (ops/test.sh runs it in the
+# background while the suite builds and runs).
+if [ -n "${FUZZ_INSTALL_ONLY:-}" ]; then
+  exit 0
+fi
 
 # shellcheck source=ops/throwaway-postgres.sh
 source ops/throwaway-postgres.sh

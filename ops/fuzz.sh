@@ -41,7 +41,11 @@ if [ -z "${COBRO_TEST_PG_URL:-}" ]; then
   own_pg=1
 fi
 
-cargo build -q -p cobro
+# Every target, as ops/test.sh builds, so that features resolve the same and
+# nothing is compiled again: `-p cobro` alone resolved them for cobro's own
+# graph and recompiled cobro-api and its dependencies (about 100 s of a cold
+# ops/test.sh).
+cargo build -q --workspace --all-targets
 cobro="$target/debug/cobro"
 work="$(mktemp -d "$target/fuzz-XXXXXX")"
 servers=()

@@ -778,7 +778,7 @@ async fn chaos_with_a_merchant_endpoint_down_for_a_while_ends_with_the_endpoint_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_on_the_stripe_dialect_every_fault_and_kills_then_each_payment_equals_its_own_payment_intent()
  {
-    cobro_test_support::chaos::chaos_run_in(Backend::Postgres, Dialect::Stripe, 500).await;
+    cobro_test_support::chaos::chaos_run(Backend::Postgres, Dialect::Stripe).await;
 }
 
 /// `cobro worker` and `cobro serve` on PostgreSQL refuse at start a pool
@@ -800,6 +800,11 @@ async fn a_pool_the_listeners_would_fill_is_refused_at_start_and_the_smallest_th
         }
     };
     let site = Site::new(Backend::Postgres).await;
+    // A payment waits in the outbox while the refused processes start.
+    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
+    let created = site
+        .create_payment(&url, "pool-2", &payment_body("pedido-pool"))
+        .await;
     for (args, pool, least) in [
         (&["worker"][..], "1", "at least 2"),
         (
@@ -822,12 +827,13 @@ async fn a_pool_the_listeners_would_fill_is_refused_at_start_and_the_smallest_th
         );
         assert!(!String::from_utf8_lossy(&output.stdout).contains("running as"));
     }
+    // None of them sent the waiting payment: the provider made nothing.
     assert_eq!(site.ledger().totals.charges, 0);
+    assert_eq!(
+        site.payment(&url, &id_of(&created)).await["status"],
+        "processing"
+    );
 
-    let (_api, url) = site.serve("serve", &["--no-worker"], &[]).await;
-    let created = site
-        .create_payment(&url, "pool-2", &payment_body("pedido-pool"))
-        .await;
     let (_worker, _) = site
         .worker("worker (pool 2)", &[("COBRO_DB_MAX_CONNECTIONS", "2")])
         .await;

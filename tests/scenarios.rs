@@ -19,8 +19,8 @@
 use cobro_test_support::process::Cobro;
 use cobro_test_support::site::{SETTLE, Site, assert_captured_once, id_of, replayed};
 use cobro_test_support::{
-    Backend, double_charges, for_intent, manual_payment_body, on_both_backends, payment_body,
-    wait_for,
+    Backend, Dialect, double_charges, for_intent, manual_payment_body, on_both_backends,
+    payment_body, wait_for,
 };
 use fake_provider::{FaultAction, FaultRule, Operation as FOp, WebhookDelivery, WebhookTarget};
 use serde_json::{Value, json};
@@ -959,7 +959,7 @@ async fn s13_one_key_and_order_under_two_accounts_is_two_payments_two_charges_ne
 
 /// Scenario 14: the chaos run (tests/support/chaos.rs), on each store.
 async fn s14_chaos_every_fault_and_kills_then_each_payment_equals_its_own_charge(backend: Backend) {
-    cobro_test_support::chaos::chaos_run(backend).await;
+    cobro_test_support::chaos::chaos_run(backend, Dialect::Fake).await;
 }
 
 // --- helpers -------------------------------------------------------------

@@ -187,8 +187,8 @@ loadavg() { cut -d' ' -f1 /proc/loadavg; }
 report() { python3 "$BENCH/report.py" "$@"; }
 json_field() { python3 -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$@"; }
 
-# The pgbench variables (-D) of ops/bench/*.sql for database $1, whose
-# token is TOKEN_HASH and whose payment $2 (a JSON file: cobro's 201 answer
+# The pgbench variables (-D) of ops/bench/*.sql for database $1 (its one
+# account) and its payment $2 (a JSON file: cobro's 201 answer
 # to the POST with key $3) the replay and GET scripts read; sets PGBENCH_VARS
 # and PAYMENT_ID. complete_key stores that same real 201 body.
 pgbench_vars() {
@@ -197,7 +197,7 @@ pgbench_vars() {
   account=$(psql_q "$(db_url "$db")" -c "SELECT account_id FROM api_tokens")
   fingerprint=$(psql_q "$(db_url "$db")" -c "SELECT fingerprint FROM idempotency_records WHERE account_id = '$account' AND idempotency_key = '$key'")
   PGBENCH_VARS=(
-    -D "token_hash=$TOKEN_HASH" -D "now=$(date -u +%Y-%m-%dT%H:%M:%SZ)" -D "operation=payment.authorize"
+    -D "operation=payment.authorize"
     -D "account_id=$account" -D "ts=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     -D "resource_type=payment" -D "fingerprint=$fingerprint" -D 'empty=\x' -D "status_code=201"
     -D "body=$(cat "$seed")" -D "currency=EUR" -D "capture_method=automatic"

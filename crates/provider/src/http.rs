@@ -54,7 +54,7 @@ pub struct HttpProvider {
 
 impl HttpProvider {
     pub fn new(config: HttpProviderConfig) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+        let client = crate::client_builder(&config.base_url)
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
             .build()?;

@@ -178,7 +178,7 @@ impl StripeProvider {
         if config.secret_key.expose().is_empty() {
             return Err(StripeConfigError::EmptyKey);
         }
-        let client = reqwest::Client::builder()
+        let client = crate::client_builder(&config.base_url)
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
             // A redirected POST would be resent as a GET elsewhere: an

@@ -6,6 +6,13 @@ use clap::Parser;
 use cobro::{cli, settings, telemetry};
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc's malloc: a request allocates and frees
+/// hundreds of small objects (headers, JSON, rows) across worker threads,
+/// which glibc's arenas serve slowly (ops/bench/README.md, "Where cobro's
+/// CPU goes").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = cli::Cli::parse();

@@ -75,6 +75,34 @@ impl Claimed {
     pub fn leased(&self) -> usize {
         self.claims.len() + self.unreadable.len()
     }
+
+    /// Adds one leased row (its outbox columns and its attempt's): a
+    /// claim, or an unreadable one when the attempt does not decode.
+    fn push<'r, R>(&mut self, row: &'r R) -> Result<()>
+    where
+        R: sqlx::Row,
+        ClaimRow: sqlx::FromRow<'r, R>,
+        DbId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        &'static str: sqlx::ColumnIndex<R>,
+    {
+        match decode_attempt::<_, ClaimRow>(row)? {
+            Ok(r) => self.claims.push(Claim {
+                outbox_id: OutboxId::from_uuid(r.outbox_id.0),
+                token: r.lease_token,
+                lease_expires_at: r.lease_expires_at.0,
+                attempt: r.attempt,
+                traceparent: r.traceparent,
+                tracestate: r.tracestate,
+            }),
+            Err(attempt) => self.unreadable.push(UnreadableClaim {
+                outbox_id: OutboxId::from_uuid(row.try_get::<DbId, _>("outbox_id")?.0),
+                token: row.try_get("lease_token")?,
+                attempt,
+            }),
+        }
+        Ok(())
+    }
 }
 
 /// A row leased by a claim whose attempt could not be decoded.
@@ -331,28 +359,86 @@ impl Store {
             "EXISTS (SELECT 1 FROM attempts a WHERE a.id = outbox.attempt_id AND {})",
             provider_clause(5, 6)
         );
-        // Each arm returns the (row, fencing token) pairs it leased, so the
-        // claim is read back by exactly those tokens, never by owner and
-        // expiry (two claims in one instant would share those).
-        let sql = match &self.backend {
-            // SKIP LOCKED: concurrent workers take disjoint rows without waiting.
-            Backend::Postgres(_) => format!(
-                "UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
-                 lease_expires_at = $3, due_at = $3, updated_at = $2 \
-                 FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
-                       AND {of_provider} \
-                       ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-                 WHERE o.id = due.id RETURNING o.id, o.lease_token"
-            ),
-            // SQLite has one writer: the single UPDATE is the claim.
-            Backend::Sqlite(_) => format!(
-                "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
-                 lease_expires_at = $3, due_at = $3, updated_at = $2 \
-                 WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
-                              AND {of_provider} \
-                              ORDER BY due_at LIMIT $4) RETURNING id, lease_token"
-            ),
+        let columns = ATTEMPT_COLUMNS
+            .split(", ")
+            .map(|c| format!("a.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut claimed = Claimed::default();
+        let pool = match &self.backend {
+            // One statement: the claim (SKIP LOCKED: concurrent workers take
+            // disjoint rows without waiting) and, joined to the rows it
+            // leased, their attempts. The outbox rows are the versions this
+            // statement wrote, so they are ours by construction; the
+            // attempts are read in the statement's snapshot, from just
+            // before the rows were locked (reading them back afterwards saw
+            // a moment later; neither is a lock). Whether a send may happen
+            // is decided by `record_send`, which re-reads the attempt's
+            // state and its payment's under the lease. What the worker
+            // takes from this read alone is `send_count` and
+            // `first_send_at`: a stale owner's send mark committing during
+            // this statement shows as one send fewer (the retry budget and
+            // backoff count it late; the key window moves by at most this
+            // statement's duration). One round trip and one pool checkout
+            // fewer per claim than reading the claim back.
+            Backend::Postgres(pool) => pool,
+            Backend::Sqlite(_) => {
+                let shape = (of_provider.as_str(), columns.as_str());
+                return self
+                    .claim_due_sqlite(owner, now, lease_until, limit, provider, shape)
+                    .await;
+            }
         };
+        let sql = format!(
+            "WITH leased AS (UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
+             lease_expires_at = $3, due_at = $3, updated_at = $2 \
+             FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
+                   AND {of_provider} \
+                   ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
+             WHERE o.id = due.id \
+             RETURNING o.id, o.lease_token, o.lease_expires_at, o.traceparent, o.tracestate, o.attempt_id) \
+             SELECT l.id AS outbox_id, l.lease_token, l.lease_expires_at, l.traceparent, \
+             l.tracestate, {columns} FROM leased l JOIN attempts a ON a.id = l.attempt_id"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(owner)
+            .bind(DbTime(now))
+            .bind(DbTime(lease_until))
+            .bind(i64::from(limit))
+            .bind(provider.map(|p| p.name.as_str()))
+            .bind(provider.is_some_and(|p| p.is_default))
+            .fetch_all(pool)
+            .await?;
+        tracing::Span::current().record("claimed", rows.len());
+        // Row by row: one attempt that does not decode fails only itself,
+        // never the batch this claim has already leased.
+        for row in rows {
+            claimed.push(&row)?;
+        }
+        Ok(claimed)
+    }
+
+    /// SQLite's claim (`of_provider` and `columns` as in
+    /// [`Store::claim_due_for`]): one writer, so the single UPDATE is the
+    /// claim; the rows it leased are then read back by their (row, fencing token)
+    /// pairs, never by owner and expiry (two claims in one instant would
+    /// share those). SQLite has no data-modifying CTE to do it in one.
+    async fn claim_due_sqlite(
+        &self,
+        owner: &str,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        limit: u32,
+        provider: Option<&ProviderScope>,
+        (of_provider, columns): (&str, &str),
+    ) -> Result<Claimed> {
+        let sql = format!(
+            "UPDATE outbox SET lease_owner = $1, lease_token = lease_token + 1, \
+             lease_expires_at = $3, due_at = $3, updated_at = $2 \
+             WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
+                          AND {of_provider} \
+                          ORDER BY due_at LIMIT $4) RETURNING id, lease_token"
+        );
         let leased: Vec<(DbId, i64)> = on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(owner)
             .bind(DbTime(now))
@@ -366,11 +452,6 @@ impl Store {
         if leased.is_empty() {
             return Ok(Claimed::default());
         }
-        let columns = ATTEMPT_COLUMNS
-            .split(", ")
-            .map(|c| format!("a.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let placeholders = (1..=leased.len())
             .map(|i| format!("${i}"))
             .collect::<Vec<_>>()
@@ -381,8 +462,6 @@ impl Store {
              FROM outbox o JOIN attempts a ON a.id = o.attempt_id \
              WHERE o.id IN ({placeholders}) AND o.state = 'pending'"
         );
-        // Row by row: one attempt that does not decode fails only itself,
-        // never the batch this claim has already leased.
         let mut claimed = Claimed::default();
         on_pool!(self, pool => {
             let mut q = sqlx::query(&sql);
@@ -394,23 +473,8 @@ impl Store {
                 let token: i64 = row.try_get("lease_token")?;
                 // Only the token this claim set: a row claimed again since
                 // (its lease already lost) is not ours.
-                if !leased.contains(&(outbox_id, token)) {
-                    continue;
-                }
-                match decode_attempt::<_, ClaimRow>(&row)? {
-                    Ok(r) => claimed.claims.push(Claim {
-                        outbox_id: OutboxId::from_uuid(r.outbox_id.0),
-                        token: r.lease_token,
-                        lease_expires_at: r.lease_expires_at.0,
-                        attempt: r.attempt,
-                        traceparent: r.traceparent,
-                        tracestate: r.tracestate,
-                    }),
-                    Err(attempt) => claimed.unreadable.push(UnreadableClaim {
-                        outbox_id: OutboxId::from_uuid(outbox_id.0),
-                        token,
-                        attempt,
-                    }),
+                if leased.contains(&(outbox_id, token)) {
+                    claimed.push(&row)?;
                 }
             }
         });

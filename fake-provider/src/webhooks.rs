@@ -131,7 +131,9 @@ pub(crate) enum FakeEventData {
 #[derive(Clone)]
 struct Sender {
     shared: Arc<Shared>,
-    http: reqwest::Client,
+    /// Built on the first delivery: most fakes (the tests') never deliver,
+    /// and building a client reads the platform's CA roots.
+    http: Arc<std::sync::OnceLock<Result<reqwest::Client, String>>>,
 }
 
 impl Sender {
@@ -141,13 +143,22 @@ impl Sender {
         let Some(target) = self.shared.lock().webhook.clone() else {
             return true;
         };
+        let http = self.http.get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(ATTEMPT_TIMEOUT)
+                .build()
+                .map_err(|e| format!("cannot build the webhook HTTP client: {e}"))
+        });
+        let http = match http {
+            Ok(http) => http,
+            Err(error) => return self.record(event, attempt, None, Some(error.clone())),
+        };
         let now = self.shared.clock.now();
         let (header, content_type) = match event.dialect {
             WebhookDialect::Fake => (SIGNATURE_HEADER, "application/json"),
             WebhookDialect::Stripe => (STRIPE_SIGNATURE_HEADER, "application/json; charset=utf-8"),
         };
-        let result = self
-            .http
+        let result = http
             .post(&target.url)
             .header(reqwest::header::CONTENT_TYPE, content_type)
             .header(header, sign(&target.secret, now.timestamp(), &event.body))
@@ -226,14 +237,10 @@ pub(crate) async fn dispatch(
     mut events: UnboundedReceiver<Event>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let http = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).build() {
-        Ok(http) => http,
-        Err(error) => {
-            tracing::error!(%error, "cannot build the webhook HTTP client; webhooks are off");
-            return;
-        }
+    let sender = Sender {
+        shared,
+        http: Arc::default(),
     };
-    let sender = Sender { shared, http };
     let mut retries = JoinSet::new();
     // A `reorder`ed event waits for the next one, but not forever: at-least-once
     // still holds when no other event comes.

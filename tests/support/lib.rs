@@ -331,18 +331,17 @@ impl TestDb {
 }
 
 impl TestDb {
-    /// A handle on this same database, with a store (pool) of its own, for
+    /// A handle on this same database and its store (the same pool), for
     /// one short run of a test that runs many (the explorer's seeds):
     /// dropping it leaves the database to this owner, which
-    /// [`wipe`](Self::wipe)s it for the next. Close the lent store before
-    /// wiping, so nothing left running from one run (a task a crash
-    /// abandoned) can write into the next.
-    pub async fn lend(&self) -> TestDb {
-        let store = Store::connect(&StoreConfig::new(self.url.clone()))
-            .await
-            .expect("connect a lent store");
+    /// [`wipe`](Self::wipe)s it for the next. Sharing the pool keeps its
+    /// connections (and PostgreSQL's backends, with their parsed
+    /// statements) from one run to the next; the borrower must end every
+    /// task of its run before the wipe, so nothing of one run can write
+    /// into the next.
+    pub fn lend(&self) -> TestDb {
         TestDb {
-            store,
+            store: self.store.clone(),
             url: self.url.clone(),
             cleanup: Cleanup::Lent,
         }
@@ -676,6 +675,16 @@ impl TestApp {
     }
 }
 
+impl TestApp {
+    /// Stops the server and waits until it has stopped. A request handler
+    /// already running finishes on its own task (the API runs each on one):
+    /// await every request first.
+    pub async fn shutdown(mut self) {
+        self.server.abort();
+        let _ = (&mut self.server).await;
+    }
+}
+
 impl Drop for TestApp {
     fn drop(&mut self) {
         self.server.abort();
@@ -868,6 +877,14 @@ impl Rig {
             dialect,
             client,
         }
+    }
+
+    /// Stops the provider (its webhook delivery included) and the app, and
+    /// waits for both.
+    pub async fn shutdown(self) {
+        let Rig { app, provider, .. } = self;
+        provider.shutdown().await;
+        app.shutdown().await;
     }
 
     /// A connector of this rig's dialect to where its worker sends, for a

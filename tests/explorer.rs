@@ -102,11 +102,12 @@ async fn explore(backend: Backend) {
     // read at the start of the check did not hold; a second read holds it.
     // So a call moved while the judge read: on a gate that was thought to
     // hold it. Measured 2026-12-02: a `Gate` holds one parked call, and a
-    // second call parking on the same gate (it happens, ~600 times in 2 500
-    // seeds, on both stages) drops the first one's sender, which lets that
-    // call go on unreleased. Which actor parks two calls is not found yet;
-    // until the gate keeps every parked call, a fresh database per seed
-    // (slower, so the race window rarely opens) is the default.
+    // second call parking on the same gate (hundreds of times in a few
+    // thousand seeds, on both stages) drops the first one's sender, which
+    // lets that call go on unreleased. Which actor parks two calls is not
+    // found yet. The race is not specific to reuse: a fresh database per
+    // seed can meet it too (no soak run that way has shown it); the gate
+    // must keep every parked call before either mode's soak counts.
     let reuse_lanes = std::env::var("EXPLORE_REUSE_LANES").is_ok();
     let failures: Vec<String> = futures::stream::iter(seeds.clone())
         .map(|seed| {

@@ -15,6 +15,7 @@ on_both_backends!(
     a_transition_from_a_stale_state_changes_nothing,
     a_claim_leases_the_row_and_a_stale_token_writes_nothing,
     a_leased_row_is_not_claimed_again_until_its_lease_expires,
+    a_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose,
     compaction_keeps_scope_key_fingerprint_and_resource,
     the_same_key_in_another_account_is_another_record,
     a_token_is_refused_from_its_expiry_on_and_once_revoked,
@@ -567,6 +568,45 @@ async fn a_leased_row_is_not_claimed_again_until_its_lease_expires(backend: Back
             .claims
             .is_empty()
     );
+}
+
+/// Found by the explorer (2026-12-02): with statistics taken while the
+/// outbox held one row, PostgreSQL planned the claim as a nested loop with
+/// the `LIMIT ... FOR UPDATE SKIP LOCKED` subquery on the inner side,
+/// evaluated again for every outbox row, so one claim of limit 1 leased two
+/// or three rows (a worker took more calls than its slots). Rows due at the
+/// same instant, as after one clock jump, make it likely.
+async fn a_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    seed_payment_with_attempt(&db.store, account, "o-0").await;
+    db.exec("ANALYZE outbox").await;
+    db.exec("ANALYZE attempts").await;
+    for i in 1..6 {
+        seed_payment_with_attempt(&db.store, account, &format!("o-{i}")).await;
+    }
+    let lease = Duration::seconds(30);
+    let mut leased = Vec::new();
+    for round in 0..6 {
+        let claims = db
+            .store
+            .claim_due(&format!("worker-{round}"), t0(), t0() + lease, 1)
+            .await
+            .expect("claim")
+            .claims;
+        assert_eq!(
+            claims.len(),
+            1,
+            "claim {round} of limit 1 took {}",
+            claims.len()
+        );
+        leased.extend(claims.into_iter().map(|c| c.outbox_id));
+    }
+    leased.sort();
+    leased.dedup();
+    assert_eq!(leased.len(), 6, "six claims leased six distinct rows");
+    let rest = db.store.claim_due("worker-z", t0(), t0() + lease, 1).await;
+    assert!(rest.expect("claim").claims.is_empty(), "nothing is left");
 }
 
 async fn compaction_keeps_scope_key_fingerprint_and_resource(backend: Backend) {

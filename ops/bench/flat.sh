@@ -179,10 +179,10 @@ AND (\$5 IS NULL OR a.provider = \$5 OR (a.provider IS NULL AND \$6)) ORDER BY a
 CLAIM_WHERE="state = 'pending' AND due_at <= \$2 \
 AND EXISTS (SELECT 1 FROM attempts a WHERE a.id = outbox.attempt_id \
 AND (\$5 IS NULL OR a.provider = \$5 OR (a.provider IS NULL AND \$6))) ORDER BY due_at LIMIT \$4"
-CLAIM_PG="UPDATE outbox o SET lease_owner = \$1, lease_token = o.lease_token + 1, \
+CLAIM_PG="WITH due AS MATERIALIZED (SELECT id FROM outbox WHERE $CLAIM_WHERE FOR UPDATE SKIP LOCKED) \
+UPDATE outbox o SET lease_owner = \$1, lease_token = o.lease_token + 1, \
 lease_expires_at = \$3, due_at = \$3, updated_at = \$2 \
-FROM (SELECT id FROM outbox WHERE $CLAIM_WHERE FOR UPDATE SKIP LOCKED) due \
-WHERE o.id = due.id RETURNING o.id, o.lease_token"
+FROM due WHERE o.id = due.id RETURNING o.id, o.lease_token"
 CLAIM_SQLITE="UPDATE outbox SET lease_owner = \$1, lease_token = lease_token + 1, \
 lease_expires_at = \$3, due_at = \$3, updated_at = \$2 \
 WHERE id IN (SELECT id FROM outbox WHERE $CLAIM_WHERE) RETURNING id, lease_token"

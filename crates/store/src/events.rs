@@ -440,17 +440,20 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<DeliveryClaim>> {
         let leased: Vec<(DbId, DbId, i64)> = match &self.backend {
-            // SKIP LOCKED: concurrent dispatchers take disjoint rows.
+            // SKIP LOCKED: concurrent dispatchers take disjoint rows. `due`
+            // is MATERIALIZED so that it runs once, never again per row of a
+            // nested loop (see `Store::claim_due_for`).
             Backend::Postgres(pool) => {
                 sqlx::query_as(
-                    "UPDATE event_deliveries d SET lease_owner = $1, \
-                     lease_token = d.lease_token + 1, lease_expires_at = $3, due_at = $3, \
-                     updated_at = $2 \
-                     FROM (SELECT dd.event_id, dd.endpoint_id FROM event_deliveries dd \
+                    "WITH due AS MATERIALIZED (SELECT dd.event_id, dd.endpoint_id \
+                           FROM event_deliveries dd \
                            JOIN event_endpoints ep ON ep.id = dd.endpoint_id AND ep.enabled \
                            WHERE dd.state = 'pending' AND dd.due_at <= $2 \
-                           ORDER BY dd.due_at LIMIT $4 FOR UPDATE OF dd SKIP LOCKED) due \
-                     WHERE d.event_id = due.event_id AND d.endpoint_id = due.endpoint_id \
+                           ORDER BY dd.due_at LIMIT $4 FOR UPDATE OF dd SKIP LOCKED) \
+                     UPDATE event_deliveries d SET lease_owner = $1, \
+                     lease_token = d.lease_token + 1, lease_expires_at = $3, due_at = $3, \
+                     updated_at = $2 \
+                     FROM due WHERE d.event_id = due.event_id AND d.endpoint_id = due.endpoint_id \
                      RETURNING d.event_id, d.endpoint_id, d.lease_token",
                 )
                 .bind(owner)

@@ -381,6 +381,13 @@ impl Store {
             // backoff count it late; the key window moves by at most this
             // statement's duration). One round trip and one pool checkout
             // fewer per claim than reading the claim back.
+            //
+            // `due` is MATERIALIZED: evaluated once. As a subquery in FROM,
+            // PostgreSQL may put it on the inner side of a nested loop (it
+            // did with statistics taken while the outbox held one row) and
+            // run it again for each outbox row; each run skips the rows the
+            // last one locked and updated, so a claim of limit 1 leased every
+            // due row (`store_conformance`, `a_claim_takes_at_most_its_limit_...`).
             Backend::Postgres(pool) => pool,
             Backend::Sqlite(_) => {
                 let shape = (of_provider.as_str(), columns.as_str());
@@ -390,12 +397,12 @@ impl Store {
             }
         };
         let sql = format!(
-            "WITH leased AS (UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
+            "WITH due AS MATERIALIZED (SELECT id FROM outbox WHERE state = 'pending' \
+             AND due_at <= $2 AND {of_provider} \
+             ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED), \
+             leased AS (UPDATE outbox o SET lease_owner = $1, lease_token = o.lease_token + 1, \
              lease_expires_at = $3, due_at = $3, updated_at = $2 \
-             FROM (SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $2 \
-                   AND {of_provider} \
-                   ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-             WHERE o.id = due.id \
+             FROM due WHERE o.id = due.id \
              RETURNING o.id, o.lease_token, o.lease_expires_at, o.traceparent, o.tracestate, o.attempt_id) \
              SELECT l.id AS outbox_id, l.lease_token, l.lease_expires_at, l.traceparent, \
              l.tracestate, {columns} FROM leased l JOIN attempts a ON a.id = l.attempt_id"

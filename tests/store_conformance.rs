@@ -16,6 +16,7 @@ on_both_backends!(
     a_claim_leases_the_row_and_a_stale_token_writes_nothing,
     a_leased_row_is_not_claimed_again_until_its_lease_expires,
     a_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose,
+    a_delivery_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose,
     compaction_keeps_scope_key_fingerprint_and_resource,
     the_same_key_in_another_account_is_another_record,
     a_token_is_refused_from_its_expiry_on_and_once_revoked,
@@ -607,6 +608,54 @@ async fn a_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose(bac
     assert_eq!(leased.len(), 6, "six claims leased six distinct rows");
     let rest = db.store.claim_due("worker-z", t0(), t0() + lease, 1).await;
     assert!(rest.expect("claim").claims.is_empty(), "nothing is left");
+}
+
+/// The event-delivery claim has the outbox claim's shape (a `LIMIT ... FOR
+/// UPDATE SKIP LOCKED` pick joined to an UPDATE) and the same hazard: with
+/// statistics taken while one delivery was pending, PostgreSQL could re-run
+/// the pick per row and lease every pending delivery.
+async fn a_delivery_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    db.store
+        .create_endpoint(account, "http://127.0.0.1:9/hook", "whsec_x", &[], t0())
+        .await
+        .expect("endpoint");
+    // Each payment's creation writes one event, so one delivery.
+    seed_payment_with_attempt(&db.store, account, "o-0").await;
+    db.store.sequence_events(t0()).await.expect("sequence");
+    for table in ["event_deliveries", "event_endpoints", "events"] {
+        db.exec(&format!("ANALYZE {table}")).await;
+    }
+    for i in 1..6 {
+        seed_payment_with_attempt(&db.store, account, &format!("o-{i}")).await;
+    }
+    db.store.sequence_events(t0()).await.expect("sequence");
+    let lease = Duration::seconds(30);
+    let mut leased = Vec::new();
+    for round in 0..6 {
+        let claims = db
+            .store
+            .claim_deliveries(&format!("dispatcher-{round}"), t0(), t0() + lease, 1)
+            .await
+            .expect("claim");
+        assert_eq!(
+            claims.len(),
+            1,
+            "delivery claim {round} of limit 1 took {}",
+            claims.len()
+        );
+        leased.extend(claims.into_iter().map(|c| c.event.id.0));
+    }
+    leased.sort();
+    leased.dedup();
+    assert_eq!(leased.len(), 6, "six claims leased six distinct deliveries");
+    let rest = db
+        .store
+        .claim_deliveries("dispatcher-z", t0(), t0() + lease, 1);
+    assert!(rest.await.expect("claim").is_empty(), "nothing is left");
 }
 
 async fn compaction_keeps_scope_key_fingerprint_and_resource(backend: Backend) {

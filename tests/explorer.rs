@@ -93,6 +93,7 @@ async fn explore(backend: Backend) {
     let lanes = Mutex::new(Vec::new());
     let failed_lanes = Mutex::new(Vec::new());
     let finished = std::sync::atomic::AtomicU64::new(0);
+    let violations = std::sync::atomic::AtomicU64::new(0);
     // `EXPLORE_STOP_AT_FIRST`: no new seed starts after a violation (for
     // hunting a known defect: which seed finds it first).
     let stop_at_first = std::env::var("EXPLORE_STOP_AT_FIRST").is_ok();
@@ -113,8 +114,14 @@ async fn explore(backend: Backend) {
         .unwrap_or(LANES);
     let failures: Vec<String> = futures::stream::iter(seeds.clone())
         .map(|seed| {
-            let (lanes, failed_lanes, finished, stopped, reuse_lanes) =
-                (&lanes, &failed_lanes, &finished, &stopped, reuse_lanes);
+            let (lanes, failed_lanes, finished, violations, stopped, reuse_lanes) = (
+                &lanes,
+                &failed_lanes,
+                &finished,
+                &violations,
+                &stopped,
+                reuse_lanes,
+            );
             async move {
                 if stopped.load(std::sync::atomic::Ordering::Relaxed) {
                     return None;
@@ -125,11 +132,22 @@ async fn explore(backend: Backend) {
                     None => TestDb::new(backend).await,
                 };
                 let outcome = run_seed(backend, seed, lane.lend()).await;
+                // A violation's first line goes out at once (the full
+                // report comes at the end), so a long run stopped early
+                // still says what it found.
+                if let Err(violation) = &outcome {
+                    eprintln!(
+                        "explorer {backend:?}: VIOLATION {}",
+                        violation.lines().next().unwrap_or_default()
+                    );
+                    violations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 let done = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 if done % 1000 == 0 {
                     eprintln!(
-                        "explorer {backend:?}: {done} seeds in {:.1?}",
-                        started.elapsed()
+                        "explorer {backend:?}: {done} seeds in {:.1?}, {} violations",
+                        started.elapsed(),
+                        violations.load(std::sync::atomic::Ordering::Relaxed)
                     );
                 }
                 if outcome.is_ok() && reuse_lanes {

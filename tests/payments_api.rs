@@ -31,6 +31,7 @@ on_both_backends!(
     get_waits_for_nothing_once_the_payment_left_processing,
     over_the_rate_limit_is_429_and_leaves_the_key_free,
     without_a_database_answers_are_503_and_readyz_fails,
+    a_write_transaction_held_elsewhere_is_waited_for_within_the_lock_timeout,
     a_sane_request_id_is_kept_and_any_other_replaced,
 );
 
@@ -872,6 +873,46 @@ async fn over_the_rate_limit_is_429_and_leaves_the_key_free(backend: Backend) {
     assert_eq!(retried.status(), StatusCode::CREATED);
     assert_eq!(header(&retried, "idempotent-replayed"), Some("false"));
     assert_eq!(effects(&app).await, (4, 4, 4));
+}
+
+/// A write transaction of this process is held open (a stuck writer).
+/// PostgreSQL's writers do not exclude each other: a new payment goes
+/// through beside it. SQLite has one writer per database, and this
+/// process's writes queue for its one writer connection: the request waits
+/// no longer than the lock timeout, answers 503 (retry with the same key),
+/// and writes nothing; once the writer is free the same key executes once.
+async fn a_write_transaction_held_elsewhere_is_waited_for_within_the_lock_timeout(
+    backend: Backend,
+) {
+    let db = cobro_test_support::TestDb::with_config(backend, |c| {
+        c.lock_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let app = TestApp::spawn_on(db).await;
+    let held = app.db.store.begin().await.expect("begin");
+    let r = create(&app, "k-1", &payment_body("o-1")).await;
+    let replayed_after = match backend {
+        Backend::Postgres => {
+            assert_eq!(r.status(), StatusCode::CREATED);
+            assert_eq!(effects(&app).await, (1, 1, 1));
+            "true"
+        }
+        Backend::Sqlite => {
+            assert_eq!(header(&r, "retry-after"), Some("1"));
+            assert_problem(r, 503, "service-unavailable").await;
+            assert_eq!(effects(&app).await, (0, 0, 0), "nothing was written");
+            "false"
+        }
+    };
+    held.rollback().await.expect("rollback");
+    let r = create(&app, "k-1", &payment_body("o-1")).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(header(&r, "idempotent-replayed"), Some(replayed_after));
+    assert_eq!(
+        effects(&app).await,
+        (1, 1, 1),
+        "one payment, whatever came first"
+    );
 }
 
 async fn without_a_database_answers_are_503_and_readyz_fails(backend: Backend) {

@@ -27,13 +27,22 @@ need_tools() {
 }
 
 # Builds cobro and fake-provider; sets COBRO_BIN, FAKE_BIN, TARGET_DIR.
+# BENCH_COBRO_BIN (and optionally BENCH_FAKE_BIN): measure these binaries
+# instead of building (an A/B of two builds, each copied aside first).
 bench_build() {
   local flag=()
   [ "$PROFILE" = release ] && flag=(--release)
-  log "building cobro and fake-provider ($PROFILE)"
-  CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0} cargo build "${flag[@]}" -p cobro -p fake-provider >&2
   TARGET_DIR=$(cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  if [ -n "${BENCH_COBRO_BIN:-}" ]; then
+    COBRO_BIN="$BENCH_COBRO_BIN"
+    FAKE_BIN="${BENCH_FAKE_BIN:-$TARGET_DIR/$PROFILE/fake-provider}"
+    log "measuring $COBRO_BIN (not built here)"
+    [ -x "$COBRO_BIN" ] && [ -x "$FAKE_BIN" ] || die "no executable $COBRO_BIN or $FAKE_BIN"
+    return 0
+  fi
+  log "building cobro and fake-provider ($PROFILE)"
+  CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0} cargo build "${flag[@]}" -p cobro -p fake-provider >&2
   COBRO_BIN="$TARGET_DIR/$PROFILE/cobro"
   FAKE_BIN="$TARGET_DIR/$PROFILE/fake-provider"
 }

@@ -1,6 +1,6 @@
 //! Accounts (merchants) and their API tokens.
 
-use crate::{DbId, DbTime, Result, Store, on_pool};
+use crate::{DbId, DbTime, Result, Store, on_pool, on_write_pool};
 use chrono::{DateTime, Utc};
 use cobro_core::{AccountId, TokenId};
 
@@ -67,7 +67,7 @@ impl Store {
     ) -> Result<AccountId> {
         let id = AccountId::new();
         let sql = "INSERT INTO accounts (id, name, created_at, provider) VALUES ($1, $2, $3, $4)";
-        on_pool!(self, pool => sqlx::query(sql)
+        on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(name)
             .bind(DbTime(now))
@@ -119,7 +119,7 @@ impl Store {
         let id = TokenId::new();
         let sql = "INSERT INTO api_tokens (id, account_id, token_hash, label, prefix, created_at, expires_at) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7)";
-        on_pool!(self, pool => sqlx::query(sql)
+        on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(DbId::from(account))
             .bind(token.token_hash)
@@ -184,7 +184,7 @@ impl Store {
     /// (unknown, or already revoked: the first revocation time is kept).
     pub async fn revoke_token(&self, id: TokenId, now: DateTime<Utc>) -> Result<bool> {
         let sql = "UPDATE api_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL";
-        let changed = on_pool!(self, pool => sqlx::query(sql)
+        let changed = on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(DbTime(now))
             .execute(pool)

@@ -2,7 +2,7 @@
 //! webhook proofs and operators' manual resolutions all write here, in the
 //! same transaction as the decision itself.
 
-use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
+use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx, on_write_pool};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, Decision, PaymentId, RefundId, RunId};
 
@@ -90,7 +90,7 @@ impl Store {
         let id = RunId::new();
         let sql = "INSERT INTO reconciliation_runs (id, trigger, actor, dry_run, started_at) \
             VALUES ($1, $2, $3, $4, $5)";
-        on_pool!(self, pool => sqlx::query(sql)
+        on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(trigger)
             .bind(actor)
@@ -105,7 +105,7 @@ impl Store {
     /// Closes a run with its summary (JSON text).
     pub async fn finish_run(&self, id: RunId, summary: &str, now: DateTime<Utc>) -> Result<()> {
         let sql = "UPDATE reconciliation_runs SET finished_at = $2, summary = $3 WHERE id = $1";
-        on_pool!(self, pool => sqlx::query(sql)
+        on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(DbTime(now))
             .bind(summary)

@@ -17,7 +17,7 @@
 //!   LOCKED on PostgreSQL), [`Store::record_delivery`] (fenced),
 //!   [`Store::resend_event`], [`Store::replay_dead_deliveries`].
 
-use crate::{Backend, DbId, DbTime, Result, Store, on_pool, on_tx};
+use crate::{Backend, DbId, DbTime, Result, Store, on_pool, on_tx, on_write_pool};
 use chrono::{DateTime, Utc};
 use cobro_core::{AccountId, EndpointId, EventId, PaymentId};
 use serde_json::{Value, json};
@@ -327,7 +327,7 @@ impl Store {
              created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) \
              RETURNING {ENDPOINT_COLUMNS}"
         );
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+        Ok(on_write_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(EndpointId::new()))
             .bind(DbId::from(account))
             .bind(url)
@@ -394,7 +394,7 @@ impl Store {
              previous_secret_expires_at = $4, updated_at = $5 \
              WHERE id = $1 AND ($2 IS NULL OR account_id = $2) RETURNING {ENDPOINT_COLUMNS}"
         );
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+        Ok(on_write_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .bind(account.map(DbId::from))
             .bind(secret)
@@ -413,7 +413,7 @@ impl Store {
     ) -> Result<bool> {
         let sql = "UPDATE event_endpoints SET enabled = $3, disabled_reason = NULL, \
             failing_since = NULL, updated_at = $4 WHERE id = $1 AND ($2 IS NULL OR account_id = $2)";
-        let n = on_pool!(self, pool => sqlx::query(sql)
+        let n = on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(id))
             .bind(account.map(DbId::from))
             .bind(true)
@@ -464,7 +464,8 @@ impl Store {
                 .await?
             }
             // One writer: the single UPDATE is the claim.
-            Backend::Sqlite(pool) => {
+            Backend::Sqlite(pools) => {
+                let pool = &pools.write;
                 sqlx::query_as(
                     "UPDATE event_deliveries SET lease_owner = $1, \
                      lease_token = lease_token + 1, lease_expires_at = $3, due_at = $3, \
@@ -718,7 +719,7 @@ impl Store {
         let sql = "UPDATE event_deliveries SET state = 'pending', due_at = $2, attempts = 0, \
             first_attempt_at = NULL, last_error = NULL, updated_at = $2 \
             WHERE state = 'dead' AND ($1 IS NULL OR account_id = $1)";
-        Ok(on_pool!(self, pool => sqlx::query(sql)
+        Ok(on_write_pool!(self, pool => sqlx::query(sql)
             .bind(account.map(DbId::from))
             .bind(DbTime(now))
             .execute(pool)

@@ -190,7 +190,28 @@ pub enum BackendKind {
 #[derive(Clone, Debug)]
 enum Backend {
     Postgres(PgPool),
-    Sqlite(SqlitePool),
+    Sqlite(SqlitePools),
+}
+
+/// SQLite's connections: readers beside one writer.
+///
+/// SQLite has one write lock per database. With every connection free to
+/// write, the writers of one process met at that lock and the losers
+/// waited in SQLite's busy handler, which polls with sleeps growing to
+/// 100 ms: a waiter could sleep through many releases while newcomers took
+/// the lock, so under load some requests waited a second or more (p99
+/// 1.1 s at 16 clients, ops/bench/README.md) and the lock sat idle while
+/// its waiters slept. Here every write (each `begin`, and the few
+/// single-statement writes, through [`on_write_pool!`]) goes through one
+/// connection, which sqlx's pool hands out first come, first served: this
+/// process's writers queue in order and each starts the moment the last
+/// one committed. The busy timeout still bounds the wait for another
+/// process's writer (several processes may share one file). Reads (WAL
+/// snapshots) never wait for the writer.
+#[derive(Clone, Debug)]
+struct SqlitePools {
+    read: SqlitePool,
+    write: SqlitePool,
 }
 
 /// The one storage API of cobro. Cheap to clone (it holds a pool).
@@ -209,11 +230,35 @@ pub struct Store {
 /// compiled once per backend, so the same SQL text serves both where the
 /// dialects agree (`$n` placeholders, `RETURNING`, `ON CONFLICT`, partial
 /// indexes) and each arm can differ where they do not.
+///
+/// A statement that writes uses [`on_write_pool!`] instead (on SQLite this
+/// one is the readers' pool).
 macro_rules! on_pool {
     ($store:expr, $pool:ident => $body:expr) => {
+        $crate::on_pool_of!($store, read, $pool => $body)
+    };
+}
+
+/// Like [`on_pool!`], for a statement that writes outside a transaction:
+/// on SQLite it runs on the one writer connection (see [`SqlitePools`]).
+/// Never while this task holds a [`WriteTx`] open (on SQLite that
+/// transaction holds the writer, so the statement would wait for it).
+macro_rules! on_write_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        $crate::on_pool_of!($store, write, $pool => $body)
+    };
+}
+
+/// [`on_pool!`] and [`on_write_pool!`]: PostgreSQL's one pool, or the
+/// SQLite pool named by `$which` (`read` or `write`).
+macro_rules! on_pool_of {
+    ($store:expr, $which:ident, $pool:ident => $body:expr) => {
         match &$store.backend {
             $crate::Backend::Postgres($pool) => $body,
-            $crate::Backend::Sqlite($pool) => $body,
+            $crate::Backend::Sqlite(pools) => {
+                let $pool = &pools.$which;
+                $body
+            }
         }
     };
 }
@@ -234,7 +279,7 @@ macro_rules! on_tx {
         }
     };
 }
-pub(crate) use {on_pool, on_tx};
+pub(crate) use {on_pool, on_pool_of, on_tx, on_write_pool};
 
 enum TxInner {
     Postgres(Transaction<'static, Postgres>),
@@ -341,14 +386,25 @@ impl Store {
                 .journal_mode(SqliteJournalMode::Wal)
                 .foreign_keys(true)
                 // Write transactions start with BEGIN IMMEDIATE, so this is
-                // the bounded wait for the one writer's lock.
+                // the bounded wait for another process's writer.
                 .busy_timeout(config.lock_timeout);
-            let pool = SqlitePoolOptions::new()
+            // No ping before a checkout (as on PostgreSQL): a hop to the
+            // connection's thread and back on every statement.
+            let read = SqlitePoolOptions::new()
                 .max_connections(config.max_connections.min(4))
+                .test_before_acquire(false)
                 .acquire_timeout(config.acquire_timeout)
+                .connect_with(options.clone())
+                .await?;
+            // This process's writers queue for the one writer connection
+            // no longer than they would wait for SQLite's lock.
+            let write = SqlitePoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .acquire_timeout(config.lock_timeout)
                 .connect_with(options)
                 .await?;
-            Backend::Sqlite(pool)
+            Backend::Sqlite(SqlitePools { read, write })
         } else {
             return Err(StoreError::InvalidUrl(
                 "expected postgres://... or sqlite://...".to_owned(),
@@ -379,7 +435,7 @@ impl Store {
     /// Applies the embedded migrations. Refuses a schema newer than this binary.
     pub async fn migrate(&self) -> Result<()> {
         self.check_not_newer().await?;
-        on_pool!(self, pool => self.migrator().run(pool).await?);
+        on_write_pool!(self, pool => self.migrator().run(pool).await?);
         Ok(())
     }
 
@@ -448,8 +504,8 @@ impl Store {
                         .map_err(lost)??,
                 )
             }
-            Backend::Sqlite(pool) => {
-                let pool = pool.clone();
+            Backend::Sqlite(pools) => {
+                let pool = pools.write.clone();
                 TxInner::Sqlite(
                     tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
                         .await
@@ -467,7 +523,13 @@ impl Store {
     }
 
     pub async fn close(&self) {
-        on_pool!(self, pool => pool.close().await)
+        match &self.backend {
+            Backend::Postgres(pool) => pool.close().await,
+            Backend::Sqlite(pools) => {
+                pools.read.close().await;
+                pools.write.close().await;
+            }
+        }
     }
 }
 

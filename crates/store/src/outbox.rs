@@ -8,7 +8,7 @@
 use crate::payments::{ATTEMPT_COLUMNS, Scope, attempts_of_payment};
 use crate::{
     AttemptRow, Backend, DbId, DbTime, Result, Store, UnreadableAttempt, WriteTx, decode_attempt,
-    on_pool, on_tx,
+    on_pool, on_tx, on_write_pool,
 };
 use chrono::{DateTime, Utc};
 use cobro_core::{
@@ -446,7 +446,7 @@ impl Store {
                           AND {of_provider} \
                           ORDER BY due_at LIMIT $4) RETURNING id, lease_token"
         );
-        let leased: Vec<(DbId, i64)> = on_pool!(self, pool => sqlx::query_as(&sql)
+        let leased: Vec<(DbId, i64)> = on_write_pool!(self, pool => sqlx::query_as(&sql)
             .bind(owner)
             .bind(DbTime(now))
             .bind(DbTime(lease_until))
@@ -499,7 +499,7 @@ impl Store {
     ) -> Result<bool> {
         let sql = "UPDATE outbox SET lease_expires_at = $3, due_at = $3, updated_at = $4 \
             WHERE id = $1 AND lease_token = $2 AND state = 'pending'";
-        let n = on_pool!(self, pool => sqlx::query(sql)
+        let n = on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId::from(outbox))
             .bind(token)
             .bind(DbTime(lease_until))
@@ -535,7 +535,7 @@ impl Store {
             AND COALESCE((SELECT r.status FROM refunds r WHERE r.id = attempts.refund_id{lock}), '') \
               NOT IN ('requires_reconciliation', 'needs_review')"
         );
-        let n = on_pool!(self, pool => sqlx::query(&sql)
+        let n = on_write_pool!(self, pool => sqlx::query(&sql)
             .bind(claim.attempt.id)
             .bind(DbId::from(claim.outbox_id))
             .bind(DbTime(now))
@@ -576,7 +576,7 @@ impl Store {
         let sql = "INSERT INTO attempt_observations (id, attempt_id, lease_token, outcome, detail, \
             observed_at, account_id) VALUES ($1, $2, $3, $4, $5, $6, \
             (SELECT account_id FROM attempts WHERE id = $2))";
-        on_pool!(self, pool => sqlx::query(sql)
+        on_write_pool!(self, pool => sqlx::query(sql)
             .bind(DbId(uuid::Uuid::now_v7()))
             .bind(DbId::from(attempt))
             .bind(token)

@@ -8,7 +8,7 @@
 //! once at the start, so the loop ends even while new rows keep arriving, and
 //! nothing younger than its retention is ever removed.
 
-use crate::{Backend, DbTime, Result, Store, StoreError, on_pool};
+use crate::{DbTime, Result, Store, StoreError, on_pool, on_write_pool};
 use chrono::{DateTime, Utc};
 use std::fmt;
 use std::future::Future;
@@ -122,21 +122,12 @@ impl Store {
     }
 
     async fn purge_batch(&self, sql: &str, cutoff: DateTime<Utc>, batch: u32) -> Result<u64> {
-        let n = match &self.backend {
-            Backend::Postgres(pool) => sqlx::query(sql)
-                .bind(DbTime(cutoff))
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Backend::Sqlite(pool) => sqlx::query(sql)
-                .bind(DbTime(cutoff))
-                .bind(i64::from(batch))
-                .execute(pool)
-                .await?
-                .rows_affected(),
-        };
-        Ok(n)
+        Ok(on_write_pool!(self, pool => sqlx::query(sql)
+            .bind(DbTime(cutoff))
+            .bind(i64::from(batch))
+            .execute(pool)
+            .await?
+            .rows_affected()))
     }
 }
 

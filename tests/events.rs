@@ -334,8 +334,8 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     let db = TestDb::with_config(backend, |c| {
         c.max_connections = 12;
         c.lock_timeout = std::time::Duration::from_secs(10);
-        // SQLite's pool has 4 connections and one writer: the reader may
-        // wait behind every writer's open transaction.
+        // SQLite's writers queue for its one writer connection (bounded by
+        // the lock timeout above); the reader's pool stays generous.
         c.acquire_timeout = std::time::Duration::from_secs(30);
     })
     .await;

@@ -87,9 +87,9 @@ async fn explore(backend: Backend) {
         }
     };
     let started = std::time::Instant::now();
-    // Each seed runs on a lane: a fresh migrated database (or, with
-    // `EXPLORE_REUSE_LANES`, one wiped between its seeds). A lane whose seed
-    // failed is kept for inspection.
+    // Each seed runs on a lane: a migrated database, wiped between its
+    // seeds (with `EXPLORE_FRESH_LANES`, a fresh one per seed). A lane
+    // whose seed failed is kept for inspection.
     let lanes = Mutex::new(Vec::new());
     let failed_lanes = Mutex::new(Vec::new());
     let finished = std::sync::atomic::AtomicU64::new(0);
@@ -98,13 +98,16 @@ async fn explore(backend: Backend) {
     // hunting a known defect: which seed finds it first).
     let stop_at_first = std::env::var("EXPLORE_STOP_AT_FIRST").is_ok();
     let stopped = std::sync::atomic::AtomicBool::new(false);
-    // `EXPLORE_REUSE_LANES`: wipe and reuse each lane's database (and its
-    // pool) instead of a fresh one per seed: about three times faster on
-    // PostgreSQL, where a CREATE and DROP DATABASE cost about 370 ms of
-    // server CPU. The violations once seen mostly in this mode were a real
-    // defect that the reused tables' statistics exposed (a claim of batch 1
-    // leasing several rows; see `Gate::park`).
-    let reuse_lanes = std::env::var("EXPLORE_REUSE_LANES").is_ok();
+    // Each lane's database (and its pool) is wiped and reused between its
+    // seeds: about three times faster on PostgreSQL, where a CREATE and
+    // DROP DATABASE cost about 370 ms of server CPU (the default since the
+    // soak of tests/README.md ran clean in this mode). `EXPLORE_FRESH_LANES`
+    // gives every seed a fresh database instead. The violations once seen
+    // mostly in reuse mode were a real defect that the reused tables'
+    // statistics exposed (a claim of batch 1 leasing several rows; see
+    // `Gate::park`), so a failure found here may need its lane's history to
+    // happen again: replay it with the same first seed and lanes.
+    let reuse_lanes = std::env::var("EXPLORE_FRESH_LANES").is_err();
     // `EXPLORE_LANES`: seeds run at once (a seed spends part of its time
     // waiting on the database, so more lanes than cores can use them
     // better; tests/README.md has the measurements).

@@ -19,6 +19,7 @@ on_every_provider!(
     an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again,
     proven_no_effect_after_the_search_lag_retries_with_a_new_key_once,
     not_found_within_the_search_lag_decides_nothing,
+    a_send_that_reached_the_provider_late_is_waited_for_the_request_timeout_too,
     a_failing_status_query_decides_nothing,
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
@@ -152,33 +153,77 @@ async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(
     );
 }
 
-async fn not_found_within_the_search_lag_decides_nothing(backend: Backend, dialect: Dialect) {
-    // A provider key window that closes right after the first send: the
-    // worker hands the attempt over at once, so the reconciler looks while
-    // the last send is still recent.
+/// A payment whose charge is made but answered with a 500, in a provider
+/// key window that closes right after the first send: the worker hands the
+/// attempt over at once, so the reconciler looks while the last send is
+/// still recent. The provider's search shows the charge `search_lag`
+/// seconds after it was made.
+async fn handed_over_at_once(backend: Backend, dialect: Dialect, search_lag: u64) -> (Rig, String) {
     let rig = Rig::with_in(backend, dialect, |_, worker| {
         worker.key_retention = std::time::Duration::from_secs(2 * 3600);
         worker.safety_margin =
             std::time::Duration::from_secs(2 * 3600) - std::time::Duration::from_millis(1);
     })
     .await;
-    // The charge is made, but the provider's search will not show it for an hour.
-    rig.provider
-        .control()
-        .add_fault(FaultRule::new(FOp::Charge, FaultAction::SearchLag).with_lag_seconds(3600));
+    rig.provider.control().add_fault(
+        FaultRule::new(FOp::Charge, FaultAction::SearchLag).with_lag_seconds(search_lag),
+    );
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect));
     let p = rig.create_payment("k-1", &payment_body("o-1")).await;
     let id = p["id"].as_str().expect("id").to_owned();
     assert_eq!(rig.drain(1).await, vec![Step::HandedOver]);
-    rig.app.clock.advance(Duration::minutes(10));
-    rig.provider
-        .control()
-        .advance_clock(std::time::Duration::from_secs(600));
+    (rig, id)
+}
+
+/// The charge is made, but the provider's search will not show it for an
+/// hour: ten minutes in, "not found" proves nothing; after the hour the
+/// charge is found and adopted.
+async fn not_found_within_the_search_lag_decides_nothing(backend: Backend, dialect: Dialect) {
+    unknown_until_the_lag_passes(backend, dialect, 3600, 2, 600, 3600).await;
+}
+
+/// "No effect" waits for the search lag counted from the last send plus
+/// the request timeout: a send may reach the provider up to a request
+/// timeout after cobro marked it, and only then does the provider's search
+/// lag start. Here the charge shows in search 3 605 s after cobro's send (a
+/// documented lag of 3 600 s, the request arriving 5 s late, inside the
+/// 10 s timeout); at 3 602 s "not found" proves nothing. Counted from the
+/// send alone (the first release), the reconciler decided "no effect" there
+/// and a second charge could follow.
+async fn a_send_that_reached_the_provider_late_is_waited_for_the_request_timeout_too(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    unknown_until_the_lag_passes(backend, dialect, 3605, 10, 3602, 10).await;
+}
+
+/// A handed-over attempt whose charge the provider's search shows
+/// `provider_lag` s after it was made, and a reconciler with a search lag of
+/// 3 600 s and `request_timeout` s: `first_look` s after the send it must
+/// decide nothing (no decision, no new attempt); `second_look` s later it
+/// must find the charge and adopt it. One charge throughout.
+async fn unknown_until_the_lag_passes(
+    backend: Backend,
+    dialect: Dialect,
+    provider_lag: u64,
+    request_timeout: u64,
+    first_look: u64,
+    second_look: u64,
+) {
+    let (rig, id) = handed_over_at_once(backend, dialect, provider_lag).await;
     let recon = reconciler(&rig, |c| {
-        c.search_lag = std::time::Duration::from_secs(3600)
+        c.search_lag = std::time::Duration::from_secs(3600);
+        c.request_timeout = std::time::Duration::from_secs(request_timeout);
     });
+    let advance = |seconds: u64| {
+        rig.app.clock.advance(Duration::seconds(seconds as i64));
+        rig.provider
+            .control()
+            .advance_clock(std::time::Duration::from_secs(seconds));
+    };
+    advance(first_look);
     let summary = recon
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -190,11 +235,9 @@ async fn not_found_within_the_search_lag_decides_nothing(backend: Backend, diale
     assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
     assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
     assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
+    assert_eq!(rig.ledger().totals.charges, 1);
     // Once the lag has passed, the search finds it and it is adopted.
-    rig.provider
-        .control()
-        .advance_clock(std::time::Duration::from_secs(3600));
-    rig.app.clock.advance(Duration::hours(1));
+    advance(second_look);
     let summary = recon
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -206,6 +249,7 @@ async fn not_found_within_the_search_lag_decides_nothing(backend: Backend, diale
         }
     );
     assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.app.db.count("attempts").await, 1);
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 

@@ -59,6 +59,9 @@ trap 'stop_servers; [ "$own_pg" = 1 ] && pg_down' EXIT
 serve() {
   local name=$1; shift
   mkdir -p "$work/$name"
+  # Made here, not by the child's redirection, so that the wait below never
+  # greps a file that does not exist yet.
+  : >"$work/$name/stdout"
   env -i PATH="$PATH" HOME="${HOME:-/root}" COBRO_LOG=warn "$@" \
     "$cobro" serve --listen 127.0.0.1:0 >"$work/$name/stdout" 2>"$work/$name/stderr" &
   servers+=("$!")

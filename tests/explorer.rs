@@ -16,7 +16,8 @@
 //! so anything can happen between what a reconciler read and what it
 //! applies; a reconciler can die there too);
 //! webhook deliveries built from the provider's own charges, duplicated and
-//! late.
+//! late; authorized charges captured or voided at the provider behind
+//! cobro's back (a dashboard), which cobro learns when it next acts on them.
 //!
 //! Invariants after every step: no intent of one account charged twice; no
 //! payment bound to a charge of another attempt or account; no send marked
@@ -31,16 +32,16 @@
 //! progress is printed every 1000 seeds), `EXPLORE_SEED=S` runs that one seed alone (a failure prints its
 //! seed and step trace; it replays the same steps). `ops/explore.sh`.
 
-use cobro_core::{Clock, PaymentId};
+use cobro_core::{Clock, Operation, PaymentId};
 use cobro_reconciler::{Reconciler, Scope};
-use cobro_test_support::{Backend, Rig, TestApp, TestDb};
+use cobro_test_support::{Backend, RIG_SECRET_KEY, Rig, TestApp, TestDb};
 use cobro_worker::{Worker, WorkerConfig};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
@@ -480,6 +481,9 @@ struct Explorer {
     /// Tasks of crashed workers and reconcilers (aborted; awaited at the
     /// seed's end).
     crashed: Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    /// Charges a dashboard captured or voided (or tried to) behind cobro's
+    /// back.
+    dashboard: BTreeSet<String>,
 }
 
 async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<(), String> {
@@ -555,6 +559,7 @@ impl Explorer {
             trace: Vec::new(),
             next_key: 0,
             crashed: Vec::new(),
+            dashboard: BTreeSet::new(),
         }
     }
 
@@ -635,10 +640,11 @@ impl Explorer {
                 self.crash(which);
                 Ok(())
             }
-            57..=66 => {
+            57..=65 => {
                 self.fault();
                 Ok(())
             }
+            66 => self.dashboard().await,
             67..=77 => {
                 let by = match self.rng.random_range(0..10) {
                     0..=2 => Duration::from_secs(2),
@@ -965,7 +971,7 @@ impl Explorer {
             .map_err(|e| e.to_string())?;
         let authorizations: Vec<_> = attempts
             .iter()
-            .filter(|a| a.operation == cobro_core::Operation::Authorize)
+            .filter(|a| a.operation == Operation::Authorize)
             .collect();
         let ledger = self.rig.ledger();
         let charged = ledger
@@ -1040,6 +1046,52 @@ impl Explorer {
         let body = serde_json::to_vec(&event).map_err(|e| e.to_string())?;
         self.events.push(body.clone());
         self.deliver(body).await
+    }
+
+    /// The merchant's dashboard (or another system with the same API key)
+    /// captures or voids an authorized charge behind cobro's back. cobro is
+    /// not told: its payment stays `authorized` until it acts on the charge,
+    /// when the provider's refusal carries the charge's truth (a void
+    /// refused because the charge was captured ends `captured`; spec
+    /// section 7.5). The call goes to the provider's own API, so a fault
+    /// armed for the next capture or void may fire on it instead of on
+    /// cobro's call; whatever it answers, the ledger says what happened.
+    async fn dashboard(&mut self) -> Result<(), String> {
+        let authorized: Vec<String> = self
+            .rig
+            .ledger()
+            .charges
+            .into_iter()
+            .filter(|c| c.status == "authorized")
+            .map(|c| c.id)
+            .collect();
+        if authorized.is_empty() {
+            return Ok(());
+        }
+        let id = authorized[self.rng.random_range(0..authorized.len())].clone();
+        let verb = if self.rng.random_bool(0.5) {
+            "capture"
+        } else {
+            "void"
+        };
+        let key = format!("dashboard-{}", self.key());
+        let answer = self
+            .rig
+            .app
+            .client
+            .post(format!(
+                "{}/v1/charges/{id}/{verb}",
+                self.rig.provider.url()
+            ))
+            .bearer_auth(RIG_SECRET_KEY)
+            .header("idempotency-key", key)
+            .send()
+            .await
+            .map(|r| r.status().as_u16().to_string())
+            .unwrap_or_else(|e| format!("no answer ({e})"));
+        self.note(format!("dashboard {verb} {id}: {answer}"));
+        self.dashboard.insert(id);
+        Ok(())
     }
 
     /// Delivers an event delivered before again: a duplicate, or (when the
@@ -1301,13 +1353,17 @@ impl Explorer {
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or("payment vanished")?;
-            let keys: Vec<String> = store
+            let attempts = store
                 .attempts_of_payment_any_account(pid)
                 .await
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .map(|a| a.provider_key)
-                .collect();
+                .map_err(|e| e.to_string())?;
+            // Whether cobro acted on the charge itself (a capture or void it
+            // sent and settled): then it must know the charge's truth.
+            let acted_on_charge = attempts.iter().any(|a| {
+                matches!(a.operation, Operation::Capture | Operation::Cancel)
+                    && !a.state.is_unresolved()
+            });
+            let keys: Vec<String> = attempts.into_iter().map(|a| a.provider_key).collect();
             let mine: Vec<_> = ledger
                 .charges
                 .iter()
@@ -1361,6 +1417,17 @@ impl Explorer {
                     p.provider_ref, charge.id
                 ));
             }
+            // A dashboard's capture or void is not cobro's to know until
+            // cobro settles a capture or void of its own on that charge:
+            // `authorized` stays right until then.
+            let unknown_to_cobro = p.status.as_str() == "authorized"
+                && !acted_on_charge
+                && self.dashboard.contains(&charge.id);
+            let expected_charge = if unknown_to_cobro {
+                charge.status.as_str()
+            } else {
+                expected_charge
+            };
             if charge.status != expected_charge || charge.amount != p.amount {
                 return Err(format!(
                     "payment {id} is {} of {}, its charge {} is {} of {}",

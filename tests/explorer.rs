@@ -11,7 +11,10 @@
 //! between any two of them (the task is aborted: a step that never
 //! completes); provider faults on the next call; clock jumps (lease expiry,
 //! the reconciler's threshold, the search lag, the provider's key
-//! retention, the escalation horizon); reconciler runs, one or two at once,
+//! retention, the escalation horizon; in one seed in four, whose provider
+//! forgets keys after a minute and whose search always lags, jumps to the
+//! edges of a recent send: its request timing out, the lag passing, its
+//! key window closing); reconciler runs, one or two at once,
 //! and reconcilers whose runs are steps (each query parks once answered,
 //! so anything can happen between what a reconciler read and what it
 //! applies; a reconciler can die there too);
@@ -34,7 +37,7 @@
 
 use cobro_core::{Clock, Operation, PaymentId};
 use cobro_reconciler::{Reconciler, Scope};
-use cobro_test_support::{Backend, RIG_SECRET_KEY, Rig, TestApp, TestDb};
+use cobro_test_support::{Backend, Dialect, RIG_SECRET_KEY, Rig, TestApp, TestDb};
 use cobro_worker::{Worker, WorkerConfig};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use futures::StreamExt;
@@ -56,6 +59,18 @@ const STEP_DEADLINE: Duration = Duration::from_secs(20);
 /// Seeds run at once (each on its own database) when `EXPLORE_LANES` is
 /// not set.
 const LANES: usize = 4;
+/// The key window of one seed in four (`seed % 4 == 1`): a provider that
+/// forgets an idempotency key a minute after its first use, whose search
+/// always lags by the full lag the reconciler is told, and workers that
+/// send no later than 30 s after an attempt's first send. Their attempts
+/// reach the reconciler within the search lag of their last send, where
+/// "no effect" is decided at the edge of what the provider can show.
+const SHORT_RETENTION: Duration = Duration::from_secs(60);
+const SHORT_MARGIN: Duration = Duration::from_secs(30);
+
+fn short_window(seed: u64) -> bool {
+    seed % 4 == 1
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn explore_postgres() {
@@ -223,6 +238,8 @@ enum Stage {
 struct GateState {
     /// The parked call; sending `false` lets it go on, `true` times it out.
     parked: Option<(Stage, oneshot::Sender<bool>, String)>,
+    /// Virtual time that passed while the parked call waited.
+    age: Duration,
     /// Let every call through without parking (driving to quiet).
     open: bool,
     /// Calls that parked while another was parked here, as (held,
@@ -260,6 +277,7 @@ impl Gate {
             if let Some((_, _, held)) = state.parked.replace((stage, release, newcomer.clone())) {
                 state.doubles.push((held, newcomer));
             }
+            state.age = Duration::ZERO;
             wait
         };
         self.changed.notify_waiters();
@@ -292,11 +310,18 @@ impl Gate {
         }
     }
 
-    /// A request that has not gone out cannot outlive its timeout: time it
-    /// out (the worker sees an unknown outcome, nothing was sent).
-    fn time_out_unsent(&self) -> bool {
+    /// `by` of virtual time passes. A request that has not gone out cannot
+    /// outlive its timeout: once it has waited longer, it is timed out (the
+    /// worker sees an unknown outcome, nothing was sent). Until then it may
+    /// still go out, and reach the provider that much after its send was
+    /// marked: the lateness the reconciler allows for.
+    fn time_out_unsent(&self, by: Duration, timeout: Duration) -> bool {
         let mut state = self.lock();
         if !matches!(state.parked, Some((Stage::Before, _, _))) {
+            return false;
+        }
+        state.age += by;
+        if state.age <= timeout {
             return false;
         }
         if let Some((_, release, _)) = state.parked.take() {
@@ -332,6 +357,8 @@ impl Gated {
     fn new(rig: &Rig, gate: &Arc<Gate>, queries: bool) -> Self {
         let mut client =
             cobro_provider::HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro");
+        // Real time, for a loaded machine: the request timeout of the
+        // explorer's virtual time is the reconcilers' (`Gate::time_out_unsent`).
         client.request_timeout = Duration::from_secs(5);
         Gated {
             inner: cobro_provider::HttpProvider::new(client).expect("client"),
@@ -484,6 +511,17 @@ struct Explorer {
     /// Charges a dashboard captured or voided (or tried to) behind cobro's
     /// back.
     dashboard: BTreeSet<String>,
+    /// The reconcilers' settings: the explorer's model of time (a request
+    /// reaches the provider at most `request_timeout` after its send is
+    /// marked; search shows an object at most `search_lag` after it is made).
+    model: cobro_reconciler::ReconcilerConfig,
+    /// This seed's key window (`short_window`), and how long after an
+    /// attempt's first send its workers may still send.
+    short: bool,
+    send_window: Duration,
+    /// When each worker request was marked sent (its call parked before
+    /// going out), for the clock's edges.
+    sends: Vec<chrono::DateTime<chrono::Utc>>,
 }
 
 async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<(), String> {
@@ -505,8 +543,37 @@ async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<(), String>
 
 impl Explorer {
     async fn new(db: TestDb, seed: u64) -> Self {
-        let mut rig = Rig::on(TestApp::spawn_on(db).await, |_, _| {}).await;
+        let model = Rig::reconciler_config(|_| {});
+        let short = short_window(seed);
+        let defaults = WorkerConfig::default();
+        let (retention, margin) = if short {
+            (SHORT_RETENTION, SHORT_MARGIN)
+        } else {
+            (defaults.key_retention, defaults.safety_margin)
+        };
+        let provider = fake_provider::Config {
+            admin: true,
+            retention,
+            ..Default::default()
+        };
+        let mut rig = Rig::on_provider(
+            TestApp::spawn_on(db).await,
+            Dialect::Fake,
+            provider,
+            |_, worker| {
+                worker.key_retention = retention;
+                worker.safety_margin = margin;
+            },
+        )
+        .await;
         rig.accept_webhooks(SECRET, false).await;
+        if short {
+            for operation in [FOp::Charge, FOp::Refund] {
+                let lag = FaultRule::new(operation, FaultAction::SearchLag)
+                    .with_lag_seconds(model.search_lag.as_secs());
+                rig.provider.control().add_fault(lag);
+            }
+        }
         let store = rig.app.db.store.clone();
         let clock: Arc<dyn Clock> = Arc::new(rig.app.clock.clone());
         let mut workers = Vec::new();
@@ -517,6 +584,8 @@ impl Explorer {
                 batch: 1,
                 backoff_base: Duration::from_secs(1),
                 backoff_cap: Duration::from_secs(10),
+                key_retention: retention,
+                safety_margin: margin,
                 ..Default::default()
             };
             let worker = Worker::new(
@@ -560,6 +629,10 @@ impl Explorer {
             next_key: 0,
             crashed: Vec::new(),
             dashboard: BTreeSet::new(),
+            model,
+            short,
+            send_window: retention - margin,
+            sends: Vec::new(),
         }
     }
 
@@ -606,12 +679,13 @@ impl Explorer {
     /// between the worker's last check and the bytes on the wire is bounded
     /// by the request timeout, not by the explorer).
     async fn advance(&mut self, by: Duration) -> Result<(), String> {
-        if by > Duration::from_secs(5) {
-            for w in 0..self.workers.len() {
-                if self.workers[w].gate.time_out_unsent() {
-                    self.workers[w].settle().await?;
-                    self.trace.push(format!("worker {w} unsent call timed out"));
-                }
+        for w in 0..self.workers.len() {
+            if self.workers[w]
+                .gate
+                .time_out_unsent(by, self.model.request_timeout)
+            {
+                self.workers[w].settle().await?;
+                self.trace.push(format!("worker {w} unsent call timed out"));
             }
         }
         self.rig
@@ -645,6 +719,9 @@ impl Explorer {
                 Ok(())
             }
             66 => self.dashboard().await,
+            // A short-window seed lands half its clock steps on an edge of
+            // a recent send.
+            67..=77 if self.short && self.rng.random_bool(0.5) => self.to_edge().await,
             67..=77 => {
                 let by = match self.rng.random_range(0..10) {
                     0..=2 => Duration::from_secs(2),
@@ -823,7 +900,52 @@ impl Explorer {
         };
         driven.settle().await?;
         let parked = driven.gate.parked();
+        if what == "claim" && parked == Some(Stage::Before) {
+            self.sends.push(self.rig.app.clock.now());
+        }
         self.note(format!("worker {w} {what} -> {parked:?}"));
+        Ok(())
+    }
+
+    /// Moves the clocks to an edge of one of the last sends, chosen among
+    /// those still ahead: its request timing out, the search lag passing
+    /// (and a second later), the lag plus the request timeout (when the
+    /// reconciler may take "not found" as no effect), its key window
+    /// closing; half the time a reconciler run follows at once. Rules that
+    /// are wrong by a second fail here.
+    async fn to_edge(&mut self) -> Result<(), String> {
+        let now = self.rig.app.clock.now();
+        let (timeout, lag) = (self.model.request_timeout, self.model.search_lag);
+        let offsets = [
+            timeout,
+            lag,
+            lag + Duration::from_secs(1),
+            lag + timeout,
+            self.send_window,
+        ];
+        let edges: Vec<_> = self
+            .sends
+            .iter()
+            .rev()
+            .take(4)
+            .flat_map(|&sent| {
+                offsets.map(|o| sent + chrono::Duration::from_std(o).expect("offset"))
+            })
+            .filter(|&at| at > now)
+            .collect();
+        if edges.is_empty() {
+            self.note("clock to an edge: none ahead".into());
+            return Ok(());
+        }
+        let at = edges[self.rng.random_range(0..edges.len())];
+        let by = (at - now).to_std().expect("an edge ahead");
+        self.note(format!("clock +{by:?} (an edge)"));
+        self.advance(by).await?;
+        // Half the time a reconciler asks right there, before anything
+        // else moves.
+        if self.rng.random_bool(0.5) {
+            self.reconcile(1).await?;
+        }
         Ok(())
     }
 
@@ -910,7 +1032,10 @@ impl Explorer {
         };
         let mut rule = FaultRule::new(operation, action).with_next(1);
         if action == FaultAction::SearchLag {
-            rule = rule.with_lag_seconds(120);
+            // The lag the reconcilers are told: a provider keeps its
+            // documented lag (a longer one would be a provider cobro's
+            // settings do not describe).
+            rule = rule.with_lag_seconds(self.model.search_lag.as_secs());
         }
         self.rig.provider.control().add_fault(rule);
         self.note(format!("fault next {operation:?} {action:?}"));
@@ -1363,6 +1488,31 @@ impl Explorer {
                 matches!(a.operation, Operation::Capture | Operation::Cancel)
                     && !a.state.is_unresolved()
             });
+            let conflicts = store
+                .conflicts_of_payment_any_account(pid)
+                .await
+                .map_err(|e| e.to_string())?;
+            // "No effect" is decided only once the provider's search must
+            // show an effect, and this provider keeps its documented lag: an
+            // authorisation or refund recorded without money and then shown
+            // to have made some was decided wrong, even though the conflict
+            // stopped the line (a capture or void recorded refused may be
+            // contradicted by a dashboard's move, which is not cobro's to see).
+            for c in conflicts
+                .iter()
+                .filter(|c| c.kind == "effect_after_no_effect")
+            {
+                let wrong = attempts.iter().any(|a| {
+                    Some(a.id) == c.attempt_id
+                        && matches!(a.operation, Operation::Authorize | Operation::Refund)
+                });
+                if wrong {
+                    return Err(format!(
+                        "payment {id}: a decision without money was wrong: {}",
+                        c.detail
+                    ));
+                }
+            }
             let keys: Vec<String> = attempts.into_iter().map(|a| a.provider_key).collect();
             let mine: Vec<_> = ledger
                 .charges
@@ -1370,11 +1520,7 @@ impl Explorer {
                 .filter(|c| c.status != "declined")
                 .filter(|c| c.idempotency_key.as_ref().is_some_and(|k| keys.contains(k)))
                 .collect();
-            let flagged = store
-                .conflicts_of_payment_any_account(pid)
-                .await
-                .map_err(|e| e.to_string())?
-                .len()
+            let flagged = conflicts.len()
                 + store
                     .decisions_of_payment_any_account(pid)
                     .await

@@ -20,6 +20,7 @@ on_every_provider!(
     proven_no_effect_after_the_search_lag_retries_with_a_new_key_once,
     not_found_within_the_search_lag_decides_nothing,
     a_send_that_reached_the_provider_late_is_waited_for_the_request_timeout_too,
+    a_search_answer_read_late_is_judged_when_it_was_asked,
     a_failing_status_query_decides_nothing,
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
@@ -217,13 +218,28 @@ async fn unknown_until_the_lag_passes(
         c.search_lag = std::time::Duration::from_secs(3600);
         c.request_timeout = std::time::Duration::from_secs(request_timeout);
     });
-    let advance = |seconds: u64| {
-        rig.app.clock.advance(Duration::seconds(seconds as i64));
-        rig.provider
-            .control()
-            .advance_clock(std::time::Duration::from_secs(seconds));
-    };
-    advance(first_look);
+    advance(&rig, first_look);
+    decides_nothing_within_the_lag(&rig, &id, &recon).await;
+    // Once the lag has passed, the search finds it and it is adopted.
+    advance(&rig, second_look);
+    adopts_the_charge(&rig, &id, &recon).await;
+}
+
+/// Both clocks, cobro's and the provider's, move on by `seconds`.
+fn advance(rig: &Rig, seconds: u64) {
+    rig.app.clock.advance(Duration::seconds(seconds as i64));
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(seconds));
+}
+
+/// A run of `recon` over the handed-over payment `id` finds nothing yet
+/// and decides nothing: no decision, no new attempt, one charge.
+async fn decides_nothing_within_the_lag<P: cobro_provider::Provider>(
+    rig: &Rig,
+    id: &str,
+    recon: &Reconciler<P>,
+) {
     let summary = recon
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -232,12 +248,19 @@ async fn unknown_until_the_lag_passes(
         Verdict::StillUnknown { reason } => assert!(reason.contains("search lag"), "{reason}"),
         other => panic!("not found within the lag must prove nothing: {other:?}"),
     }
-    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+    assert_eq!(rig.payment(id).await["status"], "requires_reconciliation");
     assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
     assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
     assert_eq!(rig.ledger().totals.charges, 1);
-    // Once the lag has passed, the search finds it and it is adopted.
-    advance(second_look);
+}
+
+/// A run of `recon` finds the payment's charge and adopts it: captured,
+/// one attempt, one charge.
+async fn adopts_the_charge<P: cobro_provider::Provider>(
+    rig: &Rig,
+    id: &str,
+    recon: &Reconciler<P>,
+) {
     let summary = recon
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -248,9 +271,101 @@ async fn unknown_until_the_lag_passes(
             outcome: "succeeded".into()
         }
     );
-    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.payment(id).await["status"], "captured");
     assert_eq!(rig.app.db.count("attempts").await, 1);
-    assert_eq!(rig.ledger().totals.charges, 1);
+    assert_eq!(rig.ledger().totals.charges, 1, "one charge at the provider");
+}
+
+/// A provider whose search answers reach the reconciler `late`: both
+/// clocks move on between the search and the reconciler reading its answer
+/// (a slow answer, or a reconciler paused there).
+struct LateAnswers {
+    inner: Connector,
+    clock: cobro_core::ManualClock,
+    provider: fake_provider::Control,
+    late: std::time::Duration,
+}
+
+impl LateAnswers {
+    fn arrive<T>(&self, answer: T) -> T {
+        self.clock
+            .advance(Duration::from_std(self.late).expect("late"));
+        self.provider.advance_clock(self.late);
+        answer
+    }
+}
+
+impl cobro_provider::Provider for LateAnswers {
+    async fn authorize(
+        &self,
+        key: &str,
+        request: &cobro_provider::AuthorizeRequest,
+    ) -> cobro_provider::Outcome {
+        self.inner.authorize(key, request).await
+    }
+    async fn capture(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
+        self.inner.capture(key, charge).await
+    }
+    async fn void(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
+        self.inner.void(key, charge).await
+    }
+    async fn refund(
+        &self,
+        key: &str,
+        request: &cobro_provider::RefundRequest,
+    ) -> cobro_provider::Outcome {
+        self.inner.refund(key, request).await
+    }
+    async fn get_charge(
+        &self,
+        id: &str,
+    ) -> Result<Option<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        self.inner.get_charge(id).await
+    }
+    async fn search_charges(
+        &self,
+        reference: &str,
+    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        let answer = self.inner.search_charges(reference).await;
+        self.arrive(answer)
+    }
+    async fn search_refunds(
+        &self,
+        reference: &str,
+        charge: Option<&str>,
+    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        let answer = self.inner.search_refunds(reference, charge).await;
+        self.arrive(answer)
+    }
+}
+
+/// "Not found" is what the search showed when it was asked. Here the
+/// charge shows in search 3 600 s after it was made; the reconciler asks at
+/// 3 000 s, and its answer ("not found") reaches it 700 s later, when the
+/// lag (3 600 s plus a 2 s request timeout) has passed. Judged at the time
+/// it was read (the explorer's seed 165, 2026-12-03), it was taken as no
+/// effect and a second charge followed under a new key; judged when it was
+/// asked, it proves nothing, and the next run finds the charge.
+async fn a_search_answer_read_late_is_judged_when_it_was_asked(backend: Backend, dialect: Dialect) {
+    let (rig, id) = handed_over_at_once(backend, dialect, 3600).await;
+    let late = Reconciler::new(
+        rig.app.db.store.clone(),
+        std::sync::Arc::new(LateAnswers {
+            inner: rig.connector(),
+            clock: rig.app.clock.clone(),
+            provider: rig.provider.control(),
+            late: std::time::Duration::from_secs(700),
+        }),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        Rig::reconciler_config(|c| c.search_lag = std::time::Duration::from_secs(3600)),
+    );
+    advance(&rig, 3000);
+    decides_nothing_within_the_lag(&rig, &id, &late).await;
+    // Asked now (3 700 s after the send), the search shows the charge.
+    let recon = reconciler(&rig, |c| {
+        c.search_lag = std::time::Duration::from_secs(3600);
+    });
+    adopts_the_charge(&rig, &id, &recon).await;
 }
 
 async fn a_failing_status_query_decides_nothing(backend: Backend, dialect: Dialect) {

@@ -847,12 +847,24 @@ impl Rig {
         dialect: Dialect,
         tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
     ) -> Self {
-        let provider = fake_provider::start(fake_provider::Config {
+        let provider = fake_provider::Config {
             admin: true,
             ..Default::default()
-        })
-        .await
-        .expect("start fake provider");
+        };
+        Self::on_provider(app, dialect, provider, tweak).await
+    }
+
+    /// A rig speaking `dialect` around an app already spawned, whose fake
+    /// provider starts with `provider` (its key retention, say).
+    pub async fn on_provider(
+        app: TestApp,
+        dialect: Dialect,
+        provider: fake_provider::Config,
+        tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
+    ) -> Self {
+        let provider = fake_provider::start(provider)
+            .await
+            .expect("start fake provider");
         let mut client = ProviderClient {
             base_url: provider.url(),
             request_timeout: std::time::Duration::from_secs(2),

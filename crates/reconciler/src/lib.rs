@@ -571,10 +571,22 @@ impl<P: Provider> Reconciler<P> {
                 verdict,
             });
         }
+        // An answer tells what the provider's search showed when it was
+        // asked, so "not found" is judged against that moment: the answer may
+        // come back late, or be read after a pause, when the lag has passed
+        // for what the search did not yet show.
+        let asked_at = self.clock.now();
         let answer = self.ask(attempt, operation, &payment).await;
         let provider_said = said(&answer);
         let now = self.clock.now();
-        let finding = self.judge(attempt, operation, &payment, refund.as_ref(), answer, now);
+        let finding = self.judge(
+            attempt,
+            operation,
+            &payment,
+            refund.as_ref(),
+            answer,
+            asked_at,
+        );
         let ctx = Ctx {
             attempt,
             run,
@@ -612,9 +624,10 @@ impl<P: Provider> Reconciler<P> {
         })
     }
 
-    /// What the provider's answer proves. Pure: no IO. Only objects that
-    /// provably belong to the attempt count ([`fit`]); one under its
-    /// identity with other terms, or several, is a conflict.
+    /// What the provider's answer, asked for at `asked_at`, proves. Pure:
+    /// no IO. Only objects that provably belong to the attempt count
+    /// ([`fit`]); one under its identity with other terms, or several, is a
+    /// conflict.
     fn judge(
         &self,
         attempt: &AttemptRow,
@@ -622,7 +635,7 @@ impl<P: Provider> Reconciler<P> {
         payment: &PaymentRow,
         refund: Option<&RefundRow>,
         answer: Result<Vec<ProviderObject>, QueryError>,
-        now: DateTime<Utc>,
+        asked_at: DateTime<Utc>,
     ) -> Finding {
         let found = match answer {
             Ok(found) => found,
@@ -690,7 +703,7 @@ impl<P: Provider> Reconciler<P> {
             .unwrap_or(attempt.created_at.0);
         let visible_from =
             last + to_chrono(self.config.request_timeout) + to_chrono(self.config.search_lag);
-        if now < visible_from {
+        if asked_at < visible_from {
             return Finding::Unknown(format!(
                 "not found, but the provider's search lag ({} s) has not passed since the last send could have reached it",
                 self.config.search_lag.as_secs()

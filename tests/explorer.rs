@@ -721,7 +721,7 @@ impl Explorer {
             66 => self.dashboard().await,
             // A short-window seed lands half its clock steps on an edge of
             // a recent send.
-            67..=77 if self.short && self.rng.random_bool(0.5) => self.to_edge().await,
+            67..=77 if self.short && self.rng.random_bool(0.5) => self.jump_to_edge().await,
             67..=77 => {
                 let by = match self.rng.random_range(0..10) {
                     0..=2 => Duration::from_secs(2),
@@ -913,7 +913,7 @@ impl Explorer {
     /// reconciler may take "not found" as no effect), its key window
     /// closing; half the time a reconciler run follows at once. Rules that
     /// are wrong by a second fail here.
-    async fn to_edge(&mut self) -> Result<(), String> {
+    async fn jump_to_edge(&mut self) -> Result<(), String> {
         let now = self.rig.app.clock.now();
         let (timeout, lag) = (self.model.request_timeout, self.model.search_lag);
         let offsets = [

@@ -1498,10 +1498,9 @@ impl Explorer {
             // to have made some was decided wrong, even though the conflict
             // stopped the line (a capture or void recorded refused may be
             // contradicted by a dashboard's move, which is not cobro's to see).
-            for c in conflicts
-                .iter()
-                .filter(|c| c.kind == "effect_after_no_effect")
-            {
+            for c in conflicts.iter().filter(|c| {
+                c.kind == cobro_store::conflicts::ConflictKind::EffectAfterNoEffect.as_str()
+            }) {
                 let wrong = attempts.iter().any(|a| {
                     Some(a.id) == c.attempt_id
                         && matches!(a.operation, Operation::Authorize | Operation::Refund)

@@ -36,6 +36,7 @@ mod dialects {
 // back) or keep a stale worker's answer in the fake's object shape.
 on_both_backends!(
     a_refused_void_ends_with_the_providers_truth_once,
+    a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
 );
@@ -262,6 +263,24 @@ async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
     assert_eq!(ledger.totals.charges, 0, "never charged");
 }
 
+/// The charge is captured at the provider behind cobro's back (its
+/// dashboard, another system), through the provider's own API.
+async fn dashboard_capture(rig: &Rig, charge_id: &str) {
+    let captured = rig
+        .app
+        .client
+        .post(format!(
+            "{}/v1/charges/{charge_id}/capture",
+            rig.provider.url()
+        ))
+        .bearer_auth("sk_test_cobro")
+        .header("idempotency-key", "dashboard-capture")
+        .send()
+        .await
+        .expect("capture");
+    assert_eq!(captured.status().as_u16(), 200);
+}
+
 async fn a_refused_void_ends_with_the_providers_truth_once(backend: Backend) {
     let rig = Rig::new(backend).await;
     // The charge is made, its answer lost: the payment stays processing.
@@ -281,19 +300,7 @@ async fn a_refused_void_ends_with_the_providers_truth_once(backend: Backend) {
     // Meanwhile the authorisation is captured at the provider (its
     // dashboard, another system): a void can no longer succeed.
     let charge_id = rig.ledger().charges[0].id.clone();
-    let captured = rig
-        .app
-        .client
-        .post(format!(
-            "{}/v1/charges/{charge_id}/capture",
-            rig.provider.url()
-        ))
-        .bearer_auth("sk_test_cobro")
-        .header("idempotency-key", "dashboard-capture")
-        .send()
-        .await
-        .expect("capture");
-    assert_eq!(captured.status().as_u16(), 200);
+    dashboard_capture(&rig, &charge_id).await;
 
     rig.app.clock.advance(Duration::seconds(2));
     let steps = rig.drain(6).await;
@@ -321,6 +328,84 @@ async fn a_refused_void_ends_with_the_providers_truth_once(backend: Backend) {
     assert_eq!(ledger.totals.charges, 1);
     assert_eq!(ledger.totals.voids, 0);
     assert_eq!(ledger.totals.captures, 1);
+}
+
+/// Found by the explorer's soak (seed 13771, 2026-12-03): a cancel's void
+/// still waits to go out when an operator resolves the payment
+/// `authorized`; the charge is then captured at the provider (a
+/// dashboard), the void goes out and is refused with the charge captured.
+/// The payment cannot go `authorized -> captured`, and the refusal was
+/// only logged: the payment said `authorized` over a captured charge that
+/// cobro's own void had just learned of. It is a conflict now.
+async fn a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let p = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    assert_eq!(rig.payment(&id).await["status"], "authorized");
+    let r = rig
+        .app
+        .post(&format!("/v1/payments/{id}/cancel"), Some("c-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 202);
+    // The payment is stopped (any conflict) and an operator resolves it
+    // `authorized` from the provider's truth, naming the authorisation;
+    // the void has not gone out.
+    let attempts = rig.attempts(&id).await;
+    let (authorize, cancel) = (&attempts[0], &attempts[1]);
+    let pid: PaymentId = id.parse().expect("payment id");
+    let mut tx = rig.app.db.store.begin().await.expect("begin");
+    let source = Source {
+        name: "test",
+        said: "{}",
+    };
+    cobro_settle::stop_the_line(
+        &mut tx,
+        Some(cancel),
+        Some(pid),
+        cobro_store::conflicts::ConflictKind::Unmatched,
+        "a conflict for the operator",
+        &source,
+        rig.app.clock.now(),
+    )
+    .await
+    .expect("stop the line");
+    tx.commit().await.expect("commit");
+    let charge_id = rig.ledger().charges[0].id.clone();
+    let resolution = ManualResolution {
+        payment: pid,
+        attempt: cobro_core::AttemptId::from_uuid(authorize.id.0),
+        outcome: ManualOutcome::Authorized,
+        provider_ref: Some(charge_id.clone()),
+        operator: "alice".into(),
+        reason: "the charge is authorized".into(),
+    };
+    let after =
+        cobro_reconciler::resolve_by_hand(&rig.app.db.store, &resolution, rig.app.clock.now())
+            .await
+            .expect("resolve");
+    assert_eq!(after, "authorized");
+    let conflicts = rig.app.db.count("evidence_conflicts").await;
+    // A dashboard captures the charge; then the void goes out.
+    dashboard_capture(&rig, &charge_id).await;
+    rig.app.clock.advance(Duration::seconds(2));
+    rig.drain(6).await;
+    let p = rig.payment(&id).await;
+    assert_eq!(
+        p["status"], "needs_review",
+        "never `authorized` over a captured charge"
+    );
+    assert_eq!(
+        rig.app.db.count("evidence_conflicts").await,
+        conflicts + 1,
+        "the refusal's truth is kept as a conflict"
+    );
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert_eq!(ledger.totals.captures, 1);
+    assert_eq!(ledger.totals.voids, 0);
 }
 
 async fn a_recovered_provider_is_drained_without_new_traffic(backend: Backend, dialect: Dialect) {

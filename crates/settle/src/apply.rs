@@ -26,6 +26,31 @@ pub enum ChargeNow {
     Voided,
 }
 
+impl ChargeNow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChargeNow::Authorized => "authorized",
+            ChargeNow::Captured { .. } => "captured",
+            ChargeNow::Voided => "voided",
+        }
+    }
+}
+
+/// Whether a payment in `status` already shows the charge's `truth` (a
+/// refusal's charge; `None` or still authorized: nothing moved), or is
+/// under review, where an operator decides.
+fn agrees(status: PaymentStatus, truth: Option<ChargeNow>) -> bool {
+    use PaymentStatus as S;
+    match truth {
+        None | Some(ChargeNow::Authorized) => true,
+        Some(ChargeNow::Captured { .. }) => matches!(
+            status,
+            S::Captured | S::PartiallyRefunded | S::Refunded | S::NeedsReview
+        ),
+        Some(ChargeNow::Voided) => matches!(status, S::Canceled | S::NeedsReview),
+    }
+}
+
 /// What the provider proved about one attempt (already checked by
 /// [`crate::evidence::fit`] to be about that attempt).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -378,6 +403,18 @@ async fn apply_proof_in_span(
                 "{illegal}: the provider proved {} for attempt {}",
                 proof.outcome(),
                 attempt.id.0
+            );
+            return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
+        }
+        // A refusal that carries where the charge really is, which the
+        // payment's state cannot take (an operator set it `authorized`
+        // while this void or capture still waited to go out, and the charge
+        // moved): what cobro shows is wrong, so it is a conflict too.
+        Err(illegal) if !agrees(before, truth) => {
+            let detail = format!(
+                "{illegal}: the provider refused attempt {} and shows the charge {}",
+                attempt.id.0,
+                truth.map_or("authorized", ChargeNow::as_str)
             );
             return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
         }

@@ -402,6 +402,21 @@ async fn a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line(backe
         conflicts + 1,
         "the refusal's truth is kept as a conflict"
     );
+    assert_eq!(
+        rig.app
+            .db
+            .count("evidence_conflicts WHERE kind = 'other_object' AND detail LIKE '%shows the charge captured%'")
+            .await,
+        1
+    );
+    // The void did go out, and its refusal settled the cancel attempt.
+    assert_eq!(
+        rig.app
+            .db
+            .count("attempts WHERE operation = 'payment.cancel' AND state = 'failed' AND send_count = 1")
+            .await,
+        1
+    );
     let ledger = rig.ledger();
     assert_eq!(ledger.totals.charges, 1);
     assert_eq!(ledger.totals.captures, 1);

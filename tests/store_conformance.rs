@@ -1002,3 +1002,84 @@ fn the_api_never_calls_an_any_account_read() {
         calls.join("\n")
     );
 }
+
+/// The vendored sqlx-postgres (crates/vendor/README.md) skips the pool's
+/// release ping on a connection that is already in sync with the server.
+/// A transaction dropped open (a handler that returned early, a task
+/// aborted) must still be rolled back when its connection goes back to the
+/// pool, not when someone next uses that connection: until then its row
+/// locks would stop every other writer of those rows. On a pool of one
+/// connection, each round drops a transaction holding a row lock, waits
+/// until the connection is idle in the pool, and takes the same lock from
+/// another session with NOWAIT. A cancelled statement's late answer must
+/// not reach the next user either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&db.url)
+        .await
+        .expect("pool");
+    let mut other = sqlx::PgConnection::connect(&db.url)
+        .await
+        .expect("another session");
+    sqlx::raw_sql("CREATE TABLE drained (v int PRIMARY KEY); INSERT INTO drained VALUES (1)")
+        .execute(&pool)
+        .await
+        .expect("create");
+    let idle = |pool: &sqlx::PgPool| {
+        let pool = pool.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while pool.num_idle() == 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the connection never came back"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
+    };
+    for round in 0..3 {
+        {
+            let mut tx = pool.begin().await.expect("begin");
+            sqlx::query("SELECT v FROM drained WHERE v = 1 FOR UPDATE")
+                .execute(&mut *tx)
+                .await
+                .expect("lock");
+            sqlx::query("UPDATE drained SET v = 2 WHERE v = 1")
+                .execute(&mut *tx)
+                .await
+                .expect("update");
+        }
+        idle(&pool).await;
+        let locked: Result<Option<i32>, _> =
+            sqlx::query_scalar("SELECT v FROM drained WHERE v = 1 FOR UPDATE NOWAIT")
+                .fetch_optional(&mut other)
+                .await;
+        assert_eq!(
+            locked.expect("the row is free as soon as the connection is idle"),
+            Some(1),
+            "round {round}: the dropped update was rolled back"
+        );
+        // Cancelled while PostgreSQL is still sleeping.
+        let slow = sqlx::query_scalar::<_, i32>("SELECT 1 FROM pg_sleep(0.3)").fetch_one(&pool);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(30), slow)
+                .await
+                .is_err(),
+            "the slow statement was cut off"
+        );
+        let next: i32 = sqlx::query_scalar("SELECT $1")
+            .bind(round + 100)
+            .fetch_one(&pool)
+            .await
+            .expect("the next statement");
+        assert_eq!(next, round + 100, "the next user got its own answer");
+    }
+    other.close().await.expect("close");
+    pool.close().await;
+}

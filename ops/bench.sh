@@ -245,9 +245,14 @@ e2e_scenario() { # CLIENTS
   # the oldest due one, so the backlog stays put, and a claim always finds a
   # row that no other client holds. Without it, a claim could find every
   # pending row locked by the other clients (SKIP LOCKED) and pgbench
-  # aborted on its \gset ("expected one row, got 0").
+  # aborted on its \gset ("expected one row, got 0"). The claim's "now" is
+  # the script's first statement's clock, so a client that stalls between
+  # that statement and its claim only finds the rows made before it: the
+  # backlog must outlast the other clients' claims during the stall. 256
+  # did not on a loaded machine (one client aborted this way); 4096 is
+  # about ten seconds of them at these rates.
   pgbench_args "$pgdb" new_payment.sql 1
-  "$PG_BIN/pgbench" "${PGB_ARGS[@]}" -t "${E2E_BACKLOG:-256}" >"$WORK/pgbench-e2e-backlog.out" 2>&1 \
+  "$PG_BIN/pgbench" "${PGB_ARGS[@]}" -t "${E2E_BACKLOG:-4096}" >"$WORK/pgbench-e2e-backlog.out" 2>&1 \
     || { tail -20 "$WORK/pgbench-e2e-backlog.out" >&2; die "pgbench e2e backlog failed"; }
   pgbench_warmup "$pgdb" "$WORK/e2e.sql" "$clients"
   wrk_once new "$clients" "$WARMUP" "e2ew$RUN_ID-$DUR-$clients" "$WORK/wrk-warmup.out"

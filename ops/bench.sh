@@ -31,6 +31,8 @@ DRAIN_CREATE=${DRAIN_CREATE:-10}
 DRAIN_LIMIT=${DRAIN_LIMIT:-120}
 E2E_WORKERS=${E2E_WORKERS:-0}
 LOAD_SECONDS=${LOAD_SECONDS:-60}
+PG_STATEMENTS=${PG_STATEMENTS:-0}
+PG_EXTRA_SETTINGS=${PG_EXTRA_SETTINGS:-}
 [ "$ROUNDS" -ge 1 ] || die "ROUNDS must be at least 1"
 MAX_CLIENTS=$(echo "$CLIENTS" | tr ' ' '\n' | sort -n | tail -1)
 HEADLINE=$(echo "$DURABILITY" | awk '{print $1}')
@@ -83,6 +85,28 @@ memory() { awk '/^VmRSS:/ {r=$2} /^VmHWM:/ {h=$2} END {print r, h}' "/proc/$1/st
 
 # Before every measured run: same table state for pgbench and cobro.
 settle_db() { psql_q "$(db_url "$1")" -c "VACUUM (ANALYZE)" -c "CHECKPOINT"; }
+
+# PG_STATEMENTS=1: pg_stat_statements of one measured run. statements_reset
+# before it; statements_dump NAME DB OPS after it writes, for database DB,
+# each statement's calls, execution time and rows per operation (OPS: the
+# run's transactions, requests or captures) to $OUT_DIR/statements-NAME.txt.
+statements_reset() { [ "$PG_STATEMENTS" = 1 ] && pg_admin -c "SELECT pg_stat_statements_reset()" >/dev/null; return 0; }
+statements_dump() {
+  [ "$PG_STATEMENTS" = 1 ] || return 0
+  local file="$OUT_DIR/statements-$1.txt"
+  "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -P pager=off "$COBRO_TEST_PG_URL" -v ops="$3" -v db="$2" >"$file" <<'SQL'
+SELECT round(sum(calls) / :ops, 2) AS calls_per_op,
+       round((sum(total_exec_time) / :ops)::numeric, 4) AS exec_ms_per_op,
+       round(sum(rows) / :ops, 2) AS rows_per_op,
+       round((sum(shared_blks_hit + shared_blks_read) / :ops)::numeric, 1) AS buffers_per_op,
+       left(regexp_replace(query, '\s+', ' ', 'g'), 140) AS statement
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = :'db')
+ GROUP BY query
+ ORDER BY sum(total_exec_time) DESC;
+SQL
+  log "statements of $1 ($3 operations): $file"
+}
 db_count() { psql_q "$(db_url "$1")" -c "$2"; }
 
 pgbench_args() { # DB SCRIPT CLIENTS (SCRIPT: under ops/bench, or a path)
@@ -108,6 +132,7 @@ pgbench_round() {
   pgbench_args "$db" "$script" "$clients"
   settle_db "$db"
   load=$(loadavg)
+  statements_reset
   cpu0=$(pg_cpu)
   timeout $((DURATION + 60)) "$PG_BIN/pgbench" "${PGB_ARGS[@]}" -T "$DURATION" -l --log-prefix="$prefix" >"$out" 2>&1 \
     || { tail -20 "$out" >&2; die "pgbench $scenario failed"; }
@@ -117,6 +142,7 @@ pgbench_round() {
   record "$result" tool=pgbench scenario="$scenario" script="$script_name" clients="$clients" round="$round" \
     rate="$(json_field "$result" tps)" loadavg_1m="$load" \
     pg_cpu_ms_per_op="$(per_op "$cpu0" "$cpu1" "$(json_field "$result" transactions)")"
+  statements_dump "$DUR-pgbench-$scenario-$clients-$round" "$db" "$(json_field "$result" transactions)"
   log "[$DUR r$round] pgbench $scenario c=$clients: $(json_field "$result" tps) tx/s (load $load)"
 }
 
@@ -128,6 +154,7 @@ wrk_round() {
   settle_db "$db"
   before=$(db_count "$db" "SELECT count(*) FROM payments")
   load=$(loadavg)
+  statements_reset
   pg0=$(pg_cpu)
   cobro0=$(pid_cpu "$COBRO_PID")
   wrk_once "$mode" "$clients" "$DURATION" "m$RUN_ID-$DUR-$scenario-$clients-$round" "$out"
@@ -140,6 +167,7 @@ wrk_round() {
     rate="$(json_field "$result" rps)" loadavg_1m="$load" payments_created=$((after - before)) \
     pg_cpu_ms_per_op="$(per_op "$pg0" "$pg1" "$requests")" \
     cobro_cpu_ms_per_op="$(per_op "$cobro0" "$cobro1" "$requests")"
+  statements_dump "$DUR-cobro-$scenario-$clients-$round" "$db" "$requests"
   check_errors "$scenario" "$result"
   if [ "$mode" = replay ] && [ "$after" != "$before" ]; then
     failed "replays created $((after - before)) payments"
@@ -205,6 +233,7 @@ e2e_round() { # DB CLIENTS ROUND
   pg0=$(pg_cpu)
   cobro0=$(cpu_of "$COBRO_PID" "${WORKER_PIDS[@]}")
   fake0=$(pid_cpu "$FAKE_PID")
+  statements_reset
   t0=$(date +%s.%N)
   wrk_once new "$clients" "$DURATION" "$prefix" "$out"
   t_end=$(date +%s.%N)
@@ -227,6 +256,7 @@ e2e_round() { # DB CLIENTS ROUND
     pg_cpu_ms_per_op="$(per_op "$pg0" "$pg1" "$captured")" \
     cobro_cpu_ms_per_op="$(per_op "$cobro0" "$cobro1" "$captured")" \
     fake_provider_cpu_ms_per_op="$(per_op "$fake0" "$fake1" "$captured")"
+  statements_dump "$DUR-cobro-e2e-$clients-$round" "$db" "$captured"
   check_errors e2e "$result"
   [ "$other" = 0 ] || failed "$other end-to-end payments were not captured"
   log "[$DUR r$round] e2e c=$clients: $created created, $captured captured in ${elapsed}s, backlog at load end $backlog (load $load)"
@@ -322,7 +352,12 @@ drain_run() { # WORKERS
 }
 
 run_postgres() {
-  PG_SETTINGS="" bench_pg_up
+  if [ "$PG_STATEMENTS" = 1 ]; then
+    PG_SETTINGS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all $PG_EXTRA_SETTINGS" bench_pg_up
+    pg_admin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
+  else
+    PG_SETTINGS="$PG_EXTRA_SETTINGS" bench_pg_up
+  fi
   PG_VERSION=$("$PG_BIN/postgres" --version)
   # A template database: migrated, an account, a token and the payment the
   # replay and GET scenarios use; every measured database is a copy of it.

@@ -1083,3 +1083,170 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
     other.close().await.expect("close");
     pool.close().await;
 }
+
+/// The worker's look-ups by key never scan a queue index (migration 0013).
+/// With statistics taken while the queue was empty, a partial index on the
+/// queue looks like one empty page, cheaper than the primary key; a
+/// statement that finds its row by key and names the queue state implied
+/// the index's predicate, and a plan cached then read the whole backlog on
+/// every look-up (ops/bench/README.md). Here: 300 payments settled, their
+/// outbox rows done, `VACUUM ANALYZE`; then a backlog of 200 pending
+/// attempts; then the generic plan (as a pooled connection caches it) of
+/// each of the worker's look-ups by key: none may use `outbox_due`,
+/// `attempts_uncertain`, `attempts_one_unresolved_per_intent` or
+/// `event_deliveries_due` (a delivery's look-up is the same shape). The claim,
+/// the reconciler's sweep and the metrics' counts, which are meant to, still
+/// use theirs.
+#[tokio::test]
+async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    db.store
+        .create_endpoint(account, "http://127.0.0.1:9/hook", "whsec_x", &[], t0())
+        .await
+        .expect("endpoint");
+    for i in 0..300 {
+        seed_payment_with_attempt(&db.store, account, &format!("settled-{i}")).await;
+    }
+    db.store.sequence_events(t0()).await.expect("sequence");
+    db.exec("UPDATE outbox SET state = 'done'").await;
+    db.exec("UPDATE attempts SET state = 'succeeded'").await;
+    db.exec("UPDATE event_deliveries SET state = 'delivered'")
+        .await;
+    db.exec("VACUUM ANALYZE outbox, attempts, payments, event_deliveries")
+        .await;
+    for i in 0..200 {
+        seed_payment_with_attempt(&db.store, account, &format!("waiting-{i}")).await;
+    }
+    db.store.sequence_events(t0()).await.expect("sequence");
+    assert_eq!(
+        db.count("event_deliveries WHERE state = 'pending'").await,
+        200
+    );
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut conn)
+        .await
+        .expect("generic plans");
+    let queue_indexes = [
+        "outbox_due",
+        "attempts_uncertain",
+        "attempts_one_unresolved_per_intent",
+        "event_deliveries_due",
+    ];
+    // (name, parameter types, statement as crates/store sends it, the
+    // queue index it must use, if any).
+    let statements: [(&str, &str, &str, Option<&str>); 11] = [
+        (
+            "finish_outbox",
+            "uuid, bigint, timestamptz",
+            "UPDATE outbox SET state = 'done', lease_owner = NULL, lease_expires_at = NULL, \
+             updated_at = $3 WHERE id = $1 AND lease_token = $2 AND state = 'pending'",
+            None,
+        ),
+        (
+            "renew_lease",
+            "uuid, bigint, timestamptz, timestamptz",
+            "UPDATE outbox SET lease_expires_at = $3, due_at = $3, updated_at = $4 \
+             WHERE id = $1 AND lease_token = $2 AND state = 'pending'",
+            None,
+        ),
+        (
+            "record_send",
+            "uuid, uuid, timestamptz, bigint",
+            "UPDATE attempts SET send_count = send_count + 1, \
+             first_send_at = COALESCE(first_send_at, $3), last_send_at = $3, updated_at = $3 \
+             WHERE id = $1 AND state IN ('pending', 'unknown') \
+             AND EXISTS (SELECT 1 FROM outbox o WHERE o.attempt_id = $1 \
+               AND o.id = $2 AND o.lease_token = $4 AND o.state = 'pending') \
+             AND COALESCE((SELECT p.status FROM payments p WHERE p.id = attempts.payment_id FOR SHARE), '') \
+               NOT IN ('requires_reconciliation', 'needs_review') \
+             AND COALESCE((SELECT r.status FROM refunds r WHERE r.id = attempts.refund_id FOR SHARE), '') \
+               NOT IN ('requires_reconciliation', 'needs_review')",
+            None,
+        ),
+        (
+            "resolve_attempt",
+            "uuid, text, text, text, timestamptz",
+            "UPDATE attempts SET state = $2, provider_ref = COALESCE($3, provider_ref), \
+             last_error = COALESCE($4, last_error), updated_at = $5 \
+             WHERE id = $1 AND state IN ('pending', 'unknown', 'reconciling')",
+            None,
+        ),
+        (
+            "release_held",
+            "uuid, timestamptz",
+            "UPDATE attempts SET state = 'pending', updated_at = $2 WHERE id = $1 AND state = 'held'",
+            None,
+        ),
+        (
+            "held_attempts",
+            "uuid",
+            "SELECT id FROM attempts WHERE payment_id = $1 AND state = 'held' ORDER BY created_at, id",
+            None,
+        ),
+        (
+            "delivered",
+            "uuid, uuid, bigint, int, timestamptz, timestamptz",
+            "UPDATE event_deliveries SET state = 'delivered', \
+             attempts = attempts + 1, last_status = $4, last_error = NULL, \
+             first_attempt_at = $5, delivered_at = $6, lease_owner = NULL, \
+             lease_expires_at = NULL, updated_at = $6 \
+             WHERE event_id = $1 AND endpoint_id = $2 AND lease_token = $3 \
+             AND state = 'pending'",
+            None,
+        ),
+        (
+            "claim",
+            "timestamptz, bigint",
+            "SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $1 \
+             ORDER BY due_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            Some("outbox_due"),
+        ),
+        (
+            "reconcile_sweep",
+            "timestamptz",
+            "SELECT id FROM attempts WHERE state IN ('pending', 'unknown', 'reconciling') \
+             AND created_at IS NOT NULL AND state IN ('unknown', 'pending') AND last_send_at < $1",
+            Some("attempts_uncertain"),
+        ),
+        (
+            "outbox_depth",
+            "timestamptz",
+            "SELECT COUNT(*), MIN(CASE WHEN due_at <= $1 THEN due_at END) \
+             FROM outbox WHERE state = 'pending' AND due_at IS NOT NULL",
+            Some("outbox_due"),
+        ),
+        (
+            "unknown_attempts",
+            "timestamptz",
+            "SELECT COUNT(*) FROM attempts \
+             WHERE state IN ('unknown', 'reconciling') AND created_at IS NOT NULL \
+             AND COALESCE(first_send_at, created_at) > $1",
+            Some("attempts_uncertain"),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (name, types, sql, wanted) in statements {
+        sqlx::raw_sql(&format!("PREPARE {name}({types}) AS {sql}"))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let nulls = vec!["NULL"; types.split(',').count()].join(", ");
+        let plan: serde_json::Value =
+            sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({nulls})"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = plan.to_string();
+        let used: Vec<&str> = queue_indexes
+            .into_iter()
+            .filter(|index| text.contains(&format!("\"Index Name\":\"{index}\"")))
+            .collect();
+        if used != wanted.into_iter().collect::<Vec<_>>() {
+            wrong.push(format!("{name} uses {used:?}, wants {wanted:?}: {plan}"));
+        }
+    }
+    assert!(wrong.is_empty(), "generic plans:\n{}", wrong.join("\n"));
+}

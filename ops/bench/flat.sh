@@ -165,8 +165,8 @@ SQL
 # $5 provider, $6 is_default); claim ($1 owner, $2 now, $3 lease_until,
 # $4 limit, $5 provider, $6 is_default); compact ($1 cutoff, $2 batch).
 RECONCILE="SELECT a.id FROM attempts a WHERE a.id IN ( \
-SELECT id FROM attempts WHERE state IN ('pending', 'unknown', 'reconciling') AND state = 'reconciling' \
-UNION SELECT id FROM attempts WHERE state IN ('pending', 'unknown', 'reconciling') \
+SELECT id FROM attempts WHERE state IN ('pending', 'unknown', 'reconciling') AND created_at IS NOT NULL AND state = 'reconciling' \
+UNION SELECT id FROM attempts WHERE state IN ('pending', 'unknown', 'reconciling') AND created_at IS NOT NULL \
 AND state IN ('unknown', 'pending') AND last_send_at < \$1 \
 UNION SELECT at.id FROM payments p JOIN attempts at ON at.payment_id = p.id \
 WHERE p.status IN ('capturing', 'canceling') AND p.status_changed_at < \$1 \

@@ -4,7 +4,8 @@
 //! for the spans that link back to the request that enqueued it.
 //!
 //! Every query here is a read and cheap: counts through the partial indexes
-//! (`refunds_unsettled`, `outbox_due`, `attempts_uncertain`).
+//! (`refunds_unsettled`, `outbox_due`, `attempts_uncertain`), whose
+//! always-true `... IS NOT NULL` terms (migration 0013) they repeat.
 
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
@@ -64,7 +65,7 @@ impl Store {
         let sql = "SELECT COUNT(*), \
             COALESCE(SUM(CASE WHEN due_at <= $1 THEN 1 ELSE 0 END), 0), \
             MIN(CASE WHEN due_at <= $1 THEN due_at END) \
-            FROM outbox WHERE state = 'pending'";
+            FROM outbox WHERE state = 'pending' AND due_at IS NOT NULL";
         let (pending, due, oldest): (i64, i64, Option<DbTime>) = on_pool!(self, pool => sqlx::query_as(sql)
                 .bind(DbTime(now))
                 .fetch_one(pool)
@@ -88,7 +89,7 @@ impl Store {
             COALESCE(SUM(CASE WHEN s <= $4 THEN 1 ELSE 0 END), 0), \
             MIN(s) \
             FROM (SELECT COALESCE(first_send_at, created_at) AS s FROM attempts \
-                  WHERE state IN ('unknown', 'reconciling')) u";
+                  WHERE state IN ('unknown', 'reconciling') AND created_at IS NOT NULL) u";
         let row: (i64, i64, i64, i64, i64, Option<DbTime>) = on_pool!(self, pool => sqlx::query_as(sql)
                 .bind(b1)
                 .bind(b2)

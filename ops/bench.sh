@@ -32,6 +32,8 @@ DRAIN_LIMIT=${DRAIN_LIMIT:-120}
 E2E_WORKERS=${E2E_WORKERS:-0}
 LOAD_SECONDS=${LOAD_SECONDS:-60}
 PG_STATEMENTS=${PG_STATEMENTS:-0}
+# Calls in flight per worker (cobro's default is 32): see ops/bench/README.md.
+WORKER_MAX_IN_FLIGHT=${WORKER_MAX_IN_FLIGHT:-128}
 PG_EXTRA_SETTINGS=${PG_EXTRA_SETTINGS:-}
 [ "$ROUNDS" -ge 1 ] || die "ROUNDS must be at least 1"
 MAX_CLIENTS=$(echo "$CLIENTS" | tr ' ' '\n' | sort -n | tail -1)

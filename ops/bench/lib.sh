@@ -163,6 +163,7 @@ start_cobro() {
   while [ "$#" -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
   [ "$#" -gt 0 ] && shift
   env -u COBRO_DATABASE_URL COBRO_LOG=warn COBRO_DB_MAX_CONNECTIONS="$POOL" COBRO_SHUTDOWN_GRACE=2s \
+    COBRO_WORKER_MAX_IN_FLIGHT="${WORKER_MAX_IN_FLIGHT:-32}" \
     COBRO_RATE_LIMIT="$RATE_LIMIT" COBRO_RATE_LIMIT_BURST="$RATE_LIMIT" "$@" \
     "$COBRO_BIN" "${args[@]}" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   COBRO_PID=$!

@@ -1250,3 +1250,102 @@ async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue() {
     }
     assert!(wrong.is_empty(), "generic plans:\n{}", wrong.join("\n"));
 }
+
+/// SQLite keeps its queue indexes as they were (its migration 0013 is a
+/// no-op): with statistics taken while most rows are settled, the worker's
+/// look-ups by key search the key, never a queue index, and the queue
+/// queries (the claims, the reconciler's sweep, the metrics' outbox depth,
+/// as crates/store writes them, with PostgreSQL's always-true terms) still
+/// search theirs.
+#[tokio::test]
+async fn sqlite_the_queue_queries_search_their_partial_indexes() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Sqlite).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    // As in production: most rows settled, a few queued.
+    for i in 0..200 {
+        seed_payment_with_attempt(&db.store, account, &format!("o-{i}")).await;
+    }
+    db.exec("UPDATE outbox SET state = 'done' WHERE rowid % 10 <> 0")
+        .await;
+    db.exec("UPDATE attempts SET state = 'succeeded' WHERE rowid % 10 <> 0")
+        .await;
+    db.exec("ANALYZE").await;
+    let mut conn = sqlx::SqliteConnection::connect(&db.url)
+        .await
+        .expect("connect");
+    let queue = [
+        "outbox_due",
+        "event_deliveries_due",
+        "attempts_uncertain",
+        "attempts_one_unresolved_per_intent",
+    ];
+    // (name, statement, the queue index it must search, if any).
+    let queries: [(&str, &str, Option<&str>); 7] = [
+        (
+            "outbox claim",
+            "SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $1 \
+             ORDER BY due_at LIMIT 4",
+            Some("outbox_due"),
+        ),
+        (
+            "outbox depth",
+            "SELECT COUNT(*), MIN(CASE WHEN due_at <= $1 THEN due_at END) \
+             FROM outbox WHERE state = 'pending' AND due_at IS NOT NULL",
+            Some("outbox_due"),
+        ),
+        (
+            "delivery claim",
+            "SELECT dd.event_id FROM event_deliveries dd \
+             WHERE dd.state = 'pending' AND dd.due_at <= $1 \
+             ORDER BY dd.due_at LIMIT 4",
+            Some("event_deliveries_due"),
+        ),
+        (
+            "sweep",
+            "SELECT id FROM attempts WHERE state IN ('pending', 'unknown', 'reconciling') \
+             AND created_at IS NOT NULL AND state = 'reconciling' AND created_at > $1",
+            Some("attempts_uncertain"),
+        ),
+        (
+            "finish_outbox",
+            "UPDATE outbox SET state = 'done' WHERE id = $1 AND lease_token = 1 AND state = 'pending'",
+            None,
+        ),
+        (
+            "record_send",
+            "UPDATE attempts SET send_count = send_count + 1 \
+             WHERE id = $1 AND state IN ('pending', 'unknown')",
+            None,
+        ),
+        (
+            "held_attempts",
+            "SELECT id FROM attempts WHERE payment_id = $1 AND state = 'held' ORDER BY created_at, id",
+            None,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (name, sql, wanted) in queries {
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .bind("2026-12-01T00:00:00.000000Z")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let details: Vec<&str> = plan.iter().map(|row| row.3.as_str()).collect();
+        let used: Vec<&str> = queue
+            .into_iter()
+            .filter(|index| {
+                details
+                    .iter()
+                    .any(|d| d.contains(&format!("INDEX {index}")))
+            })
+            .collect();
+        if used != wanted.into_iter().collect::<Vec<_>>() {
+            wrong.push(format!(
+                "{name} uses {used:?}, wants {wanted:?}: {details:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "SQLite plans:\n{}", wrong.join("\n"));
+}

@@ -15,10 +15,13 @@
 --
 -- Each index keeps its columns and rows, and its predicate gains a term
 -- that is always true (the column is NOT NULL) and that only the queries
--- meant to use the index imply: the outbox and event-delivery claims
--- (`due_at <= $2`) and the metrics' outbox depth, the reconciler's sweep
--- and the metrics' unknown attempts (which repeat `attempts_uncertain`'s
--- predicate word for word), and a look-up by intent (`intent_id = ...`).
+-- meant to use the index state or imply: the outbox and event-delivery
+-- claims (`due_at <= $2` implies `due_at IS NOT NULL`), the metrics' outbox
+-- depth (which writes it out), the reconciler's sweep and the metrics'
+-- unknown attempts (which repeat `attempts_uncertain`'s predicate word for
+-- word). `attempts_one_unresolved_per_intent` is there for its uniqueness;
+-- no query reads through it. SQLite keeps its indexes (its 0013 is a
+-- no-op: ../sqlite/0013_queue_indexes_off_lookups.sql says why).
 -- A look-up by key alone can no longer prove the predicate, so the primary
 -- key is its only index (store_conformance::
 -- postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue).

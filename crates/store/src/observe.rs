@@ -4,8 +4,9 @@
 //! for the spans that link back to the request that enqueued it.
 //!
 //! Every query here is a read and cheap: counts through the partial indexes
-//! (`refunds_unsettled`, `outbox_due`, `attempts_uncertain`), whose
-//! always-true `... IS NOT NULL` terms (migration 0013) they repeat.
+//! (`refunds_unsettled`, `outbox_due`, `attempts_uncertain`); they repeat
+//! the always-true `... IS NOT NULL` terms of PostgreSQL's migration 0013
+//! (SQLite's indexes lack them, and its planner still uses them).
 
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};

@@ -10,10 +10,11 @@ use crate::{
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, PaymentId, PaymentStatus, RefundStatus};
 
-/// The predicate of the partial index `attempts_uncertain` (migration 0013),
-/// exactly as written there. Its always-true `created_at IS NOT NULL` is
+/// The predicate of the partial index `attempts_uncertain` as PostgreSQL's
+/// migration 0013 writes it. Its always-true `created_at IS NOT NULL` is
 /// what a look-up by key never says, so only the queries that repeat it
-/// can use the index (the migration says why).
+/// can use the index (the migration says why). SQLite's index keeps 0004's
+/// predicate without the term, which this one still implies.
 const UNCERTAIN: &str = "state IN ('pending', 'unknown', 'reconciling') AND created_at IS NOT NULL";
 
 impl Store {

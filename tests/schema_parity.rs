@@ -14,6 +14,11 @@ use std::collections::BTreeSet;
 const QUEUE_INDEX_ON_POSTGRES: &str = "PostgreSQL's queue index carries an always-true term \
      that look-ups by key never state, so no cached plan scans the queue for them \
      (migration 0013)";
+const UNSETTLED_INDEX_ON_POSTGRES: &str = "PostgreSQL's index of the unsettled carries an \
+     always-true term that look-ups by key never state, so no plan reads every unsettled row \
+     for them (migration 0014)";
+const UNSETTLED_INDEX_ON_SQLITE: &str = "SQLite's keeps the predicate without that term: its \
+     look-ups use the key anyway (sqlite 0014, as 0013)";
 const QUEUE_INDEX_ON_SQLITE: &str = "SQLite's keeps the predicate without that term: its \
      look-ups use the key anyway, and with the term it left the index for the metrics' \
      depth (sqlite 0013)";
@@ -58,6 +63,30 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     (
         "index: only on SQLite: outbox_due on outbox (due_at) where state = 'pending'",
         QUEUE_INDEX_ON_SQLITE,
+    ),
+    (
+        "index: only on PostgreSQL: evidence_conflicts_open on evidence_conflicts (found_at) where resolved_at is null and found_at is not null",
+        UNSETTLED_INDEX_ON_POSTGRES,
+    ),
+    (
+        "index: only on PostgreSQL: payments_unsettled on payments (status, status_changed_at) where status in 'processing','requires_reconciliation','needs_review','capturing','canceling' and status_changed_at is not null",
+        UNSETTLED_INDEX_ON_POSTGRES,
+    ),
+    (
+        "index: only on PostgreSQL: refunds_unsettled on refunds (status, status_changed_at) where status in 'processing','requires_reconciliation','needs_review' and status_changed_at is not null",
+        UNSETTLED_INDEX_ON_POSTGRES,
+    ),
+    (
+        "index: only on SQLite: evidence_conflicts_open on evidence_conflicts (found_at) where resolved_at is null",
+        UNSETTLED_INDEX_ON_SQLITE,
+    ),
+    (
+        "index: only on SQLite: payments_unsettled on payments (status, status_changed_at) where status in 'processing','requires_reconciliation','needs_review','capturing','canceling'",
+        UNSETTLED_INDEX_ON_SQLITE,
+    ),
+    (
+        "index: only on SQLite: refunds_unsettled on refunds (status, status_changed_at) where status in 'processing','requires_reconciliation','needs_review'",
+        UNSETTLED_INDEX_ON_SQLITE,
     ),
     (
         "view: only on SQLite: cobro_random_uuid",
@@ -441,36 +470,43 @@ async fn the_postgres_and_sqlite_schemas_say_the_same_thing() {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    // PostgreSQL's predicates carry the always-true term of migration 0014.
+    let unsettled = |name: &str, table: &str, statuses: Vec<&str>| {
+        let on = |term: &str| {
+            index_line(
+                name,
+                table,
+                "status, status_changed_at",
+                false,
+                Some(&format!("status IN ({}){term}", quoted(statuses.clone()))),
+            )
+        };
+        (on(" AND status_changed_at IS NOT NULL"), on(""))
+    };
     let unsettled = [
-        index_line(
+        unsettled(
             "payments_unsettled",
             "payments",
-            "status, status_changed_at",
-            false,
-            Some(&format!(
-                "status IN ({})",
-                quoted(
-                    PaymentStatus::UNSETTLED
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect()
-                )
-            )),
+            PaymentStatus::UNSETTLED
+                .iter()
+                .map(|s| s.as_str())
+                .collect(),
         ),
-        index_line(
+        unsettled(
             "refunds_unsettled",
             "refunds",
-            "status, status_changed_at",
-            false,
-            Some(&format!(
-                "status IN ({})",
-                quoted(RefundStatus::UNSETTLED.iter().map(|s| s.as_str()).collect())
-            )),
+            RefundStatus::UNSETTLED.iter().map(|s| s.as_str()).collect(),
         ),
     ];
-    for line in &unsettled {
-        assert!(pg_schema.indexes.contains(line), "PostgreSQL lacks {line}");
-        assert!(lite_schema.indexes.contains(line), "SQLite lacks {line}");
+    for (on_postgres, on_sqlite) in &unsettled {
+        assert!(
+            pg_schema.indexes.contains(on_postgres),
+            "PostgreSQL lacks {on_postgres}"
+        );
+        assert!(
+            lite_schema.indexes.contains(on_sqlite),
+            "SQLite lacks {on_sqlite}"
+        );
     }
     let found = differences(&pg_schema, &lite_schema);
     let excused: BTreeSet<&str> = EXCEPTIONS.iter().map(|(line, _)| *line).collect();

@@ -1229,21 +1229,9 @@ async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue() {
     ];
     let mut wrong = Vec::new();
     for (name, types, sql, wanted) in statements {
-        sqlx::raw_sql(&format!("PREPARE {name}({types}) AS {sql}"))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let nulls = vec!["NULL"; types.split(',').count()].join(", ");
-        let plan: serde_json::Value =
-            sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE {name}({nulls})"))
-                .fetch_one(&mut conn)
-                .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let text = plan.to_string();
-        let used: Vec<&str> = queue_indexes
-            .into_iter()
-            .filter(|index| text.contains(&format!("\"Index Name\":\"{index}\"")))
-            .collect();
+        let (used, plan) =
+            indexes_in_plan(&mut conn, (name, types, sql), &nulls, &queue_indexes).await;
         if used != wanted.into_iter().collect::<Vec<_>>() {
             wrong.push(format!("{name} uses {used:?}, wants {wanted:?}: {plan}"));
         }
@@ -1251,12 +1239,245 @@ async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue() {
     assert!(wrong.is_empty(), "generic plans:\n{}", wrong.join("\n"));
 }
 
-/// SQLite keeps its queue indexes as they were (its migration 0013 is a
-/// no-op): with statistics taken while most rows are settled, the worker's
-/// look-ups by key search the key, never a queue index, and the queue
-/// queries (the claims, the reconciler's sweep, the metrics' outbox depth,
-/// as crates/store writes them, with PostgreSQL's always-true terms) still
-/// search theirs.
+/// Which of `candidates` the plan of `statement` (a name not yet prepared
+/// on `conn`, parameter types, text), executed with `args`, reads, and the plan:
+/// the generic plan or a custom one, as the connection's `plan_cache_mode`
+/// says.
+async fn indexes_in_plan<'a>(
+    conn: &mut sqlx::PgConnection,
+    (name, types, sql): (&str, &str, &str),
+    args: &str,
+    candidates: &[&'a str],
+) -> (Vec<&'a str>, serde_json::Value) {
+    let (types, args) = if types.is_empty() {
+        (String::new(), String::new())
+    } else {
+        (format!("({types})"), format!("({args})"))
+    };
+    sqlx::raw_sql(&format!("PREPARE {name}{types} AS {sql}"))
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let plan: serde_json::Value =
+        sqlx::query_scalar(&format!("EXPLAIN (FORMAT JSON) EXECUTE {name}{args}"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let text = plan.to_string();
+    let used = candidates
+        .iter()
+        .copied()
+        .filter(|index| text.contains(&format!("\"Index Name\":\"{index}\"")))
+        .collect();
+    (used, plan)
+}
+
+/// The same trap for the indexes of the unsettled: `payments_unsettled`,
+/// `refunds_unsettled` and `evidence_conflicts_open` are partial on the
+/// states a payment, a refund or a conflict leaves, and statistics taken
+/// while nothing was unsettled make each look like an empty page. A
+/// look-up by key that states one of those states (a literal, or a bound
+/// status that a custom plan sees) must still go through the key: through
+/// the unsettled index it would read every payment (refund, conflict) in
+/// that state, the whole backlog under load. Here: 300 payments, refunds
+/// and conflicts settled, `VACUUM ANALYZE`; then 200 of each unsettled;
+/// then each look-up's generic plan and its custom plan for a real row.
+/// The queries meant to read those indexes (the metrics' counts, the open
+/// conflicts' list, the check for a finding already open, the reconciler's
+/// sweep) still do.
+#[tokio::test]
+async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_unsettled() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    // A refund and a conflict of each payment `of` selects, in `status`
+    // and resolved at `resolved`.
+    let refunds_and_conflicts = |status: &str, resolved: &str, of: &str| {
+        [
+            format!(
+                "INSERT INTO refunds (id, account_id, payment_id, intent, amount, status, \
+                   status_changed_at, created_at, updated_at) \
+                 SELECT gen_random_uuid(), account_id, id, order_ref || ':refund-v1', 1, \
+                   '{status}', created_at, created_at, created_at FROM payments WHERE {of}"
+            ),
+            format!(
+                "INSERT INTO evidence_conflicts (id, payment_id, source, kind, detail, \
+                   evidence, found_at, resolved_at, account_id) \
+                 SELECT gen_random_uuid(), id, 'reconciler', 'contradicts_record', 'd', 'e', \
+                   created_at, {resolved}, account_id FROM payments WHERE {of}"
+            ),
+        ]
+    };
+    for i in 0..300 {
+        seed_payment_with_attempt(&db.store, account, &format!("settled-{i}")).await;
+    }
+    db.exec("UPDATE payments SET status = 'captured'").await;
+    for sql in refunds_and_conflicts("succeeded", "created_at", "true") {
+        db.exec(&sql).await;
+    }
+    db.exec("VACUUM ANALYZE payments, refunds, evidence_conflicts")
+        .await;
+    for i in 0..200 {
+        seed_payment_with_attempt(&db.store, account, &format!("open-{i}")).await;
+    }
+    db.exec("UPDATE payments SET status = 'needs_review' WHERE order_ref LIKE 'open-1%'")
+        .await;
+    for sql in refunds_and_conflicts("processing", "NULL", "status <> 'captured'") {
+        db.exec(&sql).await;
+    }
+    assert_eq!(db.count("payments WHERE status = 'processing'").await, 89);
+    // The id (`column`) of one row `from` selects, as a literal.
+    let db = &db;
+    let one = |column: &str, from: &str| {
+        let sql = format!("SELECT CAST({column} AS TEXT) FROM {from} LIMIT 1");
+        async move { format!("'{}'", db.scalar::<String>(&sql).await) }
+    };
+    let processing = one("id", "payments WHERE status = 'processing'").await;
+    let review = one("id", "payments WHERE status = 'needs_review'").await;
+    let refund = one("id", "refunds WHERE status = 'processing'").await;
+    let open = one("payment_id", "evidence_conflicts WHERE resolved_at IS NULL").await;
+    let account = format!("'{}'", account.as_uuid());
+    let now = "'2026-01-01T00:00:00Z'";
+    let unsettled = [
+        "payments_unsettled",
+        "refunds_unsettled",
+        "evidence_conflicts_open",
+    ];
+    // (name, parameter types, the statement as crates/store sends it (an
+    // UPDATE's SET list cut short), the arguments of a custom plan for a
+    // real row, the index it must read, if any).
+    let statements: [(&str, &str, &str, String, Option<&str>); 13] = [
+        (
+            "settle_payment",
+            "uuid, text, text",
+            "UPDATE payments SET status = $3 WHERE id = $1 AND status = $2",
+            format!("{processing}, 'processing', 'captured'"),
+            None,
+        ),
+        (
+            "transition",
+            "uuid, uuid, text, text",
+            "UPDATE payments SET status = $4 WHERE id = $1 AND account_id = $2 AND status = $3",
+            format!("{processing}, {account}, 'processing', 'canceling'"),
+            None,
+        ),
+        (
+            "set_review_reason",
+            "uuid, text",
+            "UPDATE payments SET review_reason = $2 WHERE id = $1 AND status = 'needs_review'",
+            format!("{review}, 'why'"),
+            None,
+        ),
+        (
+            "settle_refund",
+            "uuid, text, text",
+            "UPDATE refunds SET status = $3 WHERE id = $1 AND status = $2",
+            format!("{refund}, 'processing', 'succeeded'"),
+            None,
+        ),
+        (
+            "flag_refund",
+            "uuid, timestamptz",
+            "UPDATE refunds SET status = 'needs_review', status_changed_at = $2, \
+             updated_at = $2 WHERE id = $1 AND status IN ('processing', 'requires_reconciliation')",
+            format!("{refund}, {now}"),
+            None,
+        ),
+        (
+            "has_open_conflicts",
+            "uuid",
+            "SELECT COUNT(*) FROM evidence_conflicts WHERE payment_id = $1 \
+             AND resolved_at IS NULL",
+            open.clone(),
+            None,
+        ),
+        (
+            "resolve_conflicts",
+            "uuid, timestamptz",
+            "UPDATE evidence_conflicts SET resolved_at = $2 \
+             WHERE payment_id = $1 AND resolved_at IS NULL",
+            format!("{open}, {now}"),
+            None,
+        ),
+        (
+            "unsettled_counts",
+            "",
+            "SELECT status, COUNT(*), MIN(status_changed_at) FROM payments \
+             WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', \
+             'capturing', 'canceling') AND status_changed_at IS NOT NULL GROUP BY status",
+            String::new(),
+            Some("payments_unsettled"),
+        ),
+        (
+            "refund_unsettled_counts",
+            "",
+            "SELECT status, COUNT(*), MIN(status_changed_at) FROM refunds \
+             WHERE status IN ('processing', 'requires_reconciliation', 'needs_review') \
+             AND status_changed_at IS NOT NULL GROUP BY status",
+            String::new(),
+            Some("refunds_unsettled"),
+        ),
+        (
+            "open_conflicts",
+            "bigint",
+            "SELECT id FROM evidence_conflicts WHERE resolved_at IS NULL \
+             AND found_at IS NOT NULL ORDER BY found_at LIMIT $1",
+            "50".to_owned(),
+            Some("evidence_conflicts_open"),
+        ),
+        (
+            "conflict_is_open",
+            "uuid, text, text",
+            "SELECT COUNT(*) FROM evidence_conflicts WHERE attempt_id = $1 AND kind = $2 \
+             AND detail = $3 AND resolved_at IS NULL AND found_at IS NOT NULL",
+            format!("{processing}, 'contradicts_record', 'd'"),
+            Some("evidence_conflicts_open"),
+        ),
+        (
+            "sweep_payments",
+            "timestamptz",
+            "SELECT at.id FROM payments p JOIN attempts at ON at.payment_id = p.id \
+             WHERE p.status IN ('capturing', 'canceling') AND p.status_changed_at < $1 \
+             AND at.state IN ('pending', 'unknown', 'reconciling')",
+            now.to_owned(),
+            Some("payments_unsettled"),
+        ),
+        (
+            "sweep_refunds",
+            "timestamptz",
+            "SELECT at.id FROM refunds r JOIN attempts at ON at.refund_id = r.id \
+             WHERE r.status IN ('processing', 'requires_reconciliation', 'needs_review') \
+             AND r.status_changed_at < $1 AND at.state IN ('pending', 'unknown', 'reconciling')",
+            now.to_owned(),
+            Some("refunds_unsettled"),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    for mode in ["generic", "custom"] {
+        sqlx::raw_sql(&format!("SET plan_cache_mode = force_{mode}_plan"))
+            .execute(&mut conn)
+            .await
+            .expect("plan cache mode");
+        for (name, types, sql, args, wanted) in &statements {
+            let name = format!("{name}_{mode}");
+            let (used, plan) =
+                indexes_in_plan(&mut conn, (&name, types, sql), args, &unsettled).await;
+            if used != wanted.iter().copied().collect::<Vec<_>>() {
+                wrong.push(format!("{name} uses {used:?}, wants {wanted:?}: {plan}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "plans:\n{}", wrong.join("\n"));
+}
+
+/// SQLite keeps its queue indexes and its indexes of the unsettled as they
+/// were (its migrations 0013 and 0014 are no-ops): with statistics taken
+/// while most rows are settled, the look-ups by key search the key, never
+/// one of those indexes, and the queries meant for them (the claims, the
+/// reconciler's sweep, the metrics' outbox depth and unsettled counts, the
+/// open conflicts, as crates/store writes them, with PostgreSQL's
+/// always-true terms) still search theirs.
 #[tokio::test]
 async fn sqlite_the_queue_queries_search_their_partial_indexes() {
     use sqlx::Connection;
@@ -1270,6 +1491,8 @@ async fn sqlite_the_queue_queries_search_their_partial_indexes() {
         .await;
     db.exec("UPDATE attempts SET state = 'succeeded' WHERE rowid % 10 <> 0")
         .await;
+    db.exec("UPDATE payments SET status = 'captured' WHERE rowid % 10 <> 0")
+        .await;
     db.exec("ANALYZE").await;
     let mut conn = sqlx::SqliteConnection::connect(&db.url)
         .await
@@ -1279,9 +1502,12 @@ async fn sqlite_the_queue_queries_search_their_partial_indexes() {
         "event_deliveries_due",
         "attempts_uncertain",
         "attempts_one_unresolved_per_intent",
+        "payments_unsettled",
+        "refunds_unsettled",
+        "evidence_conflicts_open",
     ];
-    // (name, statement, the queue index it must search, if any).
-    let queries: [(&str, &str, Option<&str>); 7] = [
+    // (name, statement, the index it must search, if any).
+    let queries: [(&str, &str, Option<&str>); 11] = [
         (
             "outbox claim",
             "SELECT id FROM outbox WHERE state = 'pending' AND due_at <= $1 \
@@ -1321,6 +1547,31 @@ async fn sqlite_the_queue_queries_search_their_partial_indexes() {
         (
             "held_attempts",
             "SELECT id FROM attempts WHERE payment_id = $1 AND state = 'held' ORDER BY created_at, id",
+            None,
+        ),
+        (
+            "unsettled counts",
+            "SELECT status, COUNT(*), MIN(status_changed_at) FROM payments \
+             WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', \
+             'capturing', 'canceling') AND status_changed_at IS NOT NULL GROUP BY status",
+            Some("payments_unsettled"),
+        ),
+        (
+            "refund unsettled counts",
+            "SELECT status, COUNT(*), MIN(status_changed_at) FROM refunds \
+             WHERE status IN ('processing', 'requires_reconciliation', 'needs_review') \
+             AND status_changed_at IS NOT NULL GROUP BY status",
+            Some("refunds_unsettled"),
+        ),
+        (
+            "open conflicts",
+            "SELECT id FROM evidence_conflicts WHERE resolved_at IS NULL \
+             AND found_at IS NOT NULL ORDER BY found_at LIMIT 50",
+            Some("evidence_conflicts_open"),
+        ),
+        (
+            "settle_payment",
+            "UPDATE payments SET status = 'captured' WHERE id = $1 AND status = 'processing'",
             None,
         ),
     ];

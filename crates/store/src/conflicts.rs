@@ -166,8 +166,10 @@ impl WriteTx {
         kind: ConflictKind,
         detail: &str,
     ) -> Result<bool> {
+        // Through `evidence_conflicts_open` (its always-true term, migration
+        // 0014): no index has the attempt, and the open ones are few.
         let sql = "SELECT COUNT(*) FROM evidence_conflicts WHERE attempt_id = $1 AND kind = $2 \
-            AND detail = $3 AND resolved_at IS NULL";
+            AND detail = $3 AND resolved_at IS NULL AND found_at IS NOT NULL";
         let n: i64 = on_tx!(self, conn => sqlx::query_scalar(sql)
             .bind(DbId::from(attempt))
             .bind(kind.as_str())
@@ -195,11 +197,13 @@ impl WriteTx {
 }
 
 impl Store {
-    /// Conflicts not yet resolved, oldest first (the operators' list).
+    /// Conflicts not yet resolved, oldest first (the operators' list),
+    /// through `evidence_conflicts_open` (with its always-true term,
+    /// migration 0014, as the counts below).
     pub async fn open_conflicts_any_account(&self, limit: u32) -> Result<Vec<ConflictRow>> {
         let sql = format!(
             "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE resolved_at IS NULL \
-             ORDER BY found_at LIMIT $1"
+             AND found_at IS NOT NULL ORDER BY found_at LIMIT $1"
         );
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(i64::from(limit))
@@ -225,7 +229,7 @@ impl Store {
     /// Open conflicts per kind (for metrics).
     pub async fn open_conflict_counts(&self) -> Result<Vec<(String, i64)>> {
         let sql = "SELECT kind, COUNT(*) FROM evidence_conflicts WHERE resolved_at IS NULL \
-            GROUP BY kind ORDER BY kind";
+            AND found_at IS NOT NULL GROUP BY kind ORDER BY kind";
         Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?))
     }
 }

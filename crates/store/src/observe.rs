@@ -53,10 +53,12 @@ pub struct UnknownAttempts {
 pub type TraceColumns = (Option<String>, Option<String>);
 
 impl Store {
+    /// Counts per unsettled refund status, through `refunds_unsettled`
+    /// (the always-true term is the index's, migration 0014).
     pub async fn refund_unsettled_counts(&self) -> Result<Vec<RefundCount>> {
         let sql = format!(
             "SELECT status, COUNT(*) AS count, MIN(status_changed_at) AS oldest FROM refunds \
-             WHERE status IN ({}) GROUP BY status",
+             WHERE status IN ({}) AND status_changed_at IS NOT NULL GROUP BY status",
             crate::sql_names(RefundStatus::UNSETTLED.iter().map(RefundStatus::as_str))
         );
         Ok(on_pool!(self, pool => sqlx::query_as(&sql).fetch_all(pool).await?))

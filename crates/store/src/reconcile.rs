@@ -104,7 +104,9 @@ impl Store {
                     .map(|i| format!("${}", i + 5))
                     .collect::<Vec<_>>()
                     .join(", ");
-                format!("status IN ({placeholders}) AND ")
+                // The always-true term is `payments_unsettled`'s (migration
+                // 0014): the list by status may read that index.
+                format!("status IN ({placeholders}) AND status_changed_at IS NOT NULL AND ")
             }
             None => String::new(),
         };
@@ -153,11 +155,12 @@ pub struct UnsettledCount {
 
 impl Store {
     /// Counts per unsettled status, read through the partial index
-    /// `payments_unsettled` (cheap however large the table grows).
+    /// `payments_unsettled` (cheap however large the table grows; the
+    /// always-true term is the index's, migration 0014).
     pub async fn unsettled_counts(&self) -> Result<Vec<UnsettledCount>> {
         let sql = format!(
             "SELECT status, COUNT(*) AS count, MIN(status_changed_at) AS oldest FROM payments \
-             WHERE status IN ({}) GROUP BY status",
+             WHERE status IN ({}) AND status_changed_at IS NOT NULL GROUP BY status",
             crate::sql_names(PaymentStatus::UNSETTLED.iter().map(PaymentStatus::as_str))
         );
         Ok(on_pool!(self, pool => sqlx::query_as(&sql).fetch_all(pool).await?))

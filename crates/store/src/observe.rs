@@ -5,8 +5,8 @@
 //!
 //! Every query here is a read and cheap: counts through the partial indexes
 //! (`refunds_unsettled`, `outbox_due`, `attempts_uncertain`); they repeat
-//! the always-true `... IS NOT NULL` terms of PostgreSQL's migration 0013
-//! (SQLite's indexes lack them, and its planner still uses them).
+//! the always-true `... IS NOT NULL` terms of PostgreSQL's migrations 0013
+//! and 0014 (SQLite's indexes lack them, and its planner still uses them).
 
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};

@@ -8,7 +8,6 @@
 
 use chrono::Duration;
 use cobro_core::{PaymentId, PaymentStatus};
-use cobro_reconciler::Scope;
 use cobro_store::Store;
 use cobro_store::events::EventFilter;
 use cobro_test_support::{
@@ -96,18 +95,6 @@ async fn assert_events_match(rig: &Rig, payment_id: &str) -> Vec<String> {
     events.iter().map(|e| e.event_type.clone()).collect()
 }
 
-/// Both clocks past the provider's search lag, then one reconciler run.
-async fn reconcile_past_the_search_lag(rig: &Rig) {
-    rig.app.clock.advance(Duration::minutes(10));
-    rig.provider
-        .control()
-        .advance_clock(std::time::Duration::from_secs(600));
-    rig.reconciler(|_| {})
-        .run(&Scope::default(), false, "test", &|_, _| {})
-        .await
-        .expect("reconcile");
-}
-
 /// Every way a payment changes status here (the API, the worker's answers,
 /// the reconciler's decision after a lost answer) leaves an event stream
 /// whose last element is the state the API shows, with no missing
@@ -172,7 +159,7 @@ async fn every_status_change_has_its_event_and_the_last_event_is_the_final_state
         rig.payment(&lost).await["status"],
         "requires_reconciliation"
     );
-    reconcile_past_the_search_lag(&rig).await;
+    rig.reconcile_past_the_search_lag().await;
 
     assert_eq!(
         assert_events_match(&rig, &auto).await,
@@ -556,17 +543,6 @@ async fn whole_feed(rig: &Rig, after: i64) -> Vec<Value> {
     }
 }
 
-async fn post_ok(rig: &Rig, path: &str, key: &str, body: Value) {
-    let r = rig
-        .app
-        .post(path, Some(key))
-        .json(&body)
-        .send()
-        .await
-        .expect("post");
-    assert!(r.status().is_success(), "{path}: {}", r.status());
-}
-
 use cobro_core::Clock;
 
 /// The "done when": a merchant endpoint that answers 500, hangs
@@ -624,7 +600,7 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
         .clock
         .advance(Duration::hours(23) + Duration::minutes(1));
     rig.drain(5).await;
-    reconcile_past_the_search_lag(&rig).await;
+    rig.reconcile_past_the_search_lag().await;
     dispatch_until_settled(&rig, &dispatchers, Duration::seconds(30)).await;
 
     // Down for ten minutes while payments move.
@@ -633,23 +609,20 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
         auto["id"].as_str().expect("id").to_owned(),
         manual["id"].as_str().expect("id").to_owned(),
     );
-    post_ok(
-        &rig,
+    rig.post_ok(
         &format!("/v1/payments/{manual}/capture"),
         "cap-1",
         json!({}),
     )
     .await;
     rig.drain(5).await;
-    post_ok(
-        &rig,
+    rig.post_ok(
         &format!("/v1/payments/{manual}/refunds"),
         "r-1",
         json!({"amount": 500}),
     )
     .await;
-    post_ok(
-        &rig,
+    rig.post_ok(
         &format!("/v1/payments/{auto}/refunds"),
         "r-2",
         json!({"amount": 1999}),
@@ -894,8 +867,7 @@ async fn the_feed_filters_by_type_and_object_and_never_shows_another_accounts_ev
     rig.create_payment("k-2", &payment_body("o-2")).await;
     rig.drain(5).await;
     let a = a["id"].as_str().expect("id");
-    post_ok(
-        &rig,
+    rig.post_ok(
         &format!("/v1/payments/{a}/refunds"),
         "r-1",
         json!({"amount": 100}),

@@ -14,6 +14,7 @@ mod localstripe;
 mod observability;
 mod openapi;
 mod payments_api;
+mod plans;
 mod providers;
 mod reconciler;
 mod scenarios;

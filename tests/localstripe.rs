@@ -81,23 +81,6 @@ fn payment_uuid(id: &str) -> String {
     uuid::Uuid::from(payment).to_string()
 }
 
-/// POSTs `path` through cobro's API; answered 201 or 202.
-async fn post(rig: &Rig, path: &str, key: &str, body: Value) -> Value {
-    let r = rig
-        .app
-        .post(path, Some(key))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    assert!(
-        [201, 202].contains(&r.status().as_u16()),
-        "{path}: {}",
-        r.status()
-    );
-    r.json().await.expect("json")
-}
-
 async fn an_automatic_payment_is_created_and_confirmed_at_localstripe(backend: Backend) {
     let rig = rig(backend).await;
     let p = rig.create_payment("k-1", &payment_body("o-1")).await;
@@ -131,13 +114,8 @@ async fn a_manual_payment_is_authorized_then_captured_at_localstripe(backend: Ba
     assert_eq!(pi["status"], "requires_capture");
     assert_eq!(pi["capture_method"], "manual");
 
-    post(
-        &rig,
-        &format!("/v1/payments/{id}/capture"),
-        "cap-1",
-        json!({}),
-    )
-    .await;
+    rig.post_ok(&format!("/v1/payments/{id}/capture"), "cap-1", json!({}))
+        .await;
     assert_eq!(
         rig.drain(3).await,
         vec![Step::Recorded { class: "succeeded" }]
@@ -156,7 +134,8 @@ async fn a_cancel_cancels_the_payment_intent_at_localstripe(backend: Backend) {
     let id = p["id"].as_str().expect("id");
     rig.drain(3).await;
     assert_eq!(rig.payment(id).await["status"], "authorized");
-    post(&rig, &format!("/v1/payments/{id}/cancel"), "c-1", json!({})).await;
+    rig.post_ok(&format!("/v1/payments/{id}/cancel"), "c-1", json!({}))
+        .await;
     assert_eq!(
         rig.drain(3).await,
         vec![Step::Recorded { class: "succeeded" }]
@@ -175,8 +154,7 @@ async fn refunds_are_made_at_localstripe_and_listed_by_payment_intent(backend: B
     let id = p["id"].as_str().expect("id");
     rig.drain(3).await;
     for (key, amount) in [("r-1", 600), ("r-2", 400)] {
-        post(
-            &rig,
+        rig.post_ok(
             &format!("/v1/payments/{id}/refunds"),
             key,
             json!({"amount": amount}),

@@ -1085,6 +1085,8 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
 }
 
 /// The worker's look-ups by key never scan a queue index (migration 0013).
+/// These are copies of the store's statements; `plans.rs` checks the text
+/// the store really sends, for the statements a payment's life reaches.
 /// With statistics taken while the queue was empty, a partial index on the
 /// queue looks like one empty page, cheaper than the primary key; a
 /// statement that finds its row by key and names the queue state implied
@@ -1285,6 +1287,9 @@ async fn indexes_in_plan<'a>(
 /// The queries meant to read those indexes (the metrics' counts, the open
 /// conflicts' list, the check for a finding already open, the reconciler's
 /// sweep) still do.
+///
+/// Copies again, with a custom plan for a real row each; `plans.rs` checks
+/// the store's own text.
 #[tokio::test]
 async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_unsettled() {
     use sqlx::Connection;

@@ -946,6 +946,25 @@ impl Rig {
         r.json().await.expect("json")
     }
 
+    /// POSTs `body` to `path` through the API under idempotency key `key`;
+    /// the answer's JSON, which must be a success (2xx).
+    pub async fn post_ok(
+        &self,
+        path: &str,
+        key: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let r = self
+            .app
+            .post(path, Some(key))
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.expect("json")
+    }
+
     pub async fn payment(&self, id: &str) -> serde_json::Value {
         self.app
             .get(&format!("/v1/payments/{id}"))
@@ -1145,6 +1164,23 @@ impl Rig {
 }
 
 impl Rig {
+    /// Both clocks past the provider's search lag, then one reconciler run.
+    pub async fn reconcile_past_the_search_lag(&self) {
+        self.app.clock.advance(chrono::Duration::minutes(10));
+        self.provider
+            .control()
+            .advance_clock(std::time::Duration::from_secs(600));
+        self.reconciler(|_| {})
+            .run(
+                &cobro_reconciler::Scope::default(),
+                false,
+                "test",
+                &|_, _| {},
+            )
+            .await
+            .expect("reconcile");
+    }
+
     /// The tests' reconciler settings (a 60 s search lag, a 2 s request
     /// timeout), adjusted by `tweak`.
     pub fn reconciler_config(

@@ -1,0 +1,376 @@
+//! The plans PostgreSQL actually ran for every statement cobro sent while
+//! payments went through their lives: no look-up by key reads the index of
+//! a queue or of the unsettled (migrations 0013 and 0014), and the queries
+//! meant to read those indexes do.
+//!
+//! `store_conformance` checks the same rule on copies of the statements,
+//! with real rows for the custom plans; a statement whose text drifted from
+//! its copy would escape it. Here nothing is copied: the store connects
+//! with `auto_explain` loaded and set to send every plan back to the client
+//! as a NOTICE, the test reads those notices from sqlx's log, and each
+//! plan's own `Query Text` names the statement. The statistics are the
+//! trap's: taken while every payment, refund and outbox row was settled,
+//! with autovacuum off so they stay that way while a backlog builds.
+
+use cobro_test_support::{Backend, Rig, TestApp, TestDb, manual_payment_body, payment_body};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The partial indexes of queues and unsettled rows: under statistics
+/// taken while they were empty, each looks like one empty page.
+const GUARDED: [&str; 7] = [
+    "outbox_due",
+    "attempts_uncertain",
+    "attempts_one_unresolved_per_intent",
+    "event_deliveries_due",
+    "payments_unsettled",
+    "refunds_unsettled",
+    "evidence_conflicts_open",
+];
+
+/// The statements meant to read a guarded index: (a fragment of the
+/// statement's text that names it, the index it must read). Any other
+/// statement that reads a guarded index is a look-up by key planned as a
+/// scan of the queue or backlog.
+const MEANT: [(&str, &str); 8] = [
+    // The worker's claim (store/outbox.rs `claim_due_for`).
+    (
+        "FROM outbox WHERE state = 'pending' AND due_at <=",
+        "outbox_due",
+    ),
+    // The events dispatcher's claim (store/events.rs).
+    (
+        "WHERE dd.state = 'pending' AND dd.due_at <=",
+        "event_deliveries_due",
+    ),
+    // The metrics' counts (store/observe.rs, store/reconcile.rs).
+    (
+        "FROM outbox WHERE state = 'pending' AND due_at IS NOT NULL",
+        "outbox_due",
+    ),
+    ("FROM payments WHERE status IN (", "payments_unsettled"),
+    ("FROM refunds WHERE status IN (", "refunds_unsettled"),
+    (
+        "FROM attempts WHERE state IN ('unknown', 'reconciling') AND created_at IS NOT NULL",
+        "attempts_uncertain",
+    ),
+    (
+        "FROM evidence_conflicts WHERE resolved_at IS NULL AND found_at IS NOT NULL",
+        "evidence_conflicts_open",
+    ),
+    // The reconciler's candidate sweep (store/reconcile.rs).
+    (
+        "AND created_at IS NOT NULL AND state IN (",
+        "attempts_uncertain",
+    ),
+];
+
+/// One plan: the statement's text and the guarded indexes it reads.
+#[derive(Debug)]
+struct Plan {
+    query: String,
+    reads: BTreeSet<&'static str>,
+}
+
+/// Collects sqlx's `sqlx::postgres::notice` events while `on` is set.
+#[derive(Clone, Default)]
+struct Notices {
+    on: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(Option<String>);
+        impl tracing::field::Visit for Message {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "message" {
+                    self.0 = Some(value.to_owned());
+                }
+            }
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && self.0.is_none() {
+                    self.0 = Some(format!("{value:?}"));
+                }
+            }
+        }
+        if !self.on.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut message = Message(None);
+        event.record(&mut message);
+        if let Some(text) = message.0 {
+            self.seen.lock().expect("notices").push(text);
+        }
+    }
+}
+
+impl Notices {
+    /// The plans among the notices (auto_explain's `duration: ... plan:`
+    /// followed by the JSON plan).
+    fn plans(&self) -> Vec<Plan> {
+        let seen = self.seen.lock().expect("notices");
+        seen.iter()
+            .filter_map(|text| {
+                let json = &text[text.find("plan:")? + "plan:".len()..];
+                let plan: Value = serde_json::from_str(json.trim()).unwrap_or_else(|e| {
+                    panic!("an auto_explain plan that is not JSON ({e}): {text}")
+                });
+                let query = plan["Query Text"].as_str().expect("Query Text").to_owned();
+                let body = plan["Plan"].to_string();
+                let reads = GUARDED
+                    .into_iter()
+                    .filter(|index| body.contains(&format!("\"Index Name\":\"{index}\"")))
+                    .collect();
+                Some(Plan { query, reads })
+            })
+            .collect()
+    }
+}
+
+/// Creates `n` payments, order and key `{prefix}-{i}`, with `body`; their ids.
+async fn create(rig: &Rig, prefix: &str, n: usize, body: fn(&str) -> Value) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let order = format!("{prefix}-{i}");
+        let created = rig.post_ok("/v1/payments", &order, body(&order)).await;
+        ids.push(created["id"].as_str().expect("id").to_owned());
+    }
+    ids
+}
+
+/// Refunds 1.00 of each of `payments`, key `{prefix}-{i}`.
+async fn refund(rig: &Rig, payments: &[String], prefix: &str) {
+    for (i, payment) in payments.iter().enumerate() {
+        let path = format!("/v1/payments/{payment}/refunds");
+        rig.post_ok(&path, &format!("{prefix}-{i}"), json!({"amount": 100}))
+            .await;
+    }
+}
+
+/// A whole payment life on PostgreSQL with `plan_cache_mode` forced to
+/// `mode` (`generic`, as a pooled connection caches a statement after its
+/// first five runs, or `custom`, as it plans those five with their values),
+/// every plan checked.
+async fn every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues(mode: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let notices = Notices::default();
+    let filter = tracing_subscriber::filter::filter_fn(|m| m.target() == "sqlx::postgres::notice");
+    let subscriber = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
+        notices.clone(),
+        filter,
+    ));
+    // The runtime has one thread, so every task of the app, the worker and
+    // the store's connections runs under this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let options = format!(
+        "-c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=0 \
+         -c auto_explain.log_format=json -c auto_explain.log_level=notice \
+         -c plan_cache_mode=force_{mode}_plan"
+    )
+    .replace(' ', "%20")
+    .replace('=', "%3D");
+    let db = TestDb::with_config(Backend::Postgres, |config| {
+        config.url = format!("{}?options={options}", config.url);
+    })
+    .await;
+    let mut rig = Rig::on(TestApp::spawn_on(db).await, |_, config| {
+        config.batch = 64;
+    })
+    .await;
+    // The provider's webhooks come in too; no request is rate limited
+    // (the manual clock refills no budget).
+    rig.accept_webhooks("whsec_plans", false).await;
+    let mut settings = cobro_api::ApiSettings {
+        rate_limit: cobro_api::rate_limit::RateLimit {
+            per_second: 1_000_000,
+            burst: 1_000_000,
+        },
+        ..Default::default()
+    };
+    settings.webhooks.insert(
+        "fake".to_owned(),
+        cobro_api::WebhookReceiver::fake(cobro_provider::WebhookSecret::new("whsec_plans")),
+    );
+    rig.app.serve_with(settings).await;
+    rig.point_webhooks("whsec_plans");
+    // Events go to an endpoint that refuses connections: every delivery
+    // fails and stays due.
+    rig.post_ok(
+        "/v1/event_endpoints",
+        "endpoint",
+        json!({"url": "http://127.0.0.1:9/hook"}),
+    )
+    .await;
+    let dispatcher = cobro_worker::Dispatcher::new(
+        rig.app.db.store.clone(),
+        Arc::new(rig.app.clock.clone()),
+        cobro_worker::DispatcherConfig {
+            owner: "plans".to_owned(),
+            request_timeout: std::time::Duration::from_millis(400),
+            ..Default::default()
+        },
+    )
+    .expect("dispatcher");
+
+    // Settled history: captured payments, succeeded refunds, manual
+    // payments authorized and waiting for their capture or cancel.
+    let captured = create(&rig, "old", 200, payment_body).await;
+    let manual = create(&rig, "man", 30, manual_payment_body).await;
+    rig.drain(50).await;
+    refund(&rig, &captured[..40], "old-refund").await;
+    rig.drain(50).await;
+    dispatcher.run_once().await.expect("dispatch");
+    // More settled refunds than the API made above, so that reading the
+    // table is dearer than reading an index of it.
+    rig.app
+        .db
+        .exec(
+            "INSERT INTO refunds (id, account_id, payment_id, intent, amount, status, \
+               status_changed_at, created_at, updated_at) \
+             SELECT gen_random_uuid(), account_id, id, order_ref || ':refund-history', 1, \
+               'succeeded', created_at, created_at, created_at FROM payments",
+        )
+        .await;
+    // Findings of the reconciler, all resolved (the API makes none).
+    rig.app
+        .db
+        .exec(
+            "INSERT INTO evidence_conflicts (id, payment_id, source, kind, detail, evidence, \
+               found_at, resolved_at, account_id) \
+             SELECT gen_random_uuid(), id, 'reconciler', 'contradicts_record', 'd', 'e', \
+               created_at, created_at, account_id FROM payments",
+        )
+        .await;
+    for table in [
+        "payments",
+        "refunds",
+        "attempts",
+        "intents",
+        "outbox",
+        "idempotency_records",
+        "events",
+        "event_deliveries",
+        "evidence_conflicts",
+        "webhook_events",
+    ] {
+        rig.app
+            .db
+            .exec(&format!(
+                "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+            ))
+            .await;
+    }
+    rig.app.db.exec("VACUUM ANALYZE").await;
+    let backlog = rig.app.db.count("outbox WHERE state = 'pending'").await;
+    assert_eq!(backlog, 0, "the statistics are taken with the queues empty");
+
+    // From here every plan is checked: a backlog, and everything that
+    // works through it.
+    notices.on.store(true, Ordering::SeqCst);
+    create(&rig, "new", 120, payment_body).await;
+    for (i, payment) in manual[..20].iter().enumerate() {
+        let action = if i % 2 == 0 { "capture" } else { "cancel" };
+        let path = format!("/v1/payments/{payment}/{action}");
+        rig.post_ok(&path, &format!("{action}-{i}"), json!({}))
+            .await;
+    }
+    refund(&rig, &captured[40..70], "refund").await;
+    // Replays (the same keys and bodies) and reads while the backlog waits.
+    for payment in create(&rig, "new", 10, payment_body).await {
+        rig.payment(&payment).await;
+    }
+    let store = &rig.app.db.store;
+    let now = cobro_core::Clock::now(&rig.app.clock);
+    store.unsettled_counts().await.expect("counts");
+    store
+        .refund_unsettled_counts()
+        .await
+        .expect("refund counts");
+    store.outbox_depth(now).await.expect("outbox depth");
+    store.unknown_attempts(now).await.expect("unknown attempts");
+    store.open_conflict_counts().await.expect("conflict counts");
+    rig.drain(50).await;
+    for _ in 0..3 {
+        dispatcher.run_once().await.expect("dispatch");
+    }
+    rig.reconcile_past_the_search_lag().await;
+    notices.on.store(false, Ordering::SeqCst);
+    assert_eq!(
+        rig.app
+            .db
+            .count("payments WHERE order_ref LIKE 'new-%' AND status = 'captured'")
+            .await,
+        120,
+        "the backlog was worked through"
+    );
+
+    let plans = notices.plans();
+    let mut wrong = BTreeMap::new();
+    let mut meant_seen = BTreeSet::new();
+    for plan in &plans {
+        let meant = MEANT
+            .iter()
+            .find(|(fragment, _)| plan.query.contains(fragment));
+        match meant {
+            Some(&(fragment, index)) => {
+                meant_seen.insert(fragment);
+                if !plan.reads.contains(index) {
+                    wrong.insert(plan.query.clone(), format!("does not read {index}"));
+                }
+            }
+            None if !plan.reads.is_empty() => {
+                wrong.insert(plan.query.clone(), format!("reads {:?}", plan.reads));
+            }
+            None => {}
+        }
+    }
+    let statements: BTreeSet<&str> = plans.iter().map(|p| p.query.as_str()).collect();
+    eprintln!(
+        "{mode}: {} plans of {} statements",
+        plans.len(),
+        statements.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "{mode} plans:\n{}",
+        wrong
+            .iter()
+            .map(|(q, why)| format!("{why}: {q}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The check saw the statements it is about: the claim, the settle,
+    // the counts, the sweep.
+    assert!(
+        statements.len() >= 30,
+        "only {} statements planned",
+        statements.len()
+    );
+    for fragment in [
+        "UPDATE payments SET status = $3",
+        "UPDATE refunds SET status = $3",
+    ] {
+        assert!(
+            statements.iter().any(|s| s.contains(fragment)),
+            "no plan of {fragment}"
+        );
+    }
+    for (fragment, _) in MEANT {
+        assert!(meant_seen.contains(fragment), "no plan of {fragment}");
+    }
+    rig.shutdown().await;
+}
+
+#[tokio::test]
+async fn postgres_generic_plans_of_a_payments_life_keep_look_ups_by_key_out_of_the_queues() {
+    every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues("generic").await;
+}
+
+#[tokio::test]
+async fn postgres_custom_plans_of_a_payments_life_keep_look_ups_by_key_out_of_the_queues() {
+    every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues("custom").await;
+}

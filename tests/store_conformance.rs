@@ -1224,7 +1224,8 @@ async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue() {
             "unknown_attempts",
             "timestamptz",
             "SELECT COUNT(*) FROM attempts \
-             WHERE state IN ('unknown', 'reconciling') AND created_at IS NOT NULL \
+             WHERE state IN ('pending', 'unknown', 'reconciling') AND created_at IS NOT NULL \
+             AND state IN ('unknown', 'reconciling') \
              AND COALESCE(first_send_at, created_at) > $1",
             Some("attempts_uncertain"),
         ),

@@ -6,8 +6,12 @@
 //! Every query here is a read and cheap: counts through the partial indexes
 //! (`refunds_unsettled`, `outbox_due`, `attempts_uncertain`); they repeat
 //! the always-true `... IS NOT NULL` terms of PostgreSQL's migrations 0013
-//! and 0014 (SQLite's indexes lack them, and its planner still uses them).
+//! and 0014 (SQLite's indexes lack them, and its planner still uses them),
+//! and the unknown attempts' count states `attempts_uncertain`'s whole
+//! predicate, which SQLite needs to use the index. tests/plans.rs checks
+//! every plan of these on both stores.
 
+use crate::reconcile::UNCERTAIN;
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, RefundStatus};
@@ -84,7 +88,10 @@ impl Store {
         // One pass: a row counts in the first bucket whose bound it is
         // younger than.
         let [b1, b2, b3, b4] = UNKNOWN_AGE_BUCKETS.map(|(_, bound)| DbTime(now - bound));
-        let sql = "SELECT \
+        // `UNCERTAIN` first, as the index states it: with only the two
+        // states, SQLite read every attempt (tests/plans.rs).
+        let sql = format!(
+            "SELECT \
             COALESCE(SUM(CASE WHEN s > $1 THEN 1 ELSE 0 END), 0), \
             COALESCE(SUM(CASE WHEN s <= $1 AND s > $2 THEN 1 ELSE 0 END), 0), \
             COALESCE(SUM(CASE WHEN s <= $2 AND s > $3 THEN 1 ELSE 0 END), 0), \
@@ -92,8 +99,9 @@ impl Store {
             COALESCE(SUM(CASE WHEN s <= $4 THEN 1 ELSE 0 END), 0), \
             MIN(s) \
             FROM (SELECT COALESCE(first_send_at, created_at) AS s FROM attempts \
-                  WHERE state IN ('unknown', 'reconciling') AND created_at IS NOT NULL) u";
-        let row: (i64, i64, i64, i64, i64, Option<DbTime>) = on_pool!(self, pool => sqlx::query_as(sql)
+                  WHERE {UNCERTAIN} AND state IN ('unknown', 'reconciling')) u"
+        );
+        let row: (i64, i64, i64, i64, i64, Option<DbTime>) = on_pool!(self, pool => sqlx::query_as(&sql)
                 .bind(b1)
                 .bind(b2)
                 .bind(b3)

@@ -1,0 +1,17 @@
+-- The intents of a payment, by index.
+--
+-- The next number of a capture, cancel or refund intent
+-- (`{order_ref}:capture-v{n}`, store/payments.rs `next_intent_sequence`)
+-- counts the order's intents of that operation: its payments through
+-- `payments_by_order`, then their intents by `payment_id`, which no index
+-- covered. Every capture, cancel and refund read the whole intents table
+-- (one row per operation ever requested), on both stores: a cost that grew
+-- with history (tests/plans.rs found it in SQLite's plan, `SCAN i`).
+--
+-- Building the index blocks writes to `intents` (new payments, captures,
+-- cancels, refunds) for as long as the build reads the table. On a large
+-- production table, build it first
+-- with `CREATE INDEX CONCURRENTLY intents_by_payment ON intents
+-- (payment_id, operation)` outside a transaction; this migration then
+-- finds it and does nothing.
+CREATE INDEX IF NOT EXISTS intents_by_payment ON intents (payment_id, operation);

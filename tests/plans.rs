@@ -441,15 +441,7 @@ async fn every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues(p
     // PostgreSQL: the statistics of empty queues, kept. SQLite has none
     // unless someone runs ANALYZE (cobro does not).
     if !sqlite {
-        for table in HISTORY {
-            rig.app
-                .db
-                .exec(&format!(
-                    "ALTER TABLE {table} SET (autovacuum_enabled = false)"
-                ))
-                .await;
-        }
-        rig.app.db.exec("VACUUM ANALYZE").await;
+        rig.app.db.freeze_statistics(&HISTORY).await;
     }
     let backlog = rig.app.db.count("outbox WHERE state = 'pending'").await;
     assert_eq!(backlog, 0, "the statistics are taken with the queues empty");

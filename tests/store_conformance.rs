@@ -1116,7 +1116,7 @@ async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_queue() {
     db.exec("UPDATE attempts SET state = 'succeeded'").await;
     db.exec("UPDATE event_deliveries SET state = 'delivered'")
         .await;
-    db.exec("VACUUM ANALYZE outbox, attempts, payments, event_deliveries")
+    db.freeze_statistics(&["outbox", "attempts", "payments", "event_deliveries"])
         .await;
     for i in 0..200 {
         seed_payment_with_attempt(&db.store, account, &format!("waiting-{i}")).await;
@@ -1321,7 +1321,7 @@ async fn postgres_a_look_up_by_key_is_never_planned_as_a_scan_of_the_unsettled()
     for sql in refunds_and_conflicts("succeeded", "created_at", "true") {
         db.exec(&sql).await;
     }
-    db.exec("VACUUM ANALYZE payments, refunds, evidence_conflicts")
+    db.freeze_statistics(&["payments", "refunds", "evidence_conflicts"])
         .await;
     for i in 0..200 {
         seed_payment_with_attempt(&db.store, account, &format!("open-{i}")).await;

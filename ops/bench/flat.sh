@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Flat costs (issue #15 item 5): the statements whose cost must not follow
 # the number of settled payments (the reconciler's candidate sweep, the
-# outbox claim, the purge), planned and timed with 10 000 and then
+# outbox claim, the purge, the numbering of a capture, cancel or refund
+# intent), planned and timed with 10 000 and then
 # 1 000 000 settled payments in the tables, on PostgreSQL and SQLite.
 #
 #   ops/bench/flat.sh                      # both stores, 10k then 1M, 7 runs
@@ -19,7 +20,7 @@
 # and a few idempotency records and webhook events past their retention.
 #
 # The statements are cobro's own text (crates/store/src/reconcile.rs,
-# outbox.rs, purge.rs), prepared with the parameters sqlx binds, so
+# outbox.rs, purge.rs, payments.rs), prepared with the parameters sqlx binds, so
 # PostgreSQL plans them as cobro's connections do (custom plans for the
 # first five runs, then possibly the generic one: the plan printed is the
 # last run's). Writes run inside a transaction that is rolled back, so each
@@ -197,6 +198,11 @@ WEBHOOKS="DELETE FROM webhook_events WHERE (provider, event_id) IN \
 (SELECT provider, event_id FROM webhook_events WHERE received_at < \$1 \
 ORDER BY received_at LIMIT \$2)"
 
+# The number of a capture, cancel or refund intent (store/payments.rs
+# `next_intent_sequence`): $1 account, $2 order_ref, $3 operation.
+INTENT_COUNT="SELECT COUNT(*) FROM intents i JOIN payments p ON p.id = i.payment_id \
+WHERE p.account_id = \$1 AND p.order_ref = \$2 AND i.operation = \$3"
+
 # name|statement|postgres parameter types|postgres arguments|sqlite arguments
 statements() {
   local stuck="'${NOW}Z'::timestamptz - interval '5 minutes'"
@@ -205,6 +211,7 @@ reconcile_candidates|$RECONCILE|timestamptz, uuid, bigint, uuid, text, boolean|$
 outbox_claim|CLAIM|text, timestamptz, timestamptz, bigint, text, boolean|'bench', '${NOW}Z', '${NOW}Z'::timestamptz + interval '30 seconds', 16, 'fake', true|{"1": "bench", "2": $(sqlite_time 0), "3": $(sqlite_time -30), "4": 16, "5": "fake", "6": 1}
 purge_compact|$COMPACT|timestamptz, bigint|'${NOW}Z'::timestamptz - interval '24 hours', 500|{"1": $(sqlite_time 86400), "2": 500}
 purge_tombstones|$TOMBSTONES|timestamptz, bigint|'${NOW}Z'::timestamptz - interval '31 days', 500|{"1": $(sqlite_time 2678400), "2": 500}
+intent_count|$INTENT_COUNT|uuid, text, text|'00000000-0000-7000-8000-000000000002', 'live-101', 'capture'|{"1": "00000000-0000-7000-8000-000000000002", "2": "live-101", "3": "capture"}
 purge_webhook_events|$WEBHOOKS|timestamptz, bigint|'${NOW}Z'::timestamptz - interval '30 days', 500|{"1": $(sqlite_time 2592000), "2": 500}
 EOF
 }

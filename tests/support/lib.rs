@@ -517,6 +517,21 @@ impl TestDb {
         }
     }
 
+    /// PostgreSQL: `VACUUM ANALYZE` of `tables`, with autovacuum off on them
+    /// first, so the statistics stay those of now while a test adds rows
+    /// (plan tests: an autovacuum that analyzed the backlog made a count
+    /// planned as a sequential scan, once in CI).
+    pub async fn freeze_statistics(&self, tables: &[&str]) {
+        for table in tables {
+            self.exec(&format!(
+                "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+            ))
+            .await;
+        }
+        self.exec(&format!("VACUUM ANALYZE {}", tables.join(", ")))
+            .await;
+    }
+
     /// Stores `value`, which cobro never writes, in `column` of the attempts
     /// of the payment for `order_ref`: an attempt that cannot be read back.
     pub async fn corrupt_attempts_of(&self, order_ref: &str, column: &str, value: &str) {

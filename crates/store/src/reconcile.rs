@@ -14,9 +14,10 @@ use cobro_core::{AttemptId, PaymentId, PaymentStatus, RefundStatus};
 /// migration 0013 writes it. Its always-true `created_at IS NOT NULL` is
 /// what a look-up by key never says, so only the queries that repeat it
 /// can use the index (the migration says why). SQLite's index keeps 0004's
-/// predicate without the term, which this one still implies; SQLite uses a
+/// predicate without the term, which this one still implies. SQLite uses a
 /// partial index only for a query that states its predicate, so a query
-/// after some of those states states this and then narrows.
+/// that wants some of those states states all of this and then narrows
+/// (the unknown attempts' count in observe.rs).
 pub(crate) const UNCERTAIN: &str =
     "state IN ('pending', 'unknown', 'reconciling') AND created_at IS NOT NULL";
 

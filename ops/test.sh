@@ -35,9 +35,12 @@ promtool check rules ops/prometheus/alerts.yml
 (cd ops/prometheus && promtool test rules alerts.test.yml)
 
 pg_up
-# pg_up's EXIT trap stops PostgreSQL; this one stops localstripe too.
+# pg_up's EXIT trap stops PostgreSQL; this one stops localstripe too. It
+# turns errexit off first: `(exit "$status")` hands pg_down the run's
+# status, and under `set -e` a failed run's status ended the trap right
+# there, leaving the server running and its log unkept.
 localstripe_up
-trap 'status=$?; localstripe_down; (exit "$status"); pg_down' EXIT
+trap 'status=$?; set +e; localstripe_down; (exit "$status"); pg_down' EXIT
 # The binaries the process-level tests run (cobro, fake-provider, checkout),
 # built first so they are never older than the sources they are tested as.
 # With every target, so that features resolve as they do for the tests:

@@ -15,7 +15,9 @@
 //! backlog builds. On SQLite the test collects the text of every statement
 //! from sqlx's log and plans it with `EXPLAIN QUERY PLAN` (tests/README.md).
 
-use cobro_test_support::{Backend, Rig, TestApp, TestDb, manual_payment_body, payment_body};
+use cobro_test_support::{
+    Backend, Rig, TestApp, TestDb, double_charges, manual_payment_body, payment_body,
+};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -485,6 +487,17 @@ async fn every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues(p
         120,
         "the backlog was worked through"
     );
+    // And the provider made what that life asks for, once each: a charge
+    // per payment (200 old, 30 manual, 120 new; the 10 replays none) and a
+    // refund per refund request (40 old, 30 new).
+    let ledger = rig.ledger();
+    assert!(
+        double_charges(&ledger).is_empty(),
+        "{:?}",
+        double_charges(&ledger)
+    );
+    assert_eq!(ledger.charges.len(), 350, "charges in the ledger");
+    assert_eq!(ledger.refunds.len(), 70, "refunds in the ledger");
 
     // SQLite is planned as cobro leaves it, without `sqlite_stat1` (cobro
     // never runs ANALYZE). After an ANALYZE of this small database, SQLite

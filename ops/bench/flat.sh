@@ -209,9 +209,9 @@ statements() {
   cat <<EOF
 reconcile_candidates|$RECONCILE|timestamptz, uuid, bigint, uuid, text, boolean|$stuck, NULL, 500, NULL, 'fake', true|{"1": $(sqlite_time 300), "2": None, "3": 500, "4": None, "5": "fake", "6": 1}
 outbox_claim|CLAIM|text, timestamptz, timestamptz, bigint, text, boolean|'bench', '${NOW}Z', '${NOW}Z'::timestamptz + interval '30 seconds', 16, 'fake', true|{"1": "bench", "2": $(sqlite_time 0), "3": $(sqlite_time -30), "4": 16, "5": "fake", "6": 1}
+intent_count|$INTENT_COUNT|uuid, text, text|'00000000-0000-7000-8000-000000000002', 'live-101', 'capture'|{"1": "00000000-0000-7000-8000-000000000002", "2": "live-101", "3": "capture"}
 purge_compact|$COMPACT|timestamptz, bigint|'${NOW}Z'::timestamptz - interval '24 hours', 500|{"1": $(sqlite_time 86400), "2": 500}
 purge_tombstones|$TOMBSTONES|timestamptz, bigint|'${NOW}Z'::timestamptz - interval '31 days', 500|{"1": $(sqlite_time 2678400), "2": 500}
-intent_count|$INTENT_COUNT|uuid, text, text|'00000000-0000-7000-8000-000000000002', 'live-101', 'capture'|{"1": "00000000-0000-7000-8000-000000000002", "2": "live-101", "3": "capture"}
 purge_webhook_events|$WEBHOOKS|timestamptz, bigint|'${NOW}Z'::timestamptz - interval '30 days', 500|{"1": $(sqlite_time 2592000), "2": 500}
 EOF
 }

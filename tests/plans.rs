@@ -188,7 +188,16 @@ impl Captured {
             .execute(&mut conn)
             .await
             .expect("foreign keys off");
-        let statements = self.statements.lock().expect("statements").clone();
+        // A query text of several statements (one command to SQLite's
+        // connection thread) is planned statement by statement.
+        let statements: Vec<String> = self
+            .statements
+            .lock()
+            .expect("statements")
+            .iter()
+            .flat_map(|text| text.split(';').map(|s| s.trim().to_owned()))
+            .filter(|s| !s.is_empty())
+            .collect();
         let mut plans = Vec::new();
         for query in statements {
             if !["SELECT", "INSERT", "UPDATE", "DELETE", "WITH"]
@@ -199,8 +208,9 @@ impl Captured {
             }
             // Every `$n` bound to NULL: the plan does not depend on values.
             let params = (1..=99)
-                .take_while(|n| query.contains(&format!("${n}")))
-                .count();
+                .filter(|n| query.contains(&format!("${n}")))
+                .max()
+                .unwrap_or(0);
             let explain = format!("EXPLAIN QUERY PLAN {query}");
             let mut q = sqlx::query_as::<_, (i64, i64, i64, String)>(&explain);
             for _ in 0..params {

@@ -25,6 +25,7 @@ on_both_backends!(
     migrating_a_database_with_shared_account_names_fails_naming_the_fix,
     an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_page,
     attempts_read_for_an_account_are_empty_for_another_accounts_payment,
+    opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -222,6 +223,67 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
             .expect("count"),
         2
     );
+}
+
+/// `open_intent` (on SQLite one command of three statements) writes the
+/// intent, its attempt and its outbox row, every one in the payment's
+/// account, with the same order ref in two accounts; a refused second
+/// payment for the order leaves nothing behind.
+async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let a = db.store.create_account("a", t0()).await.expect("a");
+    let b = db.store.create_account("b", t0()).await.expect("b");
+    let mut opened = Vec::new();
+    for account in [a, b] {
+        let p = new_payment(account, "pedido-842");
+        let mut tx = db.store.begin().await.expect("begin");
+        let row = tx
+            .insert_payment(&p, t0())
+            .await
+            .expect("insert")
+            .expect("the order's first payment");
+        let attempt = tx
+            .open_intent(account, p.id, None, Operation::Authorize, &p.intent, t0())
+            .await
+            .expect("open");
+        tx.commit().await.expect("commit");
+        assert_eq!(row.id.0, p.id.as_uuid());
+        assert_eq!(attempt.payment_id.0, p.id.as_uuid());
+        assert_eq!(attempt.state, cobro_core::AttemptState::Pending);
+        assert_eq!(attempt.send_count, 0);
+        assert!(attempt.reference.starts_with("pedido-842:authorize-v1/"));
+        opened.push(attempt);
+    }
+    assert_ne!(opened[0].provider_key, opened[1].provider_key);
+    for (account, attempt) in [a, b].into_iter().zip(&opened) {
+        let id = attempt.id.0;
+        let mine = format!("account_id = '{}'", account.as_uuid());
+        assert_eq!(db.count(&format!("payments WHERE {mine}")).await, 1);
+        assert_eq!(db.count(&format!("intents WHERE {mine}")).await, 1);
+        assert_eq!(
+            db.count(&format!("attempts WHERE {mine} AND id = '{id}'"))
+                .await,
+            1
+        );
+        let queued = format!("outbox WHERE {mine} AND attempt_id = '{id}' AND state = 'pending'");
+        assert_eq!(db.count(&queued).await, 1);
+    }
+
+    // A second active payment for the order: refused, and nothing written.
+    let mut tx = db.store.begin().await.expect("begin");
+    let again = tx
+        .insert_payment(&new_payment(a, "pedido-842"), t0())
+        .await
+        .expect("insert again");
+    assert!(again.is_none(), "a second active payment for the order");
+    match backend {
+        // PostgreSQL aborted the transaction; SQLite's goes on.
+        Backend::Postgres => tx.rollback().await.expect("rollback"),
+        Backend::Sqlite => tx.commit().await.expect("commit"),
+    }
+    for table in ["payments", "intents", "attempts", "outbox"] {
+        assert_eq!(db.count(table).await, 2, "{table}");
+    }
 }
 
 async fn an_account_name_is_taken_once_whatever_the_code_above_checked(backend: Backend) {

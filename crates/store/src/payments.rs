@@ -338,9 +338,10 @@ impl WriteTx {
             // SQLite has no data-modifying CTEs: three statements in one
             // query text, which sqlx sends to the connection's thread as one
             // command (it runs every statement of the text, binding `$n` in
-            // each). Every hand-off holds the one writer of the process, so
-            // one instead of three made new payments about 20% faster
-            // (ops/bench/README.md, 2026-12-04). Only the attempt's INSERT
+            // each). Every hand-off holds the one writer of the process:
+            // one instead of three won in 9 of 9 alternated pairs, by 14%
+            // (median) of new payments/s (ops/bench/README.md, 2026-12-04,
+            // "Fewer hand-offs"). Only the attempt's INSERT
             // returns a row. The attempt's and the outbox row's account are
             // the payment's, as `enqueue_attempt` copies them.
             crate::TxInner::Sqlite(_) => format!(

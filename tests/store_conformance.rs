@@ -227,8 +227,9 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
 
 /// `open_intent` (on SQLite one command of three statements) writes the
 /// intent, its attempt and its outbox row, every one in the payment's
-/// account, with the same order ref in two accounts; a refused second
-/// payment for the order leaves nothing behind.
+/// account, with the same order ref in two accounts; an attempt the schema
+/// refuses, or a refused second payment for the order, leaves nothing
+/// behind once the caller rolls back.
 async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account(backend: Backend) {
     let db = TestDb::new(backend).await;
     let a = db.store.create_account("a", t0()).await.expect("a");
@@ -268,6 +269,30 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
         let queued = format!("outbox WHERE {mine} AND attempt_id = '{id}' AND state = 'pending'");
         assert_eq!(db.count(&queued).await, 1);
     }
+
+    // An intent whose attempt the schema refuses (the payment is under
+    // review): an error, after the intent's INSERT ran in the same command
+    // on SQLite; the caller rolls back and nothing is left.
+    db.exec(&format!(
+        "UPDATE payments SET status = 'needs_review' WHERE id = '{}'",
+        opened[0].payment_id.0
+    ))
+    .await;
+    let mut tx = db.store.begin().await.expect("begin");
+    let capture = cobro_core::IntentName::new(
+        &cobro_core::OrderRef::parse("pedido-842").expect("order"),
+        Operation::Capture,
+        1,
+    );
+    let payment = PaymentId::from_uuid(opened[0].payment_id.0);
+    let blocked = tx
+        .open_intent(a, payment, None, Operation::Capture, &capture, t0())
+        .await;
+    assert!(
+        matches!(blocked, Err(cobro_store::StoreError::SendBlocked)),
+        "{blocked:?}"
+    );
+    tx.rollback().await.expect("rollback");
 
     // A second active payment for the order: refused, and nothing written.
     let mut tx = db.store.begin().await.expect("begin");

@@ -47,7 +47,10 @@ pub enum StoreError {
     UniqueViolation { what: String },
     /// The schema refused to make an attempt sendable because its payment
     /// or refund is `requires_reconciliation` or `needs_review`
-    /// (`cobro_send_blocked`). Nothing was written.
+    /// (`cobro_send_blocked`). The refused statement wrote nothing; what
+    /// the transaction wrote before it stays until the caller rolls back
+    /// (on SQLite that includes the intent `open_intent` inserts in the
+    /// same command as the refused attempt).
     #[error("no new send while the payment is under reconciliation or review")]
     SendBlocked,
     /// The schema in the database is newer than this binary knows.

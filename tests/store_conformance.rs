@@ -26,6 +26,7 @@ on_both_backends!(
     an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_page,
     attempts_read_for_an_account_are_empty_for_another_accounts_payment,
     opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account,
+    a_payment_is_read_with_its_attempts_in_order_and_only_in_its_account,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -308,6 +309,66 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
     }
     for table in ["payments", "intents", "attempts", "outbox"] {
         assert_eq!(db.count(table).await, 2, "{table}");
+    }
+}
+
+/// GET's read (one joined statement): the payment with every attempt,
+/// oldest first; a payment without attempts with none (not "not found");
+/// another account's payment not at all.
+async fn a_payment_is_read_with_its_attempts_in_order_and_only_in_its_account(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let a = db.store.create_account("a", t0()).await.expect("a");
+    let b = db.store.create_account("b", t0()).await.expect("b");
+    let with = seed_payment_with_attempt(&db.store, a, "pedido-842").await;
+    let capture = cobro_core::IntentName::new(
+        &cobro_core::OrderRef::parse("pedido-842").expect("order"),
+        Operation::Capture,
+        1,
+    );
+    let mut tx = db.store.begin().await.expect("begin");
+    let later = tx
+        .open_intent(
+            a,
+            with,
+            None,
+            Operation::Capture,
+            &capture,
+            t0() + Duration::seconds(1),
+        )
+        .await
+        .expect("capture intent");
+    let bare = new_payment(a, "pedido-843");
+    assert!(
+        tx.insert_payment(&bare, t0())
+            .await
+            .expect("insert")
+            .is_some()
+    );
+    tx.commit().await.expect("commit");
+
+    let (payment, attempts) = db
+        .store
+        .payment_with_attempts_for_account(a, with)
+        .await
+        .expect("read")
+        .expect("found");
+    assert_eq!(payment.id.0, with.as_uuid());
+    let operations: Vec<_> = attempts.iter().map(|x| x.operation).collect();
+    assert_eq!(operations, [Operation::Authorize, Operation::Capture]);
+    assert_eq!(attempts[1].id.0, later.id.0);
+    assert!(attempts.iter().all(|x| x.payment_id.0 == with.as_uuid()));
+
+    let (payment, attempts) = db
+        .store
+        .payment_with_attempts_for_account(a, bare.id)
+        .await
+        .expect("read bare")
+        .expect("a payment without attempts is found");
+    assert_eq!((payment.id.0, attempts.len()), (bare.id.as_uuid(), 0));
+
+    for id in [with, bare.id] {
+        let other = db.store.payment_with_attempts_for_account(b, id).await;
+        assert!(matches!(other, Ok(None)), "{other:?}");
     }
 }
 

@@ -113,6 +113,75 @@ pub(crate) fn qualified(columns: &str, table: &str) -> String {
         .join(", ")
 }
 
+/// `c1, c2` of `table` as `table.c1 AS {prefix}c1, ...`: a joined read's
+/// columns of its second table, named apart from the first's.
+fn prefixed(columns: &str, table: &str, prefix: &str) -> String {
+    columns
+        .split(", ")
+        .map(|c| format!("{table}.{c} AS {prefix}{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+const ATTEMPT_PREFIX: &str = "a_";
+
+/// One row of a payment joined with one of its attempts.
+#[derive(sqlx::FromRow)]
+struct PaymentWithAttempt {
+    #[sqlx(flatten)]
+    payment: PaymentRow,
+    #[sqlx(flatten)]
+    attempt: PrefixedAttempt,
+}
+
+/// [`AttemptRow`] read from columns named `a_{column}` (`ATTEMPT_PREFIX`).
+#[derive(sqlx::FromRow)]
+struct PrefixedAttempt {
+    a_id: DbId,
+    a_intent_id: DbId,
+    a_payment_id: DbId,
+    a_refund_id: Option<DbId>,
+    a_operation: Operation,
+    a_provider_key: String,
+    a_reference: String,
+    a_state: AttemptState,
+    a_send_count: i32,
+    a_first_send_at: Option<DbTime>,
+    a_last_send_at: Option<DbTime>,
+    a_provider_ref: Option<String>,
+    a_last_error: Option<String>,
+    a_created_at: DbTime,
+    a_updated_at: DbTime,
+    a_provider: Option<String>,
+    a_provider_request_id: Option<String>,
+    a_provider_replayed: bool,
+}
+
+impl From<PrefixedAttempt> for AttemptRow {
+    fn from(a: PrefixedAttempt) -> Self {
+        Self {
+            id: a.a_id,
+            intent_id: a.a_intent_id,
+            payment_id: a.a_payment_id,
+            refund_id: a.a_refund_id,
+            operation: a.a_operation,
+            provider_key: a.a_provider_key,
+            reference: a.a_reference,
+            state: a.a_state,
+            send_count: a.a_send_count,
+            first_send_at: a.a_first_send_at,
+            last_send_at: a.a_last_send_at,
+            provider_ref: a.a_provider_ref,
+            last_error: a.a_last_error,
+            created_at: a.a_created_at,
+            updated_at: a.a_updated_at,
+            provider: a.a_provider,
+            provider_request_id: a.a_provider_request_id,
+            provider_replayed: a.a_provider_replayed,
+        }
+    }
+}
+
 /// Whose rows a read may return: the named account's (`$2`), or any
 /// account's (the worker, the reconciler and operators).
 #[derive(Clone, Copy)]
@@ -573,34 +642,36 @@ impl Store {
             .await?))
     }
 
-    /// A payment of this account with its attempts (oldest first), both
-    /// read on one pooled connection: one checkout (and one release) for
-    /// the two statements instead of one each. `None`: no such payment in
-    /// this account.
+    /// A payment of this account with its attempts (oldest first), read by
+    /// one statement: one round trip, and one snapshot of the payment and
+    /// its attempts (two statements could show a payment already moved by
+    /// an attempt they do not show yet). `None`: no such payment in this
+    /// account. A payment without attempts (none is made so; the join
+    /// returns no row for it) is read again on its own.
     pub async fn payment_with_attempts_for_account(
         &self,
         account: AccountId,
         id: PaymentId,
     ) -> Result<Option<(PaymentRow, Vec<AttemptRow>)>> {
-        let (payment, attempts) = (
-            payment_by_id(Scope::ForAccount, ""),
-            attempts_of_payment(Scope::ForAccount, None),
+        let sql = format!(
+            "SELECT {}, {} FROM payments p JOIN attempts a ON a.payment_id = p.id \
+             WHERE p.id = $1 AND p.account_id = $2 ORDER BY a.created_at, a.id",
+            qualified(PAYMENT_COLUMNS, "p"),
+            prefixed(ATTEMPT_COLUMNS, "a", ATTEMPT_PREFIX),
         );
-        on_pool!(self, pool => {
-            let mut conn = pool.acquire().await?;
-            let row: Option<PaymentRow> = sqlx::query_as(&payment)
-                .bind(DbId::from(id))
-                .bind(DbId::from(account))
-                .fetch_optional(&mut *conn)
-                .await?;
-            let Some(row) = row else { return Ok(None) };
-            let attempts = sqlx::query_as(&attempts)
-                .bind(DbId::from(id))
-                .bind(DbId::from(account))
-                .fetch_all(&mut *conn)
-                .await?;
-            Ok(Some((row, attempts)))
-        })
+        let rows: Vec<PaymentWithAttempt> = on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(DbId::from(account))
+            .fetch_all(pool)
+            .await?);
+        let mut rows = rows.into_iter();
+        let Some(first) = rows.next() else {
+            let alone = self.payment_for_account(account, id).await?;
+            return Ok(alone.map(|payment| (payment, Vec::new())));
+        };
+        let mut attempts = vec![first.attempt.into()];
+        attempts.extend(rows.map(|row| AttemptRow::from(row.attempt)));
+        Ok(Some((first.payment, attempts)))
     }
 
     /// Payments of an account, newest first (ids are time-ordered).

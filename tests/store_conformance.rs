@@ -1756,3 +1756,153 @@ async fn sqlite_the_queue_queries_search_their_partial_indexes() {
     }
     assert!(wrong.is_empty(), "SQLite plans:\n{}", wrong.join("\n"));
 }
+
+/// Begins a write transaction in a task of its own and returns once it
+/// queues for SQLite's writer, as the `n`th in line.
+async fn queued_begin(
+    store: &Store,
+    n: usize,
+) -> tokio::task::JoinHandle<cobro_store::Result<cobro_store::WriteTx>> {
+    let begin = tokio::spawn({
+        let store = store.clone();
+        async move { store.begin().await }
+    });
+    cobro_test_support::wait_for(
+        &format!("{n} write transactions queue for the writer"),
+        std::time::Duration::from_secs(10),
+        async || (store.writers_queued() == n).then_some(()),
+    )
+    .await;
+    begin
+}
+
+/// SQLite's group commit (crates/store/src/group.rs): transactions that
+/// queued for the writer while one ran join its group and commit with it,
+/// once; a rollback in the group undoes only its own work, and a
+/// transaction that rolls back after reading the group's work not yet
+/// committed hears back only once that work is committed.
+#[tokio::test]
+async fn sqlite_queued_transactions_commit_as_one_group_and_a_rollback_undoes_only_its_own() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let store = db.store.clone();
+    let account = store.create_account("a", t0()).await.expect("account");
+    let before = store.write_groups().expect("sqlite");
+    let (pa, pb, pc) = (
+        new_payment(account, "o-a"),
+        new_payment(account, "o-b"),
+        new_payment(account, "o-c"),
+    );
+
+    let mut a = store.begin().await.expect("begin a");
+    assert!(a.insert_payment(&pa, t0()).await.expect("a").is_some());
+    // B and C queue for the writer while A holds it.
+    let b = queued_begin(&store, 1).await;
+    let c = queued_begin(&store, 2).await;
+    // A's commit releases its work into the group and waits for it.
+    let a_commit = tokio::spawn(a.commit());
+
+    let mut b = b.await.expect("task").expect("begin b");
+    assert!(b.insert_payment(&pb, t0()).await.expect("b").is_some());
+    // B read A's payment: not committed yet (the group waits for C).
+    assert!(
+        b.lock_payment_for_account(account, pa.id)
+            .await
+            .expect("read")
+            .is_some()
+    );
+    assert!(
+        store
+            .payment_for_account(account, pa.id)
+            .await
+            .expect("read")
+            .is_none(),
+        "A's payment is not committed before its group"
+    );
+    let b_rollback = tokio::spawn(b.rollback());
+
+    let mut c = c.await.expect("task").expect("begin c");
+    // C holds the writer, so the group cannot have committed: B, which read
+    // A's uncommitted work, must still be waiting.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !b_rollback.is_finished(),
+        "a rollback that read uncommitted work returned early"
+    );
+    assert!(
+        !a_commit.is_finished(),
+        "a commit returned before its group"
+    );
+    assert!(c.insert_payment(&pc, t0()).await.expect("c").is_some());
+    c.commit().await.expect("commit c");
+    a_commit.await.expect("task").expect("commit a");
+    b_rollback.await.expect("task").expect("rollback b");
+
+    let found = async |p: &cobro_store::NewPayment| {
+        store
+            .payment_for_account(account, p.id)
+            .await
+            .expect("read")
+            .is_some()
+    };
+    assert!(found(&pa).await, "A committed");
+    assert!(!found(&pb).await, "B rolled back");
+    assert!(found(&pc).await, "C committed");
+    let after = store.write_groups().expect("sqlite");
+    assert_eq!(
+        (after.groups - before.groups, after.members - before.members),
+        (1, 2),
+        "A and C in one group, B's rollback not counted"
+    );
+}
+
+/// A write transaction dropped half-way (a cancelled request) in a group
+/// takes only its own work with it: the group still commits the others.
+#[tokio::test]
+async fn sqlite_a_transaction_dropped_in_a_group_is_undone_and_the_group_still_commits() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let store = db.store.clone();
+    let account = store.create_account("a", t0()).await.expect("account");
+    let (pa, pb) = (new_payment(account, "o-a"), new_payment(account, "o-b"));
+
+    let mut a = store.begin().await.expect("begin a");
+    assert!(a.insert_payment(&pa, t0()).await.expect("a").is_some());
+    let b = queued_begin(&store, 1).await;
+    let a_commit = tokio::spawn(a.commit());
+    let mut b = b.await.expect("task").expect("begin b");
+    assert!(b.insert_payment(&pb, t0()).await.expect("b").is_some());
+    drop(b);
+    a_commit.await.expect("task").expect("commit a");
+
+    assert!(
+        store
+            .payment_for_account(account, pa.id)
+            .await
+            .expect("read")
+            .is_some()
+    );
+    assert!(
+        store
+            .payment_for_account(account, pb.id)
+            .await
+            .expect("read")
+            .is_none()
+    );
+    // The writer is clean: the next transaction can use B's order again.
+    let mut next = store.begin().await.expect("begin");
+    assert!(
+        next.insert_payment(&pb, t0())
+            .await
+            .expect("again")
+            .is_some()
+    );
+    next.commit().await.expect("commit");
+    assert!(
+        store
+            .payment_for_account(account, pb.id)
+            .await
+            .expect("read")
+            .is_some()
+    );
+}

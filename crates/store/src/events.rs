@@ -463,10 +463,12 @@ impl Store {
                 .fetch_all(pool)
                 .await?
             }
-            // One writer: the single UPDATE is the claim.
+            // One writer: the single UPDATE is the claim, a write
+            // transaction of its own in the writer's group.
             Backend::Sqlite(pools) => {
-                let pool = &pools.write;
-                sqlx::query_as(
+                let mut member = pools.writer.begin().await?;
+                let pool = member.conn();
+                let leased = sqlx::query_as(
                     "UPDATE event_deliveries SET lease_owner = $1, \
                      lease_token = lease_token + 1, lease_expires_at = $3, due_at = $3, \
                      updated_at = $2 \
@@ -482,7 +484,9 @@ impl Store {
                 .bind(DbTime(lease_until))
                 .bind(i64::from(limit))
                 .fetch_all(pool)
-                .await?
+                .await?;
+                member.commit().await?;
+                leased
             }
         };
         tracing::Span::current().record("claimed", leased.len());

@@ -149,9 +149,9 @@ impl WriteTx {
                     None => None,
                 }
             }
-            crate::TxInner::Sqlite(tx) => {
+            crate::TxInner::Sqlite(member) => {
                 let inserted = bind_reservation!(sqlx::query(insert))
-                    .execute(&mut **tx)
+                    .execute(member.conn())
                     .await?
                     .rows_affected();
                 if inserted == 1 {

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod conflicts;
 mod db_types;
 pub mod events;
+mod group;
 pub mod idempotency;
 pub mod observe;
 pub mod outbox;
@@ -15,6 +16,7 @@ pub mod settle;
 pub mod webhooks;
 
 pub use db_types::{DbId, DbTime};
+pub use group::GroupStats;
 pub use idempotency::{KeyScope, Reservation, StoredRecord};
 pub use outbox::{Claim, Claimed, NewAttempt, ProviderScope, SendMark, UnreadableClaim};
 pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow, RefundRow};
@@ -22,7 +24,7 @@ pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow,
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{Postgres, Sqlite, Transaction};
+use sqlx::{Postgres, Transaction};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -206,15 +208,16 @@ enum Backend {
 /// 1.1 s at 16 clients, ops/bench/README.md) and the lock sat idle while
 /// its waiters slept. Here every write (each `begin`, and the few
 /// single-statement writes, through [`on_write_pool!`]) goes through one
-/// connection, which sqlx's pool hands out first come, first served: this
-/// process's writers queue in order and each starts the moment the last
-/// one committed. The busy timeout still bounds the wait for another
-/// process's writer (several processes may share one file). Reads (WAL
-/// snapshots) never wait for the writer.
+/// connection, first come, first served, and the write transactions of
+/// this process commit together ([`group`]: one COMMIT and one sync for
+/// all the transactions that queued while the last group ran). The busy
+/// timeout still bounds the wait for another process's writer (several
+/// processes may share one file). Reads (WAL snapshots) never wait for the
+/// writer.
 #[derive(Clone, Debug)]
 struct SqlitePools {
     read: SqlitePool,
-    write: SqlitePool,
+    writer: Arc<group::GroupWriter>,
 }
 
 /// The one storage API of cobro. Cheap to clone (it holds a pool).
@@ -242,18 +245,31 @@ macro_rules! on_pool {
     };
 }
 
-/// Like [`on_pool!`], for a statement that writes outside a transaction:
-/// on SQLite it runs on the one writer connection (see [`SqlitePools`]).
-/// Never while this task holds a [`WriteTx`] open (on SQLite that
-/// transaction holds the writer, so the statement would wait for it).
+/// Like [`on_pool!`], for a statement that writes outside a transaction.
+/// On SQLite the statement is a write transaction of its own that joins
+/// the writer's group (see [`SqlitePools`]): `$pool` is the writer's
+/// connection inside it, and the value is returned once the group has
+/// committed. Never while this task holds a [`WriteTx`] open (on SQLite
+/// that transaction holds the writer, so the statement would wait for it).
 macro_rules! on_write_pool {
     ($store:expr, $pool:ident => $body:expr) => {
-        $crate::on_pool_of!($store, write, $pool => $body)
+        match &$store.backend {
+            $crate::Backend::Postgres($pool) => $body,
+            $crate::Backend::Sqlite(pools) => {
+                let mut member = pools.writer.begin().await?;
+                let value = {
+                    let $pool = member.conn();
+                    $body
+                };
+                member.commit().await?;
+                value
+            }
+        }
     };
 }
 
-/// [`on_pool!`] and [`on_write_pool!`]: PostgreSQL's one pool, or the
-/// SQLite pool named by `$which` (`read` or `write`).
+/// [`on_pool!`]: PostgreSQL's one pool, or the SQLite pool named by
+/// `$which`.
 macro_rules! on_pool_of {
     ($store:expr, $which:ident, $pool:ident => $body:expr) => {
         match &$store.backend {
@@ -276,7 +292,7 @@ macro_rules! on_tx {
                 $body
             }
             $crate::TxInner::Sqlite(t) => {
-                let $conn = &mut **t;
+                let $conn = t.conn();
                 $body
             }
         }
@@ -286,7 +302,7 @@ pub(crate) use {on_pool, on_pool_of, on_tx, on_write_pool};
 
 enum TxInner {
     Postgres(Transaction<'static, Postgres>),
-    Sqlite(Transaction<'static, Sqlite>),
+    Sqlite(group::Member),
 }
 
 /// An open write transaction. Dropping it without [`WriteTx::commit`] rolls
@@ -302,15 +318,18 @@ pub struct WriteTx {
 }
 
 impl WriteTx {
-    /// Commits. The COMMIT runs in a task of its own: a caller cancelled
-    /// half-way (a client that left, a task aborted at shutdown) can never
-    /// leave the connection between a COMMIT sent and its answer read.
+    /// Commits. The COMMIT (on SQLite, the savepoint's release) runs in a
+    /// task of its own: a caller cancelled half-way (a client that left, a
+    /// task aborted at shutdown) can never leave the connection between a
+    /// COMMIT sent and its answer read. On SQLite it returns once the group
+    /// this transaction joined is committed ([`group`]).
     pub async fn commit(self) -> Result<()> {
-        let done = match self.inner {
-            TxInner::Postgres(t) => tokio::spawn(t.commit()).await,
-            TxInner::Sqlite(t) => tokio::spawn(t.commit()).await,
-        };
-        done.map_err(|_| StoreError::Corrupt("the commit task was lost".into()))??;
+        match self.inner {
+            TxInner::Postgres(t) => tokio::spawn(t.commit())
+                .await
+                .map_err(|_| StoreError::Corrupt("the commit task was lost".into()))??,
+            TxInner::Sqlite(member) => member.commit().await?,
+        }
         if self.moved_payment {
             self.payment_moves.bump();
             self.doorbells.settled.ring();
@@ -334,10 +353,14 @@ impl WriteTx {
         moved
     }
 
+    /// Rolls back. On SQLite, a transaction that may have read work of
+    /// others in its group not yet committed also waits for that group,
+    /// and fails if it did not commit: whatever the caller read is then
+    /// safe to answer from ([`group`]).
     pub async fn rollback(self) -> Result<()> {
         match self.inner {
             TxInner::Postgres(t) => t.rollback().await?,
-            TxInner::Sqlite(t) => t.rollback().await?,
+            TxInner::Sqlite(member) => member.rollback().await?,
         }
         Ok(())
     }
@@ -407,7 +430,8 @@ impl Store {
                 .acquire_timeout(config.lock_timeout)
                 .connect_with(options)
                 .await?;
-            Backend::Sqlite(SqlitePools { read, write })
+            let writer = group::GroupWriter::new(write, config.lock_timeout);
+            Backend::Sqlite(SqlitePools { read, writer })
         } else {
             return Err(StoreError::InvalidUrl(
                 "expected postgres://... or sqlite://...".to_owned(),
@@ -438,7 +462,12 @@ impl Store {
     /// Applies the embedded migrations. Refuses a schema newer than this binary.
     pub async fn migrate(&self) -> Result<()> {
         self.check_not_newer().await?;
-        on_write_pool!(self, pool => self.migrator().run(pool).await?);
+        // Migrations manage their own transactions: on SQLite they run on
+        // the writer's pool directly, never inside a group.
+        match &self.backend {
+            Backend::Postgres(pool) => self.migrator().run(pool).await?,
+            Backend::Sqlite(pools) => self.migrator().run(pools.writer.pool()).await?,
+        }
         Ok(())
     }
 
@@ -485,9 +514,10 @@ impl Store {
         Ok(())
     }
 
-    /// Opens a write transaction. On SQLite it is `BEGIN IMMEDIATE`: the
-    /// write lock is taken up front (bounded by the busy timeout), so two
-    /// writers never deadlock upgrading a read lock.
+    /// Opens a write transaction. On SQLite it joins the writer's group
+    /// ([`group`]), whose transaction is `BEGIN IMMEDIATE`: the write lock
+    /// is taken up front (bounded by the busy timeout), so two writers
+    /// never deadlock upgrading a read lock.
     ///
     /// The BEGIN runs in a task of its own, so a caller cancelled while it
     /// waits (for a connection, for SQLite's write lock) cannot leave a
@@ -507,14 +537,7 @@ impl Store {
                         .map_err(lost)??,
                 )
             }
-            Backend::Sqlite(pools) => {
-                let pool = pools.write.clone();
-                TxInner::Sqlite(
-                    tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await })
-                        .await
-                        .map_err(lost)??,
-                )
-            }
+            Backend::Sqlite(pools) => TxInner::Sqlite(pools.writer.begin().await?),
         };
         Ok(WriteTx {
             inner,
@@ -525,12 +548,31 @@ impl Store {
         })
     }
 
+    /// How many write transactions SQLite's group commit has committed in
+    /// how many groups since this store was opened (`None` on PostgreSQL).
+    pub fn write_groups(&self) -> Option<GroupStats> {
+        match &self.backend {
+            Backend::Postgres(_) => None,
+            Backend::Sqlite(pools) => Some(pools.writer.stats()),
+        }
+    }
+
+    /// How many write transactions are waiting for SQLite's writer now
+    /// (`0` on PostgreSQL): lets a test line transactions up into one group.
+    #[doc(hidden)]
+    pub fn writers_queued(&self) -> usize {
+        match &self.backend {
+            Backend::Postgres(_) => 0,
+            Backend::Sqlite(pools) => pools.writer.queued(),
+        }
+    }
+
     pub async fn close(&self) {
         match &self.backend {
             Backend::Postgres(pool) => pool.close().await,
             Backend::Sqlite(pools) => {
                 pools.read.close().await;
-                pools.write.close().await;
+                pools.writer.pool().close().await;
             }
         }
     }

@@ -1906,3 +1906,116 @@ async fn sqlite_a_transaction_dropped_in_a_group_is_undone_and_the_group_still_c
             .is_some()
     );
 }
+
+/// SQLite can roll a whole transaction back by itself after a statement
+/// fails (SQLITE_FULL, IOERR; here a trigger's `RAISE(ROLLBACK)`), taking
+/// the group's earlier work with it. Whatever each member was told must be
+/// true: a write answered as committed is in the database, and one that is
+/// not was answered with an error. (Without the rollback hook, the next
+/// member's savepoint began a new transaction and the group "committed".)
+#[tokio::test]
+async fn sqlite_a_group_that_sqlite_rolled_back_fails_every_member_in_it() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let store = db.store.clone();
+    let account = store.create_account("a", t0()).await.expect("account");
+    db.exec(
+        "CREATE TRIGGER boom BEFORE INSERT ON accounts WHEN NEW.name = 'boom' \
+         BEGIN SELECT RAISE(ROLLBACK, 'boom'); END",
+    )
+    .await;
+    let queue = async |n: usize| {
+        cobro_test_support::wait_for(
+            &format!("{n} writers queue"),
+            std::time::Duration::from_secs(10),
+            async || (store.writers_queued() == n).then_some(()),
+        )
+        .await
+    };
+    // A holder lines the others up behind it, then steps aside.
+    let holder = store.begin().await.expect("begin");
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.create_account("first", t0()).await }
+    });
+    queue(1).await;
+    let boom = tokio::spawn({
+        let store = store.clone();
+        async move { store.create_account("boom", t0()).await }
+    });
+    queue(2).await;
+    let last = queued_begin(&store, 3).await;
+    holder.rollback().await.expect("rollback");
+
+    assert!(boom.await.expect("task").is_err(), "the trigger refused it");
+    let mut last = last.await.expect("task").expect("begin last");
+    let p = new_payment(account, "o-last");
+    assert!(
+        last.insert_payment(&p, t0())
+            .await
+            .expect("insert")
+            .is_some()
+    );
+    last.commit().await.expect("the next group commits");
+
+    let named = async |name: &str| db.count(&format!("accounts WHERE name = '{name}'")).await;
+    match first.await.expect("task") {
+        Ok(_) => assert_eq!(named("first").await, 1, "told committed, and it is"),
+        Err(_) => assert_eq!(named("first").await, 0, "told failed, and nothing is there"),
+    }
+    assert_eq!(named("boom").await, 0);
+    assert!(
+        store
+            .payment_for_account(account, p.id)
+            .await
+            .expect("read")
+            .is_some()
+    );
+}
+
+/// A closer spawned on a runtime that is shut down before it runs must not
+/// leave its group open for ever: the next member to hand the writer over,
+/// on another runtime, sees no closer on its way and spawns one (tests and
+/// embedders do make stores in one runtime and use them in another).
+#[test]
+fn sqlite_a_closer_lost_with_its_runtime_does_not_hang_the_next_commit() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let first = runtime();
+    let (db, account, mut member) = first.block_on(async {
+        let db = TestDb::new(Backend::Sqlite).await;
+        let account = db.store.create_account("a", t0()).await.expect("account");
+        let holder = db.store.begin().await.expect("begin");
+        let next = queued_begin(&db.store, 1).await;
+        // The holder's rollback spawns the group's closer, which queues
+        // behind `next` and never gets its turn on this runtime.
+        holder.rollback().await.expect("rollback");
+        let member = next.await.expect("task").expect("begin next");
+        (db, account, member)
+    });
+    drop(first);
+    runtime().block_on(async move {
+        let p = new_payment(account, "o");
+        assert!(
+            member
+                .insert_payment(&p, t0())
+                .await
+                .expect("insert")
+                .is_some()
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(10), member.commit())
+            .await
+            .expect("the commit waits for a closer that is gone")
+            .expect("commit");
+        assert!(
+            db.store
+                .payment_for_account(account, p.id)
+                .await
+                .expect("read")
+                .is_some()
+        );
+    });
+}

@@ -1254,7 +1254,11 @@ pub async fn resolve_by_hand(
         .lock_payment_any_account(r.payment)
         .await?
         .ok_or(ResolveError::NotFound)?;
+    // A refusal is answered only from what is committed: on SQLite the
+    // rollback waits for the write group whose work this read may have
+    // seen (crates/store/src/group.rs).
     if payment.status != PaymentStatus::NeedsReview {
+        tx.rollback().await?;
         return Err(ResolveError::NotInReview(payment.status.to_string()));
     }
     let attempts = tx.attempts_of_payment_any_account(r.payment).await?;
@@ -1270,7 +1274,9 @@ pub async fn resolve_by_hand(
             && a.operation != Operation::Refund;
         worker_owned || other_open
     }) {
-        return Err(ResolveError::InFlight(busy.id.0.to_string()));
+        let busy = busy.id.0.to_string();
+        tx.rollback().await?;
+        return Err(ResolveError::InFlight(busy));
     }
     let attempt = attempts
         .iter()

@@ -466,7 +466,7 @@ impl Store {
             // One writer: the single UPDATE is the claim, a write
             // transaction of its own in the writer's group.
             Backend::Sqlite(pools) => {
-                let mut member = pools.writer.begin().await?;
+                let mut member = pools.writer.begin_statement().await?;
                 let pool = member.conn();
                 let leased = sqlx::query_as(
                     "UPDATE event_deliveries SET lease_owner = $1, \

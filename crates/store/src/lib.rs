@@ -245,18 +245,18 @@ macro_rules! on_pool {
     };
 }
 
-/// Like [`on_pool!`], for a statement that writes outside a transaction.
-/// On SQLite the statement is a write transaction of its own that joins
-/// the writer's group (see [`SqlitePools`]): `$pool` is the writer's
-/// connection inside it, and the value is returned once the group has
-/// committed. Never while this task holds a [`WriteTx`] open (on SQLite
+/// Like [`on_pool!`], for one statement that writes outside a transaction.
+/// On SQLite the statement joins the writer's group (see [`SqlitePools`])
+/// without a savepoint of its own: `$pool` is the writer's connection, and
+/// the value is returned once the group has committed. `$body` runs one
+/// statement: a second would not be undone with the first. Never while this task holds a [`WriteTx`] open (on SQLite
 /// that transaction holds the writer, so the statement would wait for it).
 macro_rules! on_write_pool {
     ($store:expr, $pool:ident => $body:expr) => {
         match &$store.backend {
             $crate::Backend::Postgres($pool) => $body,
             $crate::Backend::Sqlite(pools) => {
-                let mut member = pools.writer.begin().await?;
+                let mut member = pools.writer.begin_statement().await?;
                 let value = {
                     let $pool = member.conn();
                     $body
@@ -318,26 +318,37 @@ pub struct WriteTx {
 }
 
 impl WriteTx {
-    /// Commits. The COMMIT (on SQLite, the savepoint's release) runs in a
-    /// task of its own: a caller cancelled half-way (a client that left, a
-    /// task aborted at shutdown) can never leave the connection between a
-    /// COMMIT sent and its answer read. On SQLite it returns once the group
-    /// this transaction joined is committed ([`group`]).
+    /// Commits, then wakes whoever waits for what it wrote (long polls,
+    /// other processes' workers). Both run in a task of its own: a caller
+    /// cancelled half-way (a client that left, a task aborted at shutdown)
+    /// can never leave the connection between a COMMIT sent and its answer
+    /// read, nor skip the wake-ups of a commit that happened. On SQLite it
+    /// returns once the group this transaction joined is committed
+    /// ([`group`]).
     pub async fn commit(self) -> Result<()> {
-        match self.inner {
-            TxInner::Postgres(t) => tokio::spawn(t.commit())
-                .await
-                .map_err(|_| StoreError::Corrupt("the commit task was lost".into()))??,
-            TxInner::Sqlite(member) => member.commit().await?,
-        }
-        if self.moved_payment {
-            self.payment_moves.bump();
-            self.doorbells.settled.ring();
-        }
-        if self.enqueued_work {
-            self.doorbells.outbox.ring();
-        }
-        Ok(())
+        let WriteTx {
+            inner,
+            payment_moves,
+            doorbells,
+            moved_payment,
+            enqueued_work,
+        } = self;
+        tokio::spawn(async move {
+            match inner {
+                TxInner::Postgres(t) => t.commit().await?,
+                TxInner::Sqlite(member) => member.commit().await?,
+            }
+            if moved_payment {
+                payment_moves.bump();
+                doorbells.settled.ring();
+            }
+            if enqueued_work {
+                doorbells.outbox.ring();
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|_| StoreError::Corrupt("the commit task was lost".into()))?
     }
 
     /// Notes that this transaction inserted an outbox row, so that workers
@@ -424,13 +435,21 @@ impl Store {
                 .await?;
             // This process's writers queue for the one writer connection
             // no longer than they would wait for SQLite's lock.
+            // Its rollback hook tells group commit when SQLite rolled a
+            // whole transaction back by itself.
+            let rollbacks = group::rollback_counter();
+            let counter = Arc::clone(&rollbacks);
             let write = SqlitePoolOptions::new()
                 .max_connections(1)
                 .test_before_acquire(false)
                 .acquire_timeout(config.lock_timeout)
+                .after_connect(move |conn, _| {
+                    let counter = Arc::clone(&counter);
+                    Box::pin(async move { group::count_rollbacks(conn, counter).await })
+                })
                 .connect_with(options)
                 .await?;
-            let writer = group::GroupWriter::new(write, config.lock_timeout);
+            let writer = group::GroupWriter::new(write, config.lock_timeout, rollbacks);
             Backend::Sqlite(SqlitePools { read, writer })
         } else {
             return Err(StoreError::InvalidUrl(

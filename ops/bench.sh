@@ -416,13 +416,14 @@ sqlite_drain() {
   return 1
 }
 
-# Starts the embedded default on a fresh data directory; sets TOKEN,
-# SQLITE_DB, COBRO_PID, COBRO_URL.
+# Starts the embedded default on a fresh data directory (more environment
+# for cobro after the name); sets TOKEN, SQLITE_DB, COBRO_PID, COBRO_URL.
 start_sqlite() {
-  local dir="$WORK/sqlite-$1"
+  local name=$1 dir="$WORK/sqlite-$1"
+  shift
   rm -rf "$dir"
-  start_cobro "sqlite-$1" serve --listen 127.0.0.1:0 --data-dir "$dir" --
-  TOKEN=$(sed -n 's/^dev token: //p' "$WORK/sqlite-$1.out" | head -1)
+  start_cobro "sqlite-$name" serve --listen 127.0.0.1:0 --data-dir "$dir" -- "$@"
+  TOKEN=$(sed -n 's/^dev token: //p' "$WORK/sqlite-$name.out" | head -1)
   SQLITE_DB="$dir/cobro.db"
   [ -n "$TOKEN" ] && [ -f "$SQLITE_DB" ] || die "the embedded default printed no dev token or has no $SQLITE_DB"
 }
@@ -488,7 +489,12 @@ run_sqlite() {
     done
   done
   stop_pid "$COBRO_PID"
-  start_sqlite memory
+  # cobro's own memory: the provider is a fake-provider process, as in the
+  # PostgreSQL run. The embedded one keeps every charge it made in memory
+  # (about 6 KiB each), a demo's ledger that would otherwise be most of
+  # what grows (ops/bench/README.md, 2026-12-04).
+  start_fake memory
+  start_sqlite memory COBRO_PROVIDER_URL="$PROVIDER_URL"
   memory_run
   stop_pid "$COBRO_PID"
 }

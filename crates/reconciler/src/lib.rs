@@ -1250,15 +1250,32 @@ pub async fn resolve_by_hand(
     now: DateTime<Utc>,
 ) -> Result<String, ResolveError> {
     let mut tx = store.begin().await?;
+    match resolve_in(&mut tx, r, now).await {
+        Ok(after) => {
+            tx.commit().await?;
+            Ok(after)
+        }
+        // A refusal is answered only from what is committed: on SQLite the
+        // rollback waits for the write group whose work this transaction
+        // may have read (crates/store/src/group.rs).
+        Err(refused) => {
+            tx.rollback().await?;
+            Err(refused)
+        }
+    }
+}
+
+/// [`resolve_by_hand`]'s reads and writes, in its transaction.
+async fn resolve_in(
+    tx: &mut cobro_store::WriteTx,
+    r: &ManualResolution,
+    now: DateTime<Utc>,
+) -> Result<String, ResolveError> {
     let payment = tx
         .lock_payment_any_account(r.payment)
         .await?
         .ok_or(ResolveError::NotFound)?;
-    // A refusal is answered only from what is committed: on SQLite the
-    // rollback waits for the write group whose work this read may have
-    // seen (crates/store/src/group.rs).
     if payment.status != PaymentStatus::NeedsReview {
-        tx.rollback().await?;
         return Err(ResolveError::NotInReview(payment.status.to_string()));
     }
     let attempts = tx.attempts_of_payment_any_account(r.payment).await?;
@@ -1274,9 +1291,7 @@ pub async fn resolve_by_hand(
             && a.operation != Operation::Refund;
         worker_owned || other_open
     }) {
-        let busy = busy.id.0.to_string();
-        tx.rollback().await?;
-        return Err(ResolveError::InFlight(busy));
+        return Err(ResolveError::InFlight(busy.id.0.to_string()));
     }
     let attempt = attempts
         .iter()
@@ -1299,7 +1314,7 @@ pub async fn resolve_by_hand(
             name: &operator,
             said: &asserted,
         };
-        match apply_proof(&mut tx, attempt, &proof, &source, now).await? {
+        match apply_proof(tx, attempt, &proof, &source, now).await? {
             Applied::Settled { before, after } => (before, after),
             _ => return Err(ResolveError::Conflict),
         }
@@ -1336,7 +1351,7 @@ pub async fn resolve_by_hand(
             .settle_payment(r.payment, PaymentStatus::NeedsReview, to, &outcome, now)
             .await?
             .ok_or(ResolveError::Conflict)?;
-        let to = settle_held_cancels(&mut tx, &settled, to, now).await?;
+        let to = settle_held_cancels(tx, &settled, to, now).await?;
         (
             PaymentStatus::NeedsReview.as_str().to_owned(),
             to.as_str().to_owned(),
@@ -1358,6 +1373,5 @@ pub async fn resolve_by_hand(
         now,
     )
     .await?;
-    tx.commit().await?;
     Ok(after)
 }

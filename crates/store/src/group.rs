@@ -47,10 +47,10 @@
 //! opened or undone, and a statement after which SQLite rolled back the
 //! whole transaction by itself (SQLITE_FULL, IOERR, NOMEM: seen by the
 //! connection's rollback hook, so that no later statement or savepoint can
-//! run in a transaction that is not the group's). A member also fails if
-//! its group has not committed within the lock timeout; its work may still
-//! commit, which a retry with the same key (the API) or the same lease
-//! token (the worker) handles like any lost answer.
+//! run in a transaction that is not the group's). A member waits for its
+//! group's outcome as long as it takes, as it would for a COMMIT of its
+//! own, so it is never told "failed" for work that then commits; every lock
+//! timeout it checks that a closer is on its way.
 
 use crate::{Result, StoreError};
 use sqlx::Executor;
@@ -87,6 +87,9 @@ struct Group {
     rollbacks_at_begin: u64,
     /// Members that committed into this group.
     released: u64,
+    /// A single statement ran in this group: its work stays whether its
+    /// caller committed or was dropped mid-statement.
+    statement_ran: bool,
     /// A member's savepoint is open: it is running, or it was dropped
     /// without ending and the next user of the writer must undo it.
     member_open: bool,
@@ -108,8 +111,8 @@ pub(crate) struct GroupWriter {
     /// The writer: the open group, if any. Whoever holds this lock may use
     /// the connection.
     slot: Arc<Mutex<Option<Group>>>,
-    /// How long a member waits for the writer, and for its group's commit
-    /// (the lock timeout).
+    /// How long a member waits for the writer (the lock timeout), and how
+    /// often a member waiting for its group's commit checks on the closer.
     wait: Duration,
     /// Whole-transaction rollbacks of the writer connection, counted by its
     /// rollback hook (set when the pool connects, see [`rollback_counter`]).
@@ -144,8 +147,7 @@ pub struct GroupStats {
 pub(crate) struct Member {
     guard: OwnedMappedMutexGuard<Option<Group>, Group>,
     outcome: watch::Receiver<Outcome>,
-    /// How long to wait for the group's commit.
-    wait: Duration,
+    writer: Arc<GroupWriter>,
     /// The group held work of earlier members when this one joined: what
     /// it read may not be committed yet.
     saw_others: bool,
@@ -251,13 +253,14 @@ impl GroupWriter {
             return Err(StoreError::Corrupt("no group after opening one".into()));
         };
         let outcome = group.outcome.subscribe();
-        let saw_others = group.released > 0;
+        let saw_others = group.released > 0 || group.statement_ran;
+        group.statement_ran |= !savepoint;
         // From here the member owns its savepoint: dropped, it is undone.
         group.member_open = savepoint;
         let mut member = Member {
             guard: group,
             outcome,
-            wait: self.wait,
+            writer: Arc::clone(&self),
             saw_others,
             savepoint,
             on_drop: CloseOnDrop {
@@ -292,6 +295,7 @@ impl GroupWriter {
             conn,
             rollbacks_at_begin: self.rollbacks.load(Ordering::SeqCst),
             released: 0,
+            statement_ran: false,
             member_open: false,
             release_pending: false,
             closing: false,
@@ -393,19 +397,17 @@ impl Member {
         let Member {
             mut guard,
             mut outcome,
-            wait,
+            writer,
             savepoint,
             on_drop,
             ..
         } = self;
-        if let Some(writer) = &on_drop.writer {
-            writer.check_alive(&mut guard);
-        }
+        writer.check_alive(&mut guard);
         guard.member_open = false;
         guard.release_pending |= savepoint;
         guard.released += 1;
         hand_over(guard, on_drop);
-        wait_for(&mut outcome, wait).await
+        writer.wait_for(&mut outcome).await
     }
 
     /// Undoes this member's work. If it may have read work of earlier
@@ -417,7 +419,7 @@ impl Member {
         let Member {
             mut guard,
             mut outcome,
-            wait,
+            writer,
             saw_others,
             savepoint,
             on_drop,
@@ -444,7 +446,7 @@ impl Member {
             .await
             .map_err(|_| StoreError::Corrupt("the rollback task was lost".into()))??;
         if saw_others {
-            wait_for(&mut outcome, wait).await?;
+            writer.wait_for(&mut outcome).await?;
         }
         Ok(())
     }
@@ -464,24 +466,38 @@ fn hand_over(mut guard: OwnedMappedMutexGuard<Option<Group>, Group>, mut on_drop
     }
 }
 
-/// Waits for the group's outcome, at most `wait`.
-async fn wait_for(outcome: &mut watch::Receiver<Outcome>, wait: Duration) -> Result<()> {
-    let failed = |why: String| {
-        StoreError::Unavailable(sqlx::Error::Io(std::io::Error::other(format!(
-            "the SQLite write group this transaction joined did not commit: {why}"
-        ))))
-    };
-    let ended = tokio::time::timeout(wait, outcome.wait_for(Option::is_some)).await;
-    match ended {
-        Ok(Ok(ended)) => match ended.as_ref() {
-            Some(Ok(())) => Ok(()),
-            Some(Err(why)) => Err(failed(why.clone())),
-            None => Err(failed("no outcome".into())),
-        },
-        Ok(Err(_)) => Err(failed("the group was abandoned".into())),
-        Err(_) => Err(failed(format!(
-            "not committed within {wait:?}; it may still commit"
-        ))),
+impl GroupWriter {
+    /// Waits for the group's outcome, for as long as it takes, as a COMMIT
+    /// of its own would have: a member is never told "failed" while its
+    /// group may still commit. Every lock timeout it checks that a closer
+    /// is still on its way, and spawns one if not (one lost with its
+    /// runtime, or never spawned outside a runtime).
+    async fn wait_for(self: &Arc<Self>, outcome: &mut watch::Receiver<Outcome>) -> Result<()> {
+        let failed = |why: String| {
+            StoreError::Unavailable(sqlx::Error::Io(std::io::Error::other(format!(
+                "the SQLite write group this transaction joined did not commit: {why}"
+            ))))
+        };
+        loop {
+            match tokio::time::timeout(self.wait, outcome.wait_for(Option::is_some)).await {
+                Ok(Ok(ended)) => {
+                    return match ended.as_ref() {
+                        Some(Ok(())) => Ok(()),
+                        Some(Err(why)) => Err(failed(why.clone())),
+                        None => Err(failed("no outcome".into())),
+                    };
+                }
+                Ok(Err(_)) => return Err(failed("the group was abandoned".into())),
+                Err(_) => {
+                    if self.closers.load(Ordering::SeqCst) == 0 {
+                        tracing::warn!(
+                            "a SQLite write group had no closer on its way; spawning one"
+                        );
+                        self.spawn_closer();
+                    }
+                }
+            }
+        }
     }
 }
 

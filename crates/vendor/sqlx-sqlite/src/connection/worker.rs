@@ -588,7 +588,7 @@ mod rendezvous_oneshot {
 }
 
 /// cobro's patch: how long the worker of a connection inside a transaction
-/// spins for its next command before it sleeps on the channel (`None` on
+/// polls for its next command before it sleeps on the channel (`None` on
 /// a single CPU, where spinning would only delay the sender).
 ///
 /// Why: cobro's SQLite writer runs every write transaction of the process
@@ -605,7 +605,8 @@ fn spin_budget() -> Option<std::time::Duration> {
     (cpus > 1).then(|| std::time::Duration::from_micros(100))
 }
 
-/// cobro's patch: polls `rx` until a command arrives or `spin` passes.
+/// cobro's patch: polls `rx`, yielding between polls, until a command
+/// arrives or `spin` passes.
 fn spin_for_next<T>(rx: &flume::Receiver<T>, spin: std::time::Duration) -> Option<T> {
     let deadline = std::time::Instant::now() + spin;
     loop {
@@ -615,6 +616,8 @@ fn spin_for_next<T>(rx: &flume::Receiver<T>, spin: std::time::Duration) -> Optio
         if std::time::Instant::now() >= deadline {
             return None;
         }
-        std::hint::spin_loop();
+        // Gives the CPU to any thread that is ready to run (on two CPUs,
+        // most often the tokio thread about to send the next command).
+        std::thread::yield_now();
     }
 }

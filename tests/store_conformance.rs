@@ -2019,3 +2019,65 @@ fn sqlite_a_closer_lost_with_its_runtime_does_not_hang_the_next_commit() {
         );
     });
 }
+
+/// The patched sqlx-sqlite (crates/vendor/README.md) that SQLite's writer
+/// runs on: a connection set to inline execution runs its statements on
+/// the calling thread, and never ahead of a command already handed to the
+/// connection's own thread. Here a transaction dropped open queues its
+/// ROLLBACK on that thread, and the next statement must find it done.
+#[tokio::test(flavor = "current_thread")]
+async fn sqlite_an_inline_connection_runs_on_the_callers_thread_and_never_ahead_of_its_own() {
+    use sqlx::{Connection, Executor};
+    let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+        .await
+        .expect("connect");
+    conn.execute("CREATE TABLE t (x INTEGER)")
+        .await
+        .expect("create");
+    // SQLite calls the update hook on the thread that runs the statement.
+    let ran_on = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = Arc::clone(&ran_on);
+    conn.lock_handle()
+        .await
+        .expect("lock")
+        .set_update_hook(move |_| {
+            let name = std::thread::current().name().unwrap_or("?").to_owned();
+            seen.lock().expect("hook").push(name);
+        });
+    let here = std::thread::current().name().unwrap_or("?").to_owned();
+    conn.set_inline_execution(true);
+    conn.execute("INSERT INTO t VALUES (1)")
+        .await
+        .expect("inline");
+    conn.set_inline_execution(false);
+    conn.execute("INSERT INTO t VALUES (2)")
+        .await
+        .expect("on its thread");
+    let ran_on = ran_on.lock().expect("threads").clone();
+    assert_eq!(ran_on.len(), 2, "{ran_on:?}");
+    assert_eq!(ran_on[0], here, "the inline statement ran on {}", ran_on[0]);
+    assert!(
+        ran_on[1].starts_with("sqlx-sqlite-worker"),
+        "the other ran on {}",
+        ran_on[1]
+    );
+
+    conn.set_inline_execution(true);
+    for round in 0..50 {
+        let mut tx = conn.begin().await.expect("begin");
+        tx.execute("INSERT INTO t VALUES (3)")
+            .await
+            .expect("insert");
+        // Dropped open: sqlx hands its ROLLBACK to the connection's thread
+        // and returns at once.
+        drop(tx);
+        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
+        assert_eq!(
+            rows, 2,
+            "round {round}: a statement ran before the ROLLBACK queued ahead of it"
+        );
+    }
+}

@@ -165,7 +165,7 @@ pub(crate) fn rollback_counter() -> Arc<AtomicU64> {
 
 /// Sets the writer connection's rollback hook: SQLite calls it whenever a
 /// whole transaction is rolled back (never for `ROLLBACK TO` a savepoint or
-/// a failed statement alone), on the connection's thread, before the
+/// a failed statement alone), on the thread that runs the statement, before the
 /// statement that caused it returns.
 pub(crate) async fn count_rollbacks(
     conn: &mut SqliteConnection,
@@ -286,7 +286,7 @@ impl GroupWriter {
         } else {
             BEGIN
         };
-        if let Err(e) = run(&mut conn, begin).await {
+        if let Err(e) = run_waiting(&mut conn, begin).await {
             // The BEGIN may have run and the SAVEPOINT not.
             end_transaction(&mut conn, None).await;
             return Err(e.into());
@@ -363,7 +363,7 @@ impl GroupWriter {
             released,
             ..
         } = group;
-        let committed = run(&mut conn, "COMMIT").await;
+        let committed = run_waiting(&mut conn, "COMMIT").await;
         let result = match committed {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -520,6 +520,23 @@ async fn run(
     sql: &'static str,
 ) -> std::result::Result<(), sqlx::Error> {
     conn.execute(sql).await.map(|_| ())
+}
+
+/// [`run`] for the two statements of a group that can wait: `BEGIN
+/// IMMEDIATE` for another process's write lock (up to the busy timeout),
+/// and `COMMIT` for the disk. They run on the connection's own thread, so
+/// that the wait never blocks a tokio thread; every other statement of
+/// the writer runs on the calling task's thread (the store's `connect`).
+/// A call cancelled half-way leaves the statements of this connection on
+/// its thread (slower, not wrong) until the next group's `BEGIN` ends.
+async fn run_waiting(
+    conn: &mut SqliteConnection,
+    sql: &'static str,
+) -> std::result::Result<(), sqlx::Error> {
+    conn.set_inline_execution(false);
+    let ran = run(conn, sql).await;
+    conn.set_inline_execution(true);
+    ran
 }
 
 /// Spawns a closer when dropped while armed (`writer` set): a member

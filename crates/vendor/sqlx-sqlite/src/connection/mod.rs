@@ -200,6 +200,19 @@ impl SqliteConnection {
 
         Ok(LockedSqliteHandle { guard })
     }
+
+    /// cobro's patch (crates/vendor/README.md): with `true`, statements
+    /// (`execute`, `fetch_*`) run on the calling thread, under the lock of
+    /// the connection, instead of being handed to the connection's thread
+    /// and their results handed back: two thread wake-ups fewer per
+    /// statement, at the price of blocking the caller's thread while the
+    /// statement runs (a COMMIT includes its `fsync`). For a connection
+    /// whose statements are short. Transactions begun through sqlx
+    /// (`begin`, `commit`, `rollback`), `prepare`, `describe` and the
+    /// pool's ping still go through the thread, in order with the rest.
+    pub fn set_inline_execution(&mut self, inline: bool) {
+        self.worker.set_inline(inline);
+    }
 }
 
 impl Debug for SqliteConnection {

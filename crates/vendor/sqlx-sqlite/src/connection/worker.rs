@@ -33,11 +33,18 @@ pub(crate) struct ConnectionWorker {
     command_tx: flume::Sender<(Command, tracing::Span)>,
     /// Mutex for locking access to the database.
     pub(crate) shared: Arc<WorkerSharedState>,
+    /// cobro's patch (crates/vendor/README.md): run statements on the
+    /// caller's thread instead of handing them to the worker thread.
+    inline: bool,
 }
 
 pub(crate) struct WorkerSharedState {
     transaction_depth: AtomicUsize,
     cached_statements_size: AtomicUsize,
+    /// cobro's patch: commands sent to the worker thread and not yet done
+    /// with. A statement runs inline only when this is 0, so it never
+    /// overtakes a command sent before it.
+    pending: AtomicUsize,
     pub(crate) conn: Mutex<ConnectionState>,
 }
 
@@ -87,7 +94,9 @@ enum Command {
     Rollback {
         tx: Option<rendezvous_oneshot::Sender<Result<(), Error>>>,
     },
-    UnlockDb,
+    UnlockDb {
+        tx: oneshot::Sender<()>,
+    },
     ClearCache {
         tx: oneshot::Sender<()>,
     },
@@ -119,17 +128,18 @@ impl ConnectionWorker {
                 let shared = Arc::new(WorkerSharedState {
                     transaction_depth: AtomicUsize::new(0),
                     cached_statements_size: AtomicUsize::new(0),
+                    pending: AtomicUsize::new(0),
                     // note: must be fair because in `Command::UnlockDb` we unlock the mutex
                     // and then immediately try to relock it; an unfair mutex would immediately
                     // grant us the lock even if another task is waiting.
                     conn: Mutex::new(conn, true),
                 });
-                let mut conn = shared.conn.try_lock().unwrap();
 
                 if establish_tx
                     .send(Ok(Self {
                         command_tx,
                         shared: Arc::clone(&shared),
+                        inline: false,
                     }))
                     .is_err()
                 {
@@ -141,32 +151,15 @@ impl ConnectionWorker {
                 // would rollback an already completed transaction.
                 let mut ignore_next_start_rollback = false;
 
-                // cobro's patch (crates/vendor/README.md): inside a
-                // transaction, wait for the next command by spinning a
-                // little before sleeping on the channel.
-                let spin = spin_budget();
-                loop {
-                    let (cmd, span) = match command_rx.try_recv() {
-                        Ok(next) => next,
-                        Err(flume::TryRecvError::Disconnected) => break,
-                        Err(flume::TryRecvError::Empty) => {
-                            let in_transaction = unsafe {
-                                libsqlite3_sys::sqlite3_get_autocommit(conn.handle.as_ptr()) == 0
-                            };
-                            let spun = match spin {
-                                Some(spin) if in_transaction => spin_for_next(&command_rx, spin),
-                                _ => None,
-                            };
-                            match spun {
-                                Some(next) => next,
-                                None => match command_rx.recv() {
-                                    Ok(next) => next,
-                                    Err(_) => break,
-                                },
-                            }
-                        }
-                    };
+                for (cmd, span) in command_rx {
                     let _guard = span.enter();
+                    // cobro's patch: the connection is locked for each
+                    // command, not for the thread's life, so that a caller
+                    // may run a statement inline between commands. Declared
+                    // in this order, the lock is released before the
+                    // command stops counting as pending.
+                    let _done = PendingDone(&shared.pending);
+                    let mut conn = futures_executor::block_on(shared.conn.lock());
                     match cmd {
                         Command::Prepare { query, tx } => {
                             tx.send(prepare(&mut conn, &query).map(|prepared| {
@@ -188,48 +181,7 @@ impl ConnectionWorker {
                             tx,
                             limit
                         } => {
-                            let iter = match execute::iter(&mut conn, &query, arguments, persistent)
-                            {
-                                Ok(iter) => iter,
-                                Err(e) => {
-                                    tx.send(Err(e)).ok();
-                                    continue;
-                                }
-                            };
-
-                            match limit {
-                                None => {
-                                    for res in iter {
-                                        let has_error = res.is_err();
-                                        if tx.send(res).is_err() || has_error {
-                                            break;
-                                        }
-                                    }
-                                },
-                                Some(limit) => {
-                                    let mut iter = iter;
-                                    let mut rows_returned = 0;
-
-                                    while let Some(res) = iter.next() {
-                                        if let Ok(ok) = &res {
-                                            if ok.is_right() {
-                                                rows_returned += 1;
-                                                if rows_returned >= limit {
-                                                    drop(iter);
-                                                    let _ = tx.send(res);
-                                                    break;
-                                                }
-                                            }
-                                        }
-                                        let has_error = res.is_err();
-                                        if tx.send(res).is_err() || has_error {
-                                            break;
-                                        }
-                                    }
-                                },
-                            }
-
-                            update_cached_statements_size(&conn, &shared.cached_statements_size);
+                            run_execute(&mut conn, &shared, &query, arguments, persistent, limit, &tx);
                         }
                         Command::Begin { tx, statement } => {
                             let depth = shared.transaction_depth.load(Ordering::Acquire);
@@ -337,9 +289,11 @@ impl ConnectionWorker {
                             update_cached_statements_size(&conn, &shared.cached_statements_size);
                             tx.send(()).ok();
                         }
-                        Command::UnlockDb => {
+                        Command::UnlockDb { tx } => {
+                            // Every command sent before this one is done;
+                            // the caller locks the connection once told.
                             drop(conn);
-                            conn = futures_executor::block_on(shared.conn.lock());
+                            tx.send(()).ok();
                         }
                         Command::Ping { tx } => {
                             tx.send(()).ok();
@@ -348,7 +302,6 @@ impl ConnectionWorker {
                             // drop the connection references before sending confirmation
                             // and ending the command loop
                             drop(conn);
-                            drop(shared);
                             let _ = tx.send(());
                             return;
                         }
@@ -383,23 +336,60 @@ impl ConnectionWorker {
         persistent: bool,
         limit: Option<usize>,
     ) -> Result<flume::Receiver<Result<Either<SqliteQueryResult, SqliteRow>, Error>>, Error> {
+        // cobro's patch: inline, when nothing sent to the thread is still
+        // to be done. Only the owner sends (every caller holds `&mut
+        // self`), so nothing can be sent while this runs; and once the
+        // lock is held the statement runs to its end with no await, so a
+        // cancelled caller never leaves it half done.
+        if self.inline && self.shared.pending.load(Ordering::Acquire) == 0 {
+            let mut conn = self.shared.conn.lock().await;
+            let (tx, rx) = flume::unbounded();
+            run_execute(&mut conn, &self.shared, query, args, persistent, limit, &tx);
+            return Ok(rx);
+        }
+
         let (tx, rx) = flume::bounded(chan_size);
 
-        self.command_tx
-            .send_async((
-                Command::Execute {
-                    query: query.into(),
-                    arguments: args.map(SqliteArguments::into_static),
-                    persistent,
-                    tx,
-                    limit,
-                },
-                Span::current(),
-            ))
-            .await
-            .map_err(|_| Error::WorkerCrashed)?;
+        self.send_async(Command::Execute {
+            query: query.into(),
+            arguments: args.map(SqliteArguments::into_static),
+            persistent,
+            tx,
+            limit,
+        })
+        .await?;
 
         Ok(rx)
+    }
+
+    /// cobro's patch: whether statements run on the caller's thread (see
+    /// `SqliteConnection::set_inline_execution`).
+    pub(crate) fn set_inline(&mut self, inline: bool) {
+        self.inline = inline;
+    }
+
+    /// cobro's patch: every command goes to the thread through here, so
+    /// that `pending` counts it until the thread is done with it.
+    async fn send_async(&self, command: Command) -> Result<(), Error> {
+        let unsent = PendingDone(&self.shared.pending);
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        self.command_tx
+            .send_async((command, Span::current()))
+            .await
+            .map_err(|_| Error::WorkerCrashed)?;
+        std::mem::forget(unsent);
+        Ok(())
+    }
+
+    /// cobro's patch: `send_async` for callers that cannot wait.
+    fn send(&self, command: Command) -> Result<(), Error> {
+        let unsent = PendingDone(&self.shared.pending);
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
+        self.command_tx
+            .send((command, Span::current()))
+            .map_err(|_| Error::WorkerCrashed)?;
+        std::mem::forget(unsent);
+        Ok(())
     }
 
     pub(crate) async fn begin(
@@ -421,9 +411,7 @@ impl ConnectionWorker {
     }
 
     pub(crate) fn start_rollback(&mut self) -> Result<(), Error> {
-        self.command_tx
-            .send((Command::Rollback { tx: None }, Span::current()))
-            .map_err(|_| Error::WorkerCrashed)
+        self.send(Command::Rollback { tx: None })
     }
 
     pub(crate) async fn ping(&mut self) -> Result<(), Error> {
@@ -459,10 +447,7 @@ impl ConnectionWorker {
     {
         let (tx, rx) = oneshot::channel();
 
-        self.command_tx
-            .send_async((command(tx), Span::current()))
-            .await
-            .map_err(|_| Error::WorkerCrashed)?;
+        self.send_async(command(tx)).await?;
 
         rx.await.map_err(|_| Error::WorkerCrashed)
     }
@@ -473,10 +458,7 @@ impl ConnectionWorker {
     {
         let (tx, rx) = rendezvous_oneshot::channel();
 
-        self.command_tx
-            .send_async((command(tx), Span::current()))
-            .await
-            .map_err(|_| Error::WorkerCrashed)?;
+        self.send_async(command(tx)).await?;
 
         rx.recv().await.map_err(|_| Error::WorkerCrashed)
     }
@@ -486,17 +468,11 @@ impl ConnectionWorker {
     }
 
     pub(crate) async fn unlock_db(&mut self) -> Result<MutexGuard<'_, ConnectionState>, Error> {
-        let (guard, res) = futures_util::future::join(
-            // we need to join the wait queue for the lock before we send the message
-            self.shared.conn.lock(),
-            self.command_tx
-                .send_async((Command::UnlockDb, Span::current())),
-        )
-        .await;
-
-        res.map_err(|_| Error::WorkerCrashed)?;
-
-        Ok(guard)
+        // cobro's patch: the thread locks the connection for each command
+        // only, so the lock is the caller's once every command sent
+        // before is done.
+        self.oneshot_cmd(|tx| Command::UnlockDb { tx }).await?;
+        Ok(self.shared.conn.lock().await)
     }
 
     /// Send a command to the worker to shut down the processing thread.
@@ -505,10 +481,7 @@ impl ConnectionWorker {
     pub(crate) fn shutdown(&mut self) -> impl Future<Output = Result<(), Error>> {
         let (tx, rx) = oneshot::channel();
 
-        let send_res = self
-            .command_tx
-            .send((Command::Shutdown { tx }, Span::current()))
-            .map_err(|_| Error::WorkerCrashed);
+        let send_res = self.send(Command::Shutdown { tx });
 
         async move {
             send_res?;
@@ -543,6 +516,71 @@ fn prepare(conn: &mut ConnectionState, query: &str) -> Result<SqliteStatement<'s
         column_names: column_names.unwrap_or_default(),
         parameters,
     })
+}
+
+/// Runs one `Execute` to its end, sending its results to `tx`; on the
+/// worker thread, or inline on the caller's (cobro's patch, which moved
+/// this out of the command loop unchanged).
+fn run_execute(
+    conn: &mut ConnectionState,
+    shared: &WorkerSharedState,
+    query: &str,
+    arguments: Option<SqliteArguments<'_>>,
+    persistent: bool,
+    limit: Option<usize>,
+    tx: &flume::Sender<Result<Either<SqliteQueryResult, SqliteRow>, Error>>,
+) {
+    let iter = match execute::iter(conn, query, arguments, persistent) {
+        Ok(iter) => iter,
+        Err(e) => {
+            tx.send(Err(e)).ok();
+            return;
+        }
+    };
+
+    match limit {
+        None => {
+            for res in iter {
+                let has_error = res.is_err();
+                if tx.send(res).is_err() || has_error {
+                    break;
+                }
+            }
+        }
+        Some(limit) => {
+            let mut iter = iter;
+            let mut rows_returned = 0;
+
+            while let Some(res) = iter.next() {
+                if let Ok(ok) = &res {
+                    if ok.is_right() {
+                        rows_returned += 1;
+                        if rows_returned >= limit {
+                            drop(iter);
+                            let _ = tx.send(res);
+                            break;
+                        }
+                    }
+                }
+                let has_error = res.is_err();
+                if tx.send(res).is_err() || has_error {
+                    break;
+                }
+            }
+        }
+    }
+
+    update_cached_statements_size(conn, &shared.cached_statements_size);
+}
+
+/// cobro's patch: marks one command done (or one that was never sent)
+/// when dropped.
+struct PendingDone<'a>(&'a AtomicUsize);
+
+impl Drop for PendingDone<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn update_cached_statements_size(conn: &ConnectionState, size: &AtomicUsize) {
@@ -584,40 +622,5 @@ mod rendezvous_oneshot {
             ack_tx.send(()).map_err(|_| Canceled)?;
             Ok(value)
         }
-    }
-}
-
-/// cobro's patch: how long the worker of a connection inside a transaction
-/// polls for its next command before it sleeps on the channel (`None` on
-/// a single CPU, where spinning would only delay the sender).
-///
-/// Why: cobro's SQLite writer runs every write transaction of the process
-/// (group commit, cobro-store's `group.rs`), one statement after another
-/// from tokio tasks. When this thread sleeps between two statements, each
-/// wake-up is a futex wake of a sleeping thread, which in a VM costs an
-/// inter-processor interrupt and tens of microseconds; the writer is the
-/// serial resource, so that latency is the throughput. The next statement
-/// of a transaction usually arrives within a few microseconds; 100 us
-/// covers it without holding a CPU when the connection is idle (outside a
-/// transaction this thread sleeps at once, as upstream does).
-fn spin_budget() -> Option<std::time::Duration> {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    (cpus > 1).then(|| std::time::Duration::from_micros(100))
-}
-
-/// cobro's patch: polls `rx`, yielding between polls, until a command
-/// arrives or `spin` passes.
-fn spin_for_next<T>(rx: &flume::Receiver<T>, spin: std::time::Duration) -> Option<T> {
-    let deadline = std::time::Instant::now() + spin;
-    loop {
-        if let Ok(next) = rx.try_recv() {
-            return Some(next);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        // Gives the CPU to any thread that is ready to run (on two CPUs,
-        // most often the tokio thread about to send the next command).
-        std::thread::yield_now();
     }
 }

@@ -2053,21 +2053,30 @@ async fn sqlite_an_inline_connection_runs_on_the_callers_thread_and_never_ahead_
     conn.execute("INSERT INTO t VALUES (2)")
         .await
         .expect("on its thread");
-    let ran_on = ran_on.lock().expect("threads").clone();
-    assert_eq!(ran_on.len(), 2, "{ran_on:?}");
-    assert_eq!(ran_on[0], here, "the inline statement ran on {}", ran_on[0]);
+    let threads = ran_on.lock().expect("threads").clone();
+    assert_eq!(threads.len(), 2, "{threads:?}");
+    assert_eq!(
+        threads[0], here,
+        "the inline statement ran on {}",
+        threads[0]
+    );
     assert!(
-        ran_on[1].starts_with("sqlx-sqlite-worker"),
+        threads[1].starts_with("sqlx-sqlite-worker"),
         "the other ran on {}",
-        ran_on[1]
+        threads[1]
     );
 
     conn.set_inline_execution(true);
     for round in 0..50 {
         let mut tx = conn.begin().await.expect("begin");
+        // Right after a command the thread answered (the BEGIN), the next
+        // statement is inline again: it waits for the thread to be done
+        // rather than queue behind it.
         tx.execute("INSERT INTO t VALUES (3)")
             .await
             .expect("insert");
+        let last = ran_on.lock().expect("threads").last().cloned();
+        assert_eq!(last.as_deref(), Some(here.as_str()), "round {round}");
         // Dropped open: sqlx hands its ROLLBACK to the connection's thread
         // and returns at once.
         drop(tx);

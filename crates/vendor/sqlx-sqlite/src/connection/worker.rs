@@ -156,10 +156,11 @@ impl ConnectionWorker {
                     // cobro's patch: the connection is locked for each
                     // command, not for the thread's life, so that a caller
                     // may run a statement inline between commands. Declared
-                    // in this order, the lock is released before the
-                    // command stops counting as pending.
-                    let _done = PendingDone(&shared.pending);
+                    // in this order, the command stops counting as pending
+                    // before the lock is released: whoever holds the lock
+                    // and reads 0 knows every command sent is done.
                     let mut conn = futures_executor::block_on(shared.conn.lock());
+                    let done = PendingDone(&shared.pending);
                     match cmd {
                         Command::Prepare { query, tx } => {
                             tx.send(prepare(&mut conn, &query).map(|prepared| {
@@ -292,6 +293,7 @@ impl ConnectionWorker {
                         Command::UnlockDb { tx } => {
                             // Every command sent before this one is done;
                             // the caller locks the connection once told.
+                            drop(done);
                             drop(conn);
                             tx.send(()).ok();
                         }
@@ -301,6 +303,7 @@ impl ConnectionWorker {
                         Command::Shutdown { tx } => {
                             // drop the connection references before sending confirmation
                             // and ending the command loop
+                            drop(done);
                             drop(conn);
                             let _ = tx.send(());
                             return;
@@ -337,15 +340,21 @@ impl ConnectionWorker {
         limit: Option<usize>,
     ) -> Result<flume::Receiver<Result<Either<SqliteQueryResult, SqliteRow>, Error>>, Error> {
         // cobro's patch: inline, when nothing sent to the thread is still
-        // to be done. Only the owner sends (every caller holds `&mut
-        // self`), so nothing can be sent while this runs; and once the
-        // lock is held the statement runs to its end with no await, so a
-        // cancelled caller never leaves it half done.
-        if self.inline && self.shared.pending.load(Ordering::Acquire) == 0 {
+        // to be done. The thread holds the lock from the start of each
+        // command until it has stopped counting it as pending, so under
+        // the lock 0 means every command sent is done, and more than 0
+        // means one is queued, not started, and must run first (through
+        // the thread, in order). Only the owner sends (every caller holds
+        // `&mut self`), so nothing can be sent while this runs; and once
+        // the lock is held the statement runs to its end with no await,
+        // so a cancelled caller never leaves it half done.
+        if self.inline {
             let mut conn = self.shared.conn.lock().await;
-            let (tx, rx) = flume::unbounded();
-            run_execute(&mut conn, &self.shared, query, args, persistent, limit, &tx);
-            return Ok(rx);
+            if self.shared.pending.load(Ordering::Acquire) == 0 {
+                let (tx, rx) = flume::unbounded();
+                run_execute(&mut conn, &self.shared, query, args, persistent, limit, &tx);
+                return Ok(rx);
+            }
         }
 
         let (tx, rx) = flume::bounded(chan_size);

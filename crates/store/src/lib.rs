@@ -436,11 +436,7 @@ impl Store {
             // This process's writers queue for the one writer connection
             // no longer than they would wait for SQLite's lock.
             // Its rollback hook tells group commit when SQLite rolled a
-            // whole transaction back by itself. Its statements run on the
-            // calling task's thread (the patched sqlx-sqlite,
-            // crates/vendor/README.md): it is the serial resource of every
-            // write, and a hop to its own thread and back per statement
-            // was most of its time.
+            // whole transaction back by itself.
             let rollbacks = group::rollback_counter();
             let counter = Arc::clone(&rollbacks);
             let write = SqlitePoolOptions::new()
@@ -449,15 +445,16 @@ impl Store {
                 .acquire_timeout(config.lock_timeout)
                 .after_connect(move |conn, _| {
                     let counter = Arc::clone(&counter);
-                    Box::pin(async move {
-                        group::count_rollbacks(conn, counter).await?;
-                        conn.set_inline_execution(true);
-                        Ok(())
-                    })
+                    Box::pin(async move { group::count_rollbacks(conn, counter).await })
                 })
                 .connect_with(options)
                 .await?;
-            let writer = group::GroupWriter::new(write, config.lock_timeout, rollbacks);
+            // sqlx's in-memory URLs open SQLite's shared cache.
+            let shared_cache = [":memory:", "mode=memory", "cache=shared"]
+                .iter()
+                .any(|marker| url.contains(marker));
+            let writer =
+                group::GroupWriter::new(write, config.lock_timeout, rollbacks, !shared_cache);
             Backend::Sqlite(SqlitePools { read, writer })
         } else {
             return Err(StoreError::InvalidUrl(

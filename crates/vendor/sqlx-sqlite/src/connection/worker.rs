@@ -30,7 +30,7 @@ use super::serialize::{deserialize, serialize, SchemaName, SqliteOwnedBuf};
 //       unlikely.
 
 pub(crate) struct ConnectionWorker {
-    command_tx: flume::Sender<(Command, tracing::Span)>,
+    command_tx: flume::Sender<(Command, tracing::Span, Pending)>,
     /// Mutex for locking access to the database.
     pub(crate) shared: Arc<WorkerSharedState>,
     /// cobro's patch (crates/vendor/README.md): run statements on the
@@ -151,16 +151,17 @@ impl ConnectionWorker {
                 // would rollback an already completed transaction.
                 let mut ignore_next_start_rollback = false;
 
-                for (cmd, span) in command_rx {
+                for (cmd, span, done) in command_rx {
                     let _guard = span.enter();
                     // cobro's patch: the connection is locked for each
                     // command, not for the thread's life, so that a caller
                     // may run a statement inline between commands. Declared
                     // in this order, the command stops counting as pending
-                    // before the lock is released: whoever holds the lock
-                    // and reads 0 knows every command sent is done.
+                    // (`done` is dropped) before the lock is released:
+                    // whoever holds the lock and reads 0 knows every
+                    // command sent is done.
                     let mut conn = futures_executor::block_on(shared.conn.lock());
-                    let done = PendingDone(&shared.pending);
+                    let done = done;
                     match cmd {
                         Command::Prepare { query, tx } => {
                             tx.send(prepare(&mut conn, &query).map(|prepared| {
@@ -305,6 +306,7 @@ impl ConnectionWorker {
                             // and ending the command loop
                             drop(done);
                             drop(conn);
+                            drop(shared);
                             let _ = tx.send(());
                             return;
                         }
@@ -349,6 +351,11 @@ impl ConnectionWorker {
         // the lock is held the statement runs to its end with no await,
         // so a cancelled caller never leaves it half done.
         if self.inline {
+            // As upstream, nothing runs once the thread has stopped (after
+            // a rollback it could not do, or a panic).
+            if self.command_tx.is_disconnected() {
+                return Err(Error::WorkerCrashed);
+            }
             let mut conn = self.shared.conn.lock().await;
             if self.shared.pending.load(Ordering::Acquire) == 0 {
                 let (tx, rx) = flume::unbounded();
@@ -377,28 +384,21 @@ impl ConnectionWorker {
         self.inline = inline;
     }
 
-    /// cobro's patch: every command goes to the thread through here, so
-    /// that `pending` counts it until the thread is done with it.
+    /// cobro's patch: every command goes to the thread through here,
+    /// with a [`Pending`] that counts it until the thread is done with it
+    /// (or until the message is dropped unsent, whatever drops it).
     async fn send_async(&self, command: Command) -> Result<(), Error> {
-        let unsent = PendingDone(&self.shared.pending);
-        self.shared.pending.fetch_add(1, Ordering::AcqRel);
         self.command_tx
-            .send_async((command, Span::current()))
+            .send_async((command, Span::current(), Pending::new(&self.shared)))
             .await
-            .map_err(|_| Error::WorkerCrashed)?;
-        std::mem::forget(unsent);
-        Ok(())
+            .map_err(|_| Error::WorkerCrashed)
     }
 
     /// cobro's patch: `send_async` for callers that cannot wait.
     fn send(&self, command: Command) -> Result<(), Error> {
-        let unsent = PendingDone(&self.shared.pending);
-        self.shared.pending.fetch_add(1, Ordering::AcqRel);
         self.command_tx
-            .send((command, Span::current()))
-            .map_err(|_| Error::WorkerCrashed)?;
-        std::mem::forget(unsent);
-        Ok(())
+            .send((command, Span::current(), Pending::new(&self.shared)))
+            .map_err(|_| Error::WorkerCrashed)
     }
 
     pub(crate) async fn begin(
@@ -582,13 +582,23 @@ fn run_execute(
     update_cached_statements_size(conn, &shared.cached_statements_size);
 }
 
-/// cobro's patch: marks one command done (or one that was never sent)
-/// when dropped.
-struct PendingDone<'a>(&'a AtomicUsize);
+/// cobro's patch: one command sent to the thread, counted in `pending`
+/// from its creation until it is dropped. It travels in the message, so it
+/// is dropped exactly once, whoever ends up owning the message: the
+/// thread, once done with the command, or the channel (or a cancelled
+/// send) for a message that never reached it.
+struct Pending(Arc<WorkerSharedState>);
 
-impl Drop for PendingDone<'_> {
+impl Pending {
+    fn new(shared: &Arc<WorkerSharedState>) -> Self {
+        shared.pending.fetch_add(1, Ordering::AcqRel);
+        Pending(Arc::clone(shared))
+    }
+}
+
+impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

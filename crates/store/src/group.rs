@@ -168,8 +168,8 @@ pub(crate) fn rollback_counter() -> Arc<AtomicU64> {
 
 /// Sets the writer connection's rollback hook: SQLite calls it whenever a
 /// whole transaction is rolled back (never for `ROLLBACK TO` a savepoint or
-/// a failed statement alone), on the thread that runs the statement, before the
-/// statement that caused it returns.
+/// a failed statement alone), on the thread that runs the statement,
+/// before the statement that caused it returns.
 pub(crate) async fn count_rollbacks(
     conn: &mut SqliteConnection,
     rollbacks: Arc<AtomicU64>,

@@ -249,8 +249,9 @@ macro_rules! on_pool {
 /// On SQLite the statement joins the writer's group (see [`SqlitePools`])
 /// without a savepoint of its own: `$pool` is the writer's connection, and
 /// the value is returned once the group has committed. `$body` runs one
-/// statement: a second would not be undone with the first. Never while this task holds a [`WriteTx`] open (on SQLite
-/// that transaction holds the writer, so the statement would wait for it).
+/// statement: a second would not be undone with the first. Never while
+/// this task holds a [`WriteTx`] open (on SQLite that transaction holds the
+/// writer, so the statement would wait for it).
 macro_rules! on_write_pool {
     ($store:expr, $pool:ident => $body:expr) => {
         match &$store.backend {

@@ -42,8 +42,9 @@ pub(crate) struct WorkerSharedState {
     transaction_depth: AtomicUsize,
     cached_statements_size: AtomicUsize,
     /// cobro's patch: commands sent to the worker thread and not yet done
-    /// with. A statement runs inline only when this is 0, so it never
-    /// overtakes a command sent before it.
+    /// with (each counted by the [`Pending`] token in its message). A
+    /// statement runs inline only when this is 0 under the connection's
+    /// lock, so it never overtakes a command sent before it.
     pending: AtomicUsize,
     pub(crate) conn: Mutex<ConnectionState>,
 }

@@ -26,6 +26,12 @@ pub struct Config {
     /// First retry delay of a failed webhook delivery; doubles per attempt up
     /// to [`WEBHOOK_RETRY_CAP`].
     pub webhook_retry_base: Duration,
+    /// How many events are delivered at once. Events with the same
+    /// reference always share one lane and arrive in order; 1 (the default)
+    /// sends every event in order, each after the one before it is answered.
+    /// A real provider sends many at once: a receiver that must keep up with
+    /// hundreds of effects per second needs more than one.
+    pub webhook_concurrency: usize,
 }
 
 /// Upper bound of the webhook retry backoff: long enough to show backoff,
@@ -41,6 +47,7 @@ impl Default for Config {
             webhook: None,
             webhook_dialect: WebhookDialect::Fake,
             webhook_retry_base: Duration::from_millis(50),
+            webhook_concurrency: 1,
         }
     }
 }

@@ -89,7 +89,12 @@ pub async fn start_on(addr: SocketAddr, config: Config) -> std::io::Result<Runni
     }
     let router = router.with_state(shared.clone());
     let server = tokio::spawn(server::serve(listener, router, shutdown_rx.clone()));
-    let dispatcher = tokio::spawn(webhooks::dispatch(shared.clone(), events_rx, shutdown_rx));
+    let dispatcher = tokio::spawn(webhooks::dispatch(
+        shared.clone(),
+        events_rx,
+        shutdown_rx,
+        config.webhook_concurrency,
+    ));
     Ok(Running {
         addr,
         control: Control::new(shared),

@@ -1,12 +1,15 @@
 //! Webhook events: signing, at-least-once delivery, and delivery faults.
 //!
 //! Effects queue events (under the state lock, without IO); one dispatcher
-//! task sends them in order. A failed delivery is retried by its own task with
-//! capped exponential backoff until the receiver answers 2xx, so one broken
-//! event does not hold back the others. The `webhook` fault rules act here:
+//! task takes them in order and hands each to a delivery lane, by reference
+//! (`Config::webhook_concurrency` lanes; one by default, which sends every
+//! event in order). A failed delivery is retried by its own task with capped
+//! exponential backoff until the receiver answers 2xx, so one broken event
+//! does not hold back the others. The `webhook` fault rules act here:
 //! `latency` (sleep before sending), `duplicate`, `reorder` and
 //! `drop_then_redeliver`.
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +18,7 @@ use chrono::{DateTime, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -205,7 +208,7 @@ impl Sender {
     }
 
     /// The first delivery of each copy of an event; failures go to a retry
-    /// task so the dispatcher moves on.
+    /// task so the lane moves on.
     async fn deliver(&self, event: Event, fault: Option<FaultAction>, retries: &mut JoinSet<()>) {
         let copies = if fault == Some(FaultAction::Duplicate) {
             2
@@ -231,17 +234,20 @@ fn backoff(base: Duration, failures: u32) -> Duration {
     base.saturating_mul(factor).min(WEBHOOK_RETRY_CAP)
 }
 
-/// Runs until shutdown: takes queued events in order and delivers them.
+/// Runs until shutdown: takes queued events in order, draws their faults and
+/// hands each to its lane (see [`Lanes`]).
 pub(crate) async fn dispatch(
     shared: Arc<Shared>,
     mut events: UnboundedReceiver<Event>,
     mut shutdown: watch::Receiver<bool>,
+    concurrency: usize,
 ) {
     let sender = Sender {
         shared,
         http: Arc::default(),
     };
-    let mut retries = JoinSet::new();
+    // Dropped on return, which stops the lanes and their retries with it.
+    let lanes = Lanes::start(&sender, concurrency);
     // A `reorder`ed event waits for the next one, but not forever: at-least-once
     // still holds when no other event comes.
     let mut held: Option<(Event, Instant)> = None;
@@ -249,10 +255,9 @@ pub(crate) async fn dispatch(
         let release_at = held.as_ref().map(|(_, since)| *since + WEBHOOK_RETRY_CAP);
         let event = tokio::select! {
             _ = shutdown.changed() => break,
-            Some(_) = retries.join_next(), if !retries.is_empty() => continue,
             () = sleep_until(release_at), if release_at.is_some() => {
                 if let Some((event, _)) = held.take() {
-                    sender.deliver(event, None, &mut retries).await;
+                    lanes.send(event, None);
                 }
                 continue;
             }
@@ -271,8 +276,8 @@ pub(crate) async fn dispatch(
             )
         };
         if let Some(delay) = picked.latency {
-            // Inline, so later events wait too: the delay models a slow
-            // provider-side queue rather than a reordering.
+            // Here, before any lane, so later events wait too: the delay
+            // models a slow provider-side queue rather than a reordering.
             tokio::time::sleep(delay).await;
         }
         let fault = picked.outcome.map(|(action, _)| action);
@@ -280,9 +285,62 @@ pub(crate) async fn dispatch(
             held = Some((event, Instant::now()));
             continue;
         }
-        sender.deliver(event, fault, &mut retries).await;
+        lanes.send(event, fault);
         if let Some((earlier, _)) = held.take() {
-            sender.deliver(earlier, None, &mut retries).await;
+            lanes.send(earlier, None);
+        }
+    }
+}
+
+/// The tasks that make first deliveries. Events with the same reference
+/// always go to the same lane, which sends them one at a time in the order
+/// it got them, so the events of one charge arrive in order (barring faults
+/// and retries) while other charges' events go out beside them, as a real
+/// provider's do. With one lane every event waits for the one before it.
+struct Lanes {
+    queues: Vec<UnboundedSender<(Event, Option<FaultAction>)>>,
+    _tasks: JoinSet<()>,
+}
+
+impl Lanes {
+    fn start(sender: &Sender, concurrency: usize) -> Self {
+        let mut tasks = JoinSet::new();
+        let queues = (0..concurrency.max(1))
+            .map(|_| {
+                let (queue, events) = mpsc::unbounded_channel();
+                tasks.spawn(lane(sender.clone(), events));
+                queue
+            })
+            .collect();
+        Self {
+            queues,
+            _tasks: tasks,
+        }
+    }
+
+    fn send(&self, event: Event, fault: Option<FaultAction>) {
+        // A fixed hasher: the same reference takes the same lane in every
+        // run, so a seeded chaos run replays its deliveries' interleaving
+        // as closely as the network lets it.
+        let mut hasher = std::hash::DefaultHasher::new();
+        event.reference.hash(&mut hasher);
+        let lane = hasher.finish() % self.queues.len() as u64;
+        // A lane ends only when the dispatcher drops `Lanes`.
+        let _ = self.queues[lane as usize].send((event, fault));
+    }
+}
+
+/// One lane: the first delivery of each of its events, in order; failures
+/// go to retry tasks of its own so the lane moves on.
+async fn lane(sender: Sender, mut events: UnboundedReceiver<(Event, Option<FaultAction>)>) {
+    let mut retries = JoinSet::new();
+    loop {
+        tokio::select! {
+            Some(_) = retries.join_next(), if !retries.is_empty() => {}
+            next = events.recv() => match next {
+                Some((event, fault)) => sender.deliver(event, fault, &mut retries).await,
+                None => break,
+            },
         }
     }
 }

@@ -42,12 +42,7 @@ impl Receiver {
             failures: Arc::new(AtomicU32::new(failures)),
             ..Self::default()
         };
-        let app = Router::new()
-            .route("/hooks", post(receive))
-            .with_state(receiver.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = serve_hooks(post(receive).with_state(receiver.clone())).await;
         (receiver, url)
     }
 
@@ -77,6 +72,15 @@ impl Receiver {
         })
         .await;
     }
+}
+
+/// Serves `hooks` at `/hooks` on a free port; returns its URL.
+async fn serve_hooks(hooks: axum::routing::MethodRouter) -> String {
+    let app = Router::new().route("/hooks", hooks);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
 }
 
 async fn receive(State(receiver): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
@@ -385,4 +389,81 @@ async fn no_events_are_emitted_without_a_target() {
         "pedido-14:authorize-v1"
     );
     assert_eq!(p.totals().charges, 2);
+}
+
+/// A receiver that holds every event of references starting with `slow-`
+/// until `open` is set, and notes `(type, reference)` of each event as it
+/// arrives, before any wait.
+#[derive(Clone)]
+struct GatedReceiver {
+    arrived: Arc<Mutex<Vec<(String, String)>>>,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl GatedReceiver {
+    fn arrived(&self) -> Vec<(String, String)> {
+        self.arrived.lock().unwrap().clone()
+    }
+}
+
+async fn gated_receive(State(receiver): State<GatedReceiver>, body: Bytes) -> StatusCode {
+    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let reference = event["data"]["reference"].as_str().unwrap_or_default();
+    receiver.arrived.lock().unwrap().push((
+        event["type"].as_str().unwrap_or_default().to_owned(),
+        reference.to_owned(),
+    ));
+    if reference.starts_with("slow-") {
+        let _ = receiver.open.clone().wait_for(|open| *open).await;
+    }
+    StatusCode::OK
+}
+
+#[tokio::test]
+async fn with_several_lanes_a_slow_charge_holds_back_only_its_own_later_events() {
+    let (gate, open) = tokio::sync::watch::channel(false);
+    let receiver = GatedReceiver {
+        arrived: Arc::default(),
+        open,
+    };
+    let url = serve_hooks(post(gated_receive).with_state(receiver.clone())).await;
+    let p = provider_with(Config {
+        webhook: Some(WebhookTarget {
+            url,
+            secret: SECRET.to_owned(),
+        }),
+        webhook_concurrency: 8,
+        ..Config::default()
+    })
+    .await;
+
+    // The slow charge's first event is held by the receiver; its capture's
+    // event queues behind it in the same lane.
+    let slow = p.charge(None, "slow-1:authorize-v1").await;
+    p.capture(slow.id(), None, json!({})).await;
+    p.charge(None, "fast-2:authorize-v1").await;
+    // With one lane this never happens: the fast event waits for the slow.
+    wait_until("the fast charge's event beside the held one", || async {
+        receiver.arrived().len() >= 2
+    })
+    .await;
+    let event = |kind: &str, reference: &str| (kind.to_owned(), reference.to_owned());
+    assert_eq!(
+        receiver.arrived(),
+        [
+            event("charge.authorized", "slow-1:authorize-v1"),
+            event("charge.authorized", "fast-2:authorize-v1"),
+        ],
+        "the held charge's capture must not overtake its authorisation"
+    );
+
+    gate.send_replace(true);
+    wait_acknowledged(&p, 3).await;
+    assert_eq!(
+        receiver.arrived()[2],
+        event("charge.captured", "slow-1:authorize-v1")
+    );
+    assert_eq!(receiver.arrived().len(), 3);
+    assert_eq!(p.totals().charges, 2);
+    assert_eq!(p.totals().captures, 1);
 }

@@ -54,6 +54,9 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
             admin: true,
             seed: SEED,
             retention: Duration::from_secs(4),
+            // Several events in flight at once, as from a real provider
+            // (and from the embedded one `serve` starts).
+            webhook_concurrency: 4,
             ..Default::default()
         },
     )

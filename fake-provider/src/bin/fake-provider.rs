@@ -47,6 +47,10 @@ struct Args {
     /// First webhook retry delay.
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     webhook_retry_base: Duration,
+    /// How many webhook events are delivered at once (events with the same
+    /// reference stay in order); 1 sends every event in order.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    webhook_concurrency: u16,
 }
 
 #[tokio::main]
@@ -69,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
         webhook,
         webhook_dialect: args.webhook_dialect,
         webhook_retry_base: args.webhook_retry_base,
+        webhook_concurrency: args.webhook_concurrency.into(),
     };
     let running = fake_provider::start_on(SocketAddr::new(args.host, args.port), config).await?;
     println!("fake-provider listening on {}", running.url());

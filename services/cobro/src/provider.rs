@@ -538,6 +538,12 @@ impl ProviderHandle {
     }
 }
 
+/// How many events the embedded fake provider delivers to `serve` at once.
+/// A real provider sends many at once; with one at a time, each waiting for
+/// its commit, webhooks fall behind as soon as payments pass a few hundred
+/// per second, and their queue grows in the process's memory.
+const EMBEDDED_WEBHOOK_CONCURRENCY: usize = 16;
+
 /// Builds a client for every provider of `registry`. A provider without a
 /// URL is the embedded fake provider: started when `embedded` allows it
 /// (`serve`), refused otherwise.
@@ -558,6 +564,7 @@ pub async fn connect(mut registry: Registry, embedded: bool) -> anyhow::Result<P
         let fake = fake_provider::start(fake_provider::Config {
             retention,
             admin: true,
+            webhook_concurrency: EMBEDDED_WEBHOOK_CONCURRENCY,
             ..Default::default()
         })
         .await

@@ -416,6 +416,19 @@ sqlite_drain() {
   return 1
 }
 
+# Every payment of the SQLite runs is one charge created captured, and the
+# embedded fake provider sends one event for each: payments whose event
+# cobro has not received yet.
+SQLITE_WEBHOOKS_BEHIND="SELECT (SELECT count(*) FROM payments) - (SELECT count(*) FROM webhook_events)"
+sqlite_webhooks_drain() {
+  local deadline=$((SECONDS + DRAIN_LIMIT))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    [ "$(sqlite_count "$SQLITE_WEBHOOKS_BEHIND")" -le 0 ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 # Starts the embedded default on a fresh data directory (more environment
 # for cobro after the name); sets TOKEN, SQLITE_DB, COBRO_PID, COBRO_URL.
 start_sqlite() {
@@ -432,7 +445,7 @@ start_sqlite() {
 # (scenario e2e) created and captured per second, waiting for the drain.
 sqlite_round() { # SCENARIO MODE CLIENTS ROUND
   local scenario=$1 mode=$2 clients=$3 round=$4 prefix out load cpu0 cpu1 result t0 t_end backlog
-  local created captured last elapsed before after
+  local created captured last elapsed before after webhooks_behind
   prefix="s$RUN_ID-$scenario-$clients-$round"
   out="$WORK/wrk-sqlite-$scenario-$clients-$round.out"
   load=$(loadavg)
@@ -452,7 +465,11 @@ sqlite_round() { # SCENARIO MODE CLIENTS ROUND
   log "[sqlite r$round] $scenario c=$clients: $(json_field "$result" rps) req/s (load $load)"
   [ "$mode" = new ] || return 0
   backlog=$(sqlite_count "SELECT count(*) FROM payments WHERE order_ref LIKE '$prefix%' AND status = 'processing'")
+  webhooks_behind=$(sqlite_count "$SQLITE_WEBHOOKS_BEHIND")
   sqlite_drain "$prefix" || failed "sqlite: the backlog was not charged within ${DRAIN_LIMIT}s"
+  # The embedded fake provider sends one event per charge; the next round
+  # must not start while this one's are still arriving.
+  sqlite_webhooks_drain || failed "sqlite: the provider's events were not all received within ${DRAIN_LIMIT}s"
   cpu1=$(pid_cpu "$COBRO_PID")
   created=$(sqlite_count "SELECT count(*) FROM payments WHERE order_ref LIKE '$prefix%'")
   captured=$(sqlite_count "SELECT count(*) FROM payments WHERE order_ref LIKE '$prefix%' AND status = 'captured'")
@@ -462,7 +479,7 @@ sqlite_round() { # SCENARIO MODE CLIENTS ROUND
     tool=cobro scenario=e2e clients="$clients" round="$round" \
     rate="$(python3 -c 'import sys; print(round(int(sys.argv[1]) / float(sys.argv[2]), 1))' "$captured" "$elapsed")" \
     payments_created="$created" payments_captured="$captured" backlog_at_load_end="$backlog" \
-    seconds_to_last_capture="$elapsed" loadavg_1m="$load" \
+    webhooks_behind_at_load_end="$webhooks_behind" seconds_to_last_capture="$elapsed" loadavg_1m="$load" \
     cobro_cpu_ms_per_op="$(per_op "$cpu0" "$cpu1" "$captured")"
   [ "$created" = "$captured" ] || failed "sqlite: $((created - captured)) payments were not captured"
   log "[sqlite r$round] e2e c=$clients: $created created, $captured captured in ${elapsed}s, backlog at load end $backlog"

@@ -178,6 +178,8 @@ def summarise(runs):
             row["backlog_at_load_end"] = spread([m.get("backlog_at_load_end") for m in mine])
             row["backlog_seconds_of_intake"] = spread([m.get("backlog_seconds_of_intake") for m in mine])
             row["http_rps"] = spread([m.get("http_rps") for m in mine])
+            if store == "sqlite":
+                row["webhooks_behind_at_load_end"] = spread([m.get("webhooks_behind_at_load_end") for m in mine])
         if store == "sqlite" and scenario == "new_payment":
             rate, p99 = median_of(row["cobro_rate"]), median_of(row["cobro_p99_ms"])
             row["target"] = dict(SQLITE_TARGET, met=bool(rate and p99 and rate >= SQLITE_TARGET["rate"]
@@ -242,10 +244,13 @@ def assemble(runs_path, meta_path, out_path):
     if sq_rows:
         print()
         print("SQLite (the embedded default, worker and fake provider in process): no pgbench ceiling")
-        table(["scenario", "clients", "per s", "p50 ms", "p99 ms", "cobro CPU ms/op", "target", "load 1m per round"],
+        table(["scenario", "clients", "per s", "p50 ms", "p99 ms", "cobro CPU ms/op", "target",
+               "at load end: payments / events not yet in", "load 1m per round"],
               [[r["scenario"], str(r["clients"]), fmt_spread(r["cobro_rate"]), fmt_spread(r["cobro_p50_ms"], 2),
                 fmt_spread(r["cobro_p99_ms"], 2), fmt(median_of(r["cobro_cpu_ms_per_op"]), 3),
                 (">=1000/s, p99 < 50 ms: " + ("met" if r["target"]["met"] else "not met")) if "target" in r else "",
+                f'{fmt_spread(r["backlog_at_load_end"])} / {fmt_spread(r["webhooks_behind_at_load_end"])}'
+                if "webhooks_behind_at_load_end" in r else "",
                 loads(r)] for r in sq_rows])
     if memory:
         print()

@@ -9,7 +9,6 @@
 //! `latency` (sleep before sending), `duplicate`, `reorder` and
 //! `drop_then_redeliver`.
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use axum::body::Bytes;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -246,18 +245,17 @@ pub(crate) async fn dispatch(
         shared,
         http: Arc::default(),
     };
-    // Dropped on return, which stops the lanes and their retries with it.
-    let lanes = Lanes::start(&sender, concurrency);
+    let lanes = Lanes::start(&sender, concurrency, &shutdown);
     // A `reorder`ed event waits for the next one, but not forever: at-least-once
     // still holds when no other event comes.
-    let mut held: Option<(Event, Instant)> = None;
+    let mut held: Option<(Handed, Instant)> = None;
     loop {
         let release_at = held.as_ref().map(|(_, since)| *since + WEBHOOK_RETRY_CAP);
         let event = tokio::select! {
             _ = shutdown.changed() => break,
             () = sleep_until(release_at), if release_at.is_some() => {
-                if let Some((event, _)) = held.take() {
-                    lanes.send(event, None);
+                if let Some((handed, _)) = held.take() {
+                    lanes.send(handed);
                 }
                 continue;
             }
@@ -275,70 +273,113 @@ pub(crate) async fn dispatch(
                 &mut state.fault_rng,
             )
         };
-        if let Some(delay) = picked.latency {
-            // Here, before any lane, so later events wait too: the delay
-            // models a slow provider-side queue rather than a reordering.
-            tokio::time::sleep(delay).await;
-        }
         let fault = picked.outcome.map(|(action, _)| action);
+        let handed = Handed {
+            event,
+            fault,
+            latency: picked.latency,
+        };
         if fault == Some(FaultAction::Reorder) && held.is_none() {
-            held = Some((event, Instant::now()));
+            held = Some((
+                Handed {
+                    fault: None,
+                    ..handed
+                },
+                Instant::now(),
+            ));
             continue;
         }
-        lanes.send(event, fault);
+        lanes.send(handed);
         if let Some((earlier, _)) = held.take() {
-            lanes.send(earlier, None);
+            lanes.send(earlier);
         }
     }
+    lanes.stop().await;
+}
+
+/// An event on its way to a lane, with the faults drawn for it.
+struct Handed {
+    event: Event,
+    /// `duplicate` or `drop_then_redeliver` (a `reorder` was done by the
+    /// dispatcher).
+    fault: Option<FaultAction>,
+    /// A `latency` rule's delay, slept by the lane before sending.
+    latency: Option<Duration>,
 }
 
 /// The tasks that make first deliveries. Events with the same reference
 /// always go to the same lane, which sends them one at a time in the order
 /// it got them, so the events of one charge arrive in order (barring faults
-/// and retries) while other charges' events go out beside them, as a real
-/// provider's do. With one lane every event waits for the one before it.
+/// and retries). Events of other references go out beside them unless they
+/// share the lane: a slow delivery holds back its lane, about one event in
+/// `concurrency`. With one lane every event waits for the one before it.
 struct Lanes {
-    queues: Vec<UnboundedSender<(Event, Option<FaultAction>)>>,
-    _tasks: JoinSet<()>,
+    queues: Vec<UnboundedSender<Handed>>,
+    tasks: JoinSet<()>,
 }
 
 impl Lanes {
-    fn start(sender: &Sender, concurrency: usize) -> Self {
+    fn start(sender: &Sender, concurrency: usize, shutdown: &watch::Receiver<bool>) -> Self {
         let mut tasks = JoinSet::new();
         let queues = (0..concurrency.max(1))
             .map(|_| {
                 let (queue, events) = mpsc::unbounded_channel();
-                tasks.spawn(lane(sender.clone(), events));
+                tasks.spawn(lane(sender.clone(), events, shutdown.clone()));
                 queue
             })
             .collect();
-        Self {
-            queues,
-            _tasks: tasks,
-        }
+        Self { queues, tasks }
     }
 
-    fn send(&self, event: Event, fault: Option<FaultAction>) {
-        // A fixed hasher: the same reference takes the same lane in every
-        // run, so a seeded chaos run replays its deliveries' interleaving
-        // as closely as the network lets it.
-        let mut hasher = std::hash::DefaultHasher::new();
-        event.reference.hash(&mut hasher);
-        let lane = hasher.finish() % self.queues.len() as u64;
-        // A lane ends only when the dispatcher drops `Lanes`.
-        let _ = self.queues[lane as usize].send((event, fault));
+    /// The lane of a reference: the first 8 bytes of its SHA-256, so the
+    /// same reference takes the same lane on every machine and toolchain
+    /// (std's `DefaultHasher` may change between releases).
+    fn lane_of(reference: &str, lanes: usize) -> usize {
+        let digest = Sha256::digest(reference.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        // The remainder is below `lanes`, a `usize`.
+        (u64::from_be_bytes(first) % lanes as u64) as usize
+    }
+
+    fn send(&self, handed: Handed) {
+        let lane = Self::lane_of(&handed.event.reference, self.queues.len());
+        // A lane stops only at shutdown, after which nothing is sent.
+        let _ = self.queues[lane].send(handed);
+    }
+
+    /// Waits for the lanes to stop: each finishes the delivery it is
+    /// making, and drops its queue and retries.
+    async fn stop(mut self) {
+        self.queues.clear();
+        while self.tasks.join_next().await.is_some() {}
     }
 }
 
-/// One lane: the first delivery of each of its events, in order; failures
-/// go to retry tasks of its own so the lane moves on.
-async fn lane(sender: Sender, mut events: UnboundedReceiver<(Event, Option<FaultAction>)>) {
+/// One lane: the first delivery of each of its events, in order, after its
+/// `latency` if it drew one (the lane's later events wait behind it: every
+/// later event, with one lane); failures go to retry tasks of its own so the
+/// lane moves on. Stops at shutdown, dropping what it has not sent, as the
+/// provider does.
+async fn lane(
+    sender: Sender,
+    mut events: UnboundedReceiver<Handed>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut retries = JoinSet::new();
     loop {
         tokio::select! {
+            _ = shutdown.changed() => break,
             Some(_) = retries.join_next(), if !retries.is_empty() => {}
             next = events.recv() => match next {
-                Some((event, fault)) => sender.deliver(event, fault, &mut retries).await,
+                Some(handed) => {
+                    if let Some(delay) = handed.latency {
+                        // The delay models a slow provider-side queue
+                        // rather than a reordering.
+                        tokio::time::sleep(delay).await;
+                    }
+                    sender.deliver(handed.event, handed.fault, &mut retries).await;
+                }
                 None => break,
             },
         }

@@ -438,7 +438,8 @@ async fn with_several_lanes_a_slow_charge_holds_back_only_its_own_later_events()
     .await;
 
     // The slow charge's first event is held by the receiver; its capture's
-    // event queues behind it in the same lane.
+    // event queues behind it in the same lane. The two references take
+    // lanes 1 and 5 of 8 (the first 8 bytes of their SHA-256, modulo 8).
     let slow = p.charge(None, "slow-1:authorize-v1").await;
     p.capture(slow.id(), None, json!({})).await;
     p.charge(None, "fast-2:authorize-v1").await;

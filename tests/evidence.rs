@@ -37,6 +37,7 @@ mod dialects {
 on_both_backends!(
     a_refused_void_ends_with_the_providers_truth_once,
     a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line,
+    a_void_event_is_never_taken_for_a_held_cancel,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
 );
@@ -64,6 +65,20 @@ fn every_candidate_now() -> Scope {
 fn charge(rig: &Rig, id: &str) -> fake_provider::LedgerCharge {
     rig.ledger_charge(id)
         .unwrap_or_else(|| panic!("the provider has no charge {id}"))
+}
+
+/// Creates a payment (key `k-1`) whose authorisation is never executed
+/// (503 on every send, until the fault is cleared) and lets the window
+/// pass: the attempt is handed to the reconciler. Its id.
+async fn handed_over(rig: &Rig, body: &Value) -> String {
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let p = rig.create_payment("k-1", body).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    pass_the_window(rig).await;
+    id
 }
 
 /// Lets cobro's clock pass the provider key window so the worker hands the
@@ -185,13 +200,7 @@ async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
     dialect: Dialect,
 ) {
     let rig = Rig::new_in(backend, dialect).await;
-    rig.provider
-        .control()
-        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
-    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
-    let id = p["id"].as_str().expect("id").to_owned();
-    rig.drain(1).await;
-    pass_the_window(&rig).await;
+    let id = handed_over(&rig, &payment_body("o-1")).await;
     // The provider cannot be asked; past the horizon it needs review.
     rig.provider
         .control()
@@ -464,13 +473,7 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(
     dialect: Dialect,
 ) {
     let rig = Rig::new_in(backend, dialect).await;
-    rig.provider
-        .control()
-        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
-    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
-    let id = p["id"].as_str().expect("id").to_owned();
-    rig.drain(1).await;
-    pass_the_window(&rig).await;
+    let id = handed_over(&rig, &payment_body("o-1")).await;
     rig.app.clock.advance(Duration::minutes(2));
     let summary = reconcile(&rig, Scope::default()).await;
     assert_eq!(summary.items[0].verdict, Verdict::Retried);
@@ -506,6 +509,70 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(
     let steps = rig.drain(2).await;
     assert_eq!(steps, [Step::Blocked]);
     assert_eq!(rig.ledger().totals.charges, 0);
+}
+
+/// A cancel asked for while the authorisation is unknown is held (never
+/// sent) until the authorisation is proven. Here the authorisation is
+/// proven to have done nothing and is retried, so the cancel stays held
+/// for the retry. A `charge.voided` event then names the first
+/// authorisation: it cannot be about the held cancel, which the provider
+/// never saw. It is about the attempt it names, recorded no effect, so it
+/// is a conflict that stops the line; the held cancel stays held and
+/// nothing is charged or voided.
+async fn a_void_event_is_never_taken_for_a_held_cancel(backend: Backend) {
+    const SECRET: &str = "whsec_test_cobro";
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, false).await;
+    let id = handed_over(&rig, &manual_payment_body("o-1")).await;
+    rig.post_ok(&format!("/v1/payments/{id}/cancel"), "c-1", json!({}))
+        .await;
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    let state_of = async |operation: &str| -> Vec<String> {
+        rig.attempts(&id)
+            .await
+            .into_iter()
+            .filter(|a| a.operation.as_str() == operation)
+            .map(|a| a.state.as_str().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        state_of("payment.authorize").await,
+        ["no_effect", "pending"]
+    );
+    assert_eq!(state_of("payment.cancel").await, ["held"]);
+    let first = rig.attempts(&id).await.remove(0);
+
+    let event = json!({
+        "id": "evt_void", "type": "charge.voided", "created": "2026-11-30T12:00:00Z",
+        "sequence": 2,
+        "data": {"id": "ch_elsewhere", "object": "charge", "amount": 1999, "currency": "EUR",
+                 "payment_method": "pm_card_visa", "reference": first.reference,
+                 "status": "voided", "amount_captured": 0, "amount_refunded": 0,
+                 "created": "2026-11-30T12:00:00Z", "sequence": 2},
+    });
+    let receipt: Value = rig
+        .post_fake_event(SECRET, serde_json::to_vec(&event).expect("json"))
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("receipt");
+    assert_eq!(receipt["outcome"], "conflict", "{receipt}");
+    assert_eq!(
+        rig.app
+            .db
+            .count("evidence_conflicts WHERE kind = 'effect_after_no_effect'")
+            .await,
+        1
+    );
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    assert_eq!(state_of("payment.cancel").await, ["held"]);
+    rig.provider.control().clear_faults();
+    assert_eq!(rig.drain(2).await, [Step::Blocked]);
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.voids), (0, 0));
 }
 
 /// Found by the chaos run (two reconcilers at once): capture A1 is

@@ -1279,19 +1279,9 @@ impl Explorer {
     }
 
     async fn deliver(&mut self, body: Vec<u8>) -> Result<(), String> {
-        let t = self.rig.app.clock.now().timestamp();
         let response = self
             .rig
-            .app
-            .client
-            .post(format!("{}/v1/webhooks/fake", self.rig.app.url))
-            .header("content-type", "application/json")
-            .header(
-                fake_provider::SIGNATURE_HEADER,
-                fake_provider::sign(SECRET, t, &body),
-            )
-            .body(body.clone())
-            .send()
+            .post_fake_event(SECRET, body.clone())
             .await
             .map_err(|e| format!("webhook: {e}"))?;
         let status = response.status().as_u16();

@@ -107,18 +107,7 @@ async fn a_signed_webhook_with_a_nul_is_400_and_stores_nothing(backend: Backend)
                  "reference": "ord-1:authorize-v1", "status": "captured", "sequence": 1},
     }))
     .expect("json");
-    let t = cobro_core::Clock::now(&rig.app.clock).timestamp();
-    let signature = fake_provider::sign("whsec_nul", t, &body);
-    let response = rig
-        .app
-        .client
-        .post(format!("{}/v1/webhooks/fake", rig.app.url))
-        .header("content-type", "application/json")
-        .header(fake_provider::SIGNATURE_HEADER, signature)
-        .body(body)
-        .send()
-        .await
-        .expect("send");
+    let response = rig.post_fake_event("whsec_nul", body).await.expect("send");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let problem: Value = response.json().await.expect("json");
     assert_eq!(problem["errors"][0]["field"], "id", "{problem}");
@@ -382,7 +371,6 @@ async fn a_webhook_secret_rotation_refuses_no_delivery(backend: Backend) {
     };
     settings.webhooks.insert("fake".into(), receiver);
     rig.app.serve_with(settings).await;
-    let t = cobro_core::Clock::now(&rig.app.clock).timestamp();
     let mut statuses = Vec::new();
     for (id, secret) in [
         ("evt_old", "whsec_old"),
@@ -396,19 +384,7 @@ async fn a_webhook_secret_rotation_refuses_no_delivery(backend: Backend) {
                      "reference": "ord-1:authorize-v1", "status": "captured", "sequence": 1},
         }))
         .expect("json");
-        let response = rig
-            .app
-            .client
-            .post(format!("{}/v1/webhooks/fake", rig.app.url))
-            .header("content-type", "application/json")
-            .header(
-                fake_provider::SIGNATURE_HEADER,
-                fake_provider::sign(secret, t, &body),
-            )
-            .body(body)
-            .send()
-            .await
-            .expect("send");
+        let response = rig.post_fake_event(secret, body).await.expect("send");
         statuses.push(response.status().as_u16());
     }
     assert_eq!(statuses, [200, 200, 400]);

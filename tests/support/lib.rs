@@ -948,6 +948,27 @@ impl Rig {
         steps
     }
 
+    /// POSTs `body` to `/v1/webhooks/fake` signed with `secret` at the
+    /// app's clock, as the fake provider sends its events.
+    pub async fn post_fake_event(
+        &self,
+        secret: &str,
+        body: Vec<u8>,
+    ) -> reqwest::Result<reqwest::Response> {
+        let t = cobro_core::Clock::now(&self.app.clock).timestamp();
+        self.app
+            .client
+            .post(format!("{}/v1/webhooks/fake", self.app.url))
+            .header("content-type", "application/json")
+            .header(
+                fake_provider::SIGNATURE_HEADER,
+                fake_provider::sign(secret, t, &body),
+            )
+            .body(body)
+            .send()
+            .await
+    }
+
     /// Creates a payment through the API and returns its JSON.
     pub async fn create_payment(&self, key: &str, body: &serde_json::Value) -> serde_json::Value {
         let r = self

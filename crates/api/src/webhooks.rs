@@ -10,9 +10,8 @@
 //! - refuses a failed signature (400, logged, within a per-provider budget;
 //!   past it 429, unlogged) and a malformed event (400 naming every field);
 //!   nothing is stored for either;
-//! - answers 200 with the outcome only after the delivery committed, and
-//!   503 when newer events of the same charge kept winning the race (the
-//!   provider redelivers).
+//! - answers 200 with the outcome only after the delivery committed (a
+//!   store that is busy or down answers 503, and the provider redelivers).
 
 use crate::AppState;
 use crate::error::{ApiError, FieldError};
@@ -22,7 +21,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use cobro_provider::{WebhookScheme, WebhookSecret};
-use cobro_settle::Delivered;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use utoipa_axum::router::OpenApiRouter;
@@ -201,15 +199,11 @@ async fn receive(
         attempt_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    let delivered = tracing::Instrument::instrument(
+    let outcome = tracing::Instrument::instrument(
         cobro_settle::deliver(&state.store, &provider, &event, payload, now),
         span.clone(),
     )
     .await?;
-    let Delivered::Outcome(outcome) = delivered else {
-        // Still racing: let the provider redeliver later rather than guess.
-        return Err(ApiError::Unavailable(None));
-    };
     span.record("outcome", outcome);
     cobro_telemetry::metrics::webhook_event(&provider, outcome);
     tracing::info!(parent: &span, outcome, "webhook event received");

@@ -14,7 +14,7 @@ use cobro_core::{
 };
 use cobro_store::conflicts::{ConflictKind, NewConflict};
 use cobro_store::settle::PaymentOutcome;
-use cobro_store::{AttemptRow, StoreError, WriteTx};
+use cobro_store::{AttemptRow, PaymentRow, StoreError, WriteTx};
 
 /// A charge's status as the provider reports it now, sent with a refused
 /// capture or void (or found by the reconciler): the truth the payment
@@ -257,9 +257,44 @@ async fn retried_since(
 /// for the worker, the reconciler, webhooks and operators. In span
 /// `settle.apply_proof`; a proof of what was already recorded counts as a
 /// redundant effect (`cobro_redundant_effects_total`).
+///
+/// `attempt` is what the caller read of the attempt in this transaction or
+/// before it; it need not be current (a compare-and-set decides), except
+/// that a settled one is taken as recorded: settled states are final
+/// ([`AttemptState::can_become`]), so the row cannot have changed since.
 pub async fn apply_proof(
     tx: &mut WriteTx,
     attempt: &AttemptRow,
+    proof: &Proof,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    apply_proof_in(tx, attempt, None, proof, source, now).await
+}
+
+/// [`apply_proof`] for a caller that has already locked the attempt's
+/// payment in this transaction (`lock_payment_any_account`) and changed
+/// nothing of it since: `payment` is that row, so it is not read again.
+pub async fn apply_proof_locked(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    payment: &PaymentRow,
+    proof: &Proof,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    if payment.id.0 != attempt.payment_id.0 {
+        return Err(corrupt(
+            "apply_proof_locked given another attempt's payment",
+        ));
+    }
+    apply_proof_in(tx, attempt, Some(payment), proof, source, now).await
+}
+
+async fn apply_proof_in(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    locked: Option<&PaymentRow>,
     proof: &Proof,
     source: &Source<'_>,
     now: DateTime<Utc>,
@@ -275,7 +310,7 @@ pub async fn apply_proof(
         otel.status_code = tracing::field::Empty,
     );
     let applied = tracing::Instrument::instrument(
-        apply_proof_in_span(tx, attempt, proof, source, now),
+        apply_proof_in_span(tx, attempt, locked, proof, source, now),
         span.clone(),
     )
     .await
@@ -298,6 +333,7 @@ pub async fn apply_proof(
 async fn apply_proof_in_span(
     tx: &mut WriteTx,
     attempt: &AttemptRow,
+    locked: Option<&PaymentRow>,
     proof: &Proof,
     source: &Source<'_>,
     now: DateTime<Utc>,
@@ -312,18 +348,29 @@ async fn apply_proof_in_span(
         Proof::Succeeded { .. } => None,
     };
     // Lock order everywhere: the payment row, then the attempt.
-    let payment = tx
-        .lock_payment_any_account(payment_id)
-        .await?
-        .ok_or_else(|| corrupt("attempt without payment"))?;
-    if !tx
-        .resolve_attempt(attempt_id, attempt_state(proof), provider_ref, note, now)
-        .await?
-    {
-        let recorded = tx
-            .attempt_any_account(attempt_id)
+    let payment = match locked {
+        Some(payment) => payment.clone(),
+        None => tx
+            .lock_payment_any_account(payment_id)
             .await?
-            .ok_or_else(|| corrupt("attempt vanished"))?;
+            .ok_or_else(|| corrupt("attempt without payment"))?,
+    };
+    // A copy that shows the attempt settled is what is recorded (settled
+    // states are final): the compare-and-set below would change nothing
+    // and its re-read would return the same row.
+    let settled_before = !attempt.state.is_unresolved();
+    if settled_before
+        || !tx
+            .resolve_attempt(attempt_id, attempt_state(proof), provider_ref, note, now)
+            .await?
+    {
+        let recorded = if settled_before {
+            attempt.clone()
+        } else {
+            tx.attempt_any_account(attempt_id)
+                .await?
+                .ok_or_else(|| corrupt("attempt vanished"))?
+        };
         return match contradiction(&recorded, proof) {
             Some(_) if retried_since(tx, &recorded, proof).await? => Ok(Applied::AlreadySettled),
             Some((kind, detail)) => refuse(tx, &recorded, kind, detail, source, now).await,

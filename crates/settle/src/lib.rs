@@ -5,8 +5,8 @@ pub mod evidence;
 pub mod webhook;
 
 pub use apply::{
-    Applied, ChargeNow, Proof, Source, apply_proof, hand_to_reconciler, hold_cancel,
-    settle_held_cancels, stop_the_line,
+    Applied, ChargeNow, Proof, Source, apply_proof, apply_proof_locked, hand_to_reconciler,
+    hold_cancel, settle_held_cancels, stop_the_line,
 };
 pub use evidence::{Fit, fit};
-pub use webhook::{Delivered, deliver};
+pub use webhook::deliver;

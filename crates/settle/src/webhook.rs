@@ -7,7 +7,9 @@
 //! matched to the one attempt its reference names and must
 //! [`fit`](crate::fit) it (identity, amount, currency, capture mode); what it
 //! proves goes through [`apply_proof`](crate::apply_proof) (the one code path
-//! the worker and the reconciler use too) with an audit row, and the outcome
+//! the worker and the reconciler use too; here as
+//! [`apply_proof_locked`](crate::apply_proof_locked), the payment being
+//! locked already) with an audit row, and the outcome
 //! is stored with the event. What fits nothing, or contradicts the record,
 //! is kept as a conflict. The caller answers the provider only after the
 //! commit, so a lost acknowledgement costs a harmless redelivery.
@@ -18,7 +20,7 @@
 //! `ignored_stale`. Refund events are not gated by it: a refund only ever
 //! adds to what is refunded, and the refund attempt's own state is the gate.
 
-use crate::apply::{Applied, Source, apply_proof, stop_the_line};
+use crate::apply::{Applied, Source, apply_proof_locked, stop_the_line};
 use crate::evidence::{Fit, fit, proof_from};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, Operation, PaymentId, RefundId};
@@ -28,33 +30,16 @@ use cobro_store::conflicts::ConflictKind;
 use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
 use cobro_store::{AttemptRow, PaymentRow, Store, StoreError, WriteTx};
 
-/// How often a delivery is re-run after losing a race with a newer event
-/// for the same charge; each re-run starts from scratch and finds the event
-/// stale, so one is enough in practice.
-const RACE_RETRIES: usize = 3;
-
-/// How a delivery ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Delivered {
-    /// Committed with this outcome (`applied`, `duplicate_delivery`,
-    /// `ignored_stale`, `conflict`, `unmatched`...).
-    Outcome(&'static str),
-    /// Newer events of the same charge kept committing first: nothing was
-    /// stored, and the provider should redeliver later rather than cobro
-    /// guess.
-    StillRacing,
-}
-
 /// Runs one delivery of `event` (whose raw body is `payload`) from
-/// `provider` to its committed outcome. A race lost to a newer event of the
-/// same charge rolls everything back and starts again.
+/// `provider` to its committed outcome (`applied`, `duplicate_delivery`,
+/// `ignored_stale`, `conflict`, `unmatched`...).
 pub async fn deliver(
     store: &Store,
     provider: &str,
     event: &ProviderEvent,
     payload: &str,
     now: DateTime<Utc>,
-) -> Result<Delivered, StoreError> {
+) -> Result<&'static str, StoreError> {
     let receipt = NewWebhookEvent {
         provider,
         event_id: &event.id,
@@ -62,33 +47,16 @@ pub async fn deliver(
         sequence: event.sequence,
         payload,
     };
-    for _ in 0..RACE_RETRIES {
-        let mut tx = store.begin().await?;
-        if !tx.insert_webhook_event(&receipt, now).await? {
-            tx.rollback().await?;
-            return Ok(Delivered::Outcome("duplicate_delivery"));
-        }
-        match process(&mut tx, provider, event, payload, now).await? {
-            Processed::Done(outcome, payment) => {
-                tx.record_webhook_outcome(provider, &event.id, outcome, payment)
-                    .await?;
-                tx.commit().await?;
-                return Ok(Delivered::Outcome(outcome.as_str()));
-            }
-            Processed::Raced => {
-                tx.rollback().await?;
-                tracing::info!("a newer event of the same charge committed first; re-running");
-            }
-        }
+    let mut tx = store.begin().await?;
+    if !tx.insert_webhook_event(&receipt, now).await? {
+        tx.rollback().await?;
+        return Ok("duplicate_delivery");
     }
-    Ok(Delivered::StillRacing)
-}
-
-enum Processed {
-    Done(WebhookOutcome, Option<PaymentId>),
-    /// A concurrent event raised the charge's sequence past this one after
-    /// it was read: this transaction must not commit.
-    Raced,
+    let (outcome, payment) = process(&mut tx, provider, event, payload, now).await?;
+    tx.record_webhook_outcome(provider, &event.id, outcome, payment)
+        .await?;
+    tx.commit().await?;
+    Ok(outcome.as_str())
 }
 
 /// Matches the event to the one attempt it is about and applies what it
@@ -102,7 +70,7 @@ async fn process(
     event: &ProviderEvent,
     payload: &str,
     now: DateTime<Utc>,
-) -> Result<Processed, StoreError> {
+) -> Result<(WebhookOutcome, Option<PaymentId>), StoreError> {
     let kind = event.kind;
     let actor = format!("webhook:{provider}");
     let source = Source {
@@ -110,7 +78,7 @@ async fn process(
         said: payload,
     };
     if kind == EventKind::Other {
-        return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
+        return Ok((WebhookOutcome::Unmatched, None));
     }
     let named = tx
         .attempts_by_reference_any_account(&event.reference)
@@ -125,7 +93,7 @@ async fn process(
             named.len()
         );
         unmatched(tx, &detail, &source, now).await?;
-        return Ok(Processed::Done(WebhookOutcome::Unmatched, None));
+        return Ok((WebhookOutcome::Unmatched, None));
     };
     let payment_id = PaymentId::from_uuid(named.payment_id.0);
     // The event arrives in the provider's trace (or none): a link leads to
@@ -139,13 +107,12 @@ async fn process(
             .await?;
         cobro_telemetry::link_to_stored(&span, traceparent.as_deref(), tracestate.as_deref());
     }
-    let done = |outcome| Ok(Processed::Done(outcome, Some(payment_id)));
     let payment = tx
         .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
     if kind.is_charge() && event.sequence <= payment.provider_sequence {
-        return done(WebhookOutcome::IgnoredStale);
+        return Ok((WebhookOutcome::IgnoredStale, Some(payment_id)));
     }
     let attempt = target_attempt(tx, named, &payment, kind).await?;
     let operation = attempt.operation;
@@ -162,29 +129,31 @@ async fn process(
     ) {
         Fit::Ours => match proof_from(operation, &event.object) {
             None => WebhookOutcome::Unmatched,
-            Some(proof) => match apply_proof(tx, &attempt, &proof, &source, now).await? {
-                Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
-                Applied::Conflict { .. } => WebhookOutcome::Conflict,
-                Applied::Settled { before, after } => {
-                    let decision = NewDecision {
-                        run_id: None,
-                        payment: payment_id,
-                        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-                        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
-                        state_before: before,
-                        state_after: after,
-                        provider_said: payload.to_owned(),
-                        decision: proof.decision().to_owned(),
-                        actor: actor.clone(),
-                        reason: Some(format!(
-                            "event {} ({}, sequence {})",
-                            event.id, event.type_name, event.sequence
-                        )),
-                    };
-                    tx.record_decision(&decision, now).await?;
-                    WebhookOutcome::Applied
+            Some(proof) => {
+                match apply_proof_locked(tx, &attempt, &payment, &proof, &source, now).await? {
+                    Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
+                    Applied::Conflict { .. } => WebhookOutcome::Conflict,
+                    Applied::Settled { before, after } => {
+                        let decision = NewDecision {
+                            run_id: None,
+                            payment: payment_id,
+                            refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
+                            attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+                            state_before: before,
+                            state_after: after,
+                            provider_said: payload.to_owned(),
+                            decision: proof.decision().to_owned(),
+                            actor: actor.clone(),
+                            reason: Some(format!(
+                                "event {} ({}, sequence {})",
+                                event.id, event.type_name, event.sequence
+                            )),
+                        };
+                        tx.record_decision(&decision, now).await?;
+                        WebhookOutcome::Applied
+                    }
                 }
-            },
+            }
         },
         Fit::Mismatch(why) => {
             stop_the_line(
@@ -206,14 +175,19 @@ async fn process(
         }
     };
     // What is recorded about the charge now goes at least this far (an
-    // effect already recorded by the worker counts too).
+    // effect already recorded by the worker counts too). A charge event
+    // got here newer than the payment's sequence, read under the payment's
+    // lock (a row lock on PostgreSQL, the one writer on SQLite), so nothing
+    // can have raised it in between.
     let raised = tx
         .raise_provider_sequence(payment_id, event.sequence)
         .await?;
-    if kind.is_charge() && !raised && outcome == WebhookOutcome::Applied {
-        return Ok(Processed::Raced);
+    if kind.is_charge() && !raised {
+        return Err(StoreError::Corrupt(format!(
+            "payment {payment_id}'s provider sequence moved while it was locked"
+        )));
     }
-    done(outcome)
+    Ok((outcome, Some(payment_id)))
 }
 
 /// Keeps evidence that is about no attempt of cobro's as an unmatched
@@ -242,20 +216,22 @@ async fn target_attempt(
     if named.operation != Operation::Authorize || authorisation_open {
         return Ok(named.clone());
     }
-    let payment_id = PaymentId::from_uuid(payment.id.0);
     let follow_ups: &[Operation] = match kind {
         EventKind::Captured => &[Operation::Capture, Operation::Cancel],
         EventKind::Voided => &[Operation::Cancel, Operation::Capture],
-        _ => &[],
+        _ => return Ok(named.clone()),
     };
+    // One read, under the payment's lock. For each operation in turn, the
+    // attempt the event is about is that operation's newest unresolved
+    // one, unless that one is held (a held cancel has not been sent).
+    let open = tx
+        .open_follow_ups_any_account(PaymentId::from_uuid(payment.id.0))
+        .await?;
     for &operation in follow_ups {
-        if let Some(attempt) = tx
-            .attempt_for_event_any_account(payment_id, operation, None)
-            .await?
-            && attempt.state.is_unresolved()
+        if let Some(attempt) = open.iter().find(|a| a.operation == operation)
             && attempt.state != AttemptState::Held
         {
-            return Ok(attempt);
+            return Ok(attempt.clone());
         }
     }
     Ok(named.clone())

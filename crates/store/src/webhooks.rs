@@ -10,7 +10,7 @@
 use crate::payments::ATTEMPT_COLUMNS;
 use crate::{AttemptRow, DbId, DbTime, Result, Store, StoreError, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
-use cobro_core::{Operation, PaymentId};
+use cobro_core::{AttemptState, Operation, PaymentId};
 
 /// An event as received, before its effect is known.
 #[derive(Clone, Debug)]
@@ -149,27 +149,33 @@ impl WriteTx {
             .await?))
     }
 
-    /// The attempt of `payment` for `operation` (and `reference`, when
-    /// given) that an event is about: the unresolved one if there is one
-    /// (at most one per intent, by a partial unique index), else the most
-    /// recent settled one. `None`: cobro never made such an attempt.
-    pub async fn attempt_for_event_any_account(
+    /// The payment's unresolved captures and cancels (`held` included),
+    /// newest first: the attempts a `captured` or `voided` event of its
+    /// charge may be about once the authorisation is settled.
+    pub async fn open_follow_ups_any_account(
         &mut self,
         payment: PaymentId,
-        operation: Operation,
-        reference: Option<&str>,
-    ) -> Result<Option<AttemptRow>> {
+    ) -> Result<Vec<AttemptRow>> {
+        // Our own constants, never user text.
+        let operations = crate::sql_names(
+            [Operation::Capture, Operation::Cancel]
+                .iter()
+                .map(|o| o.as_str()),
+        );
+        let open = crate::sql_names(
+            AttemptState::ALL
+                .iter()
+                .filter(|s| s.is_unresolved())
+                .map(|s| s.as_str()),
+        );
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts \
-             WHERE payment_id = $1 AND operation = $2 AND ($3 IS NULL OR reference = $3) \
-             ORDER BY CASE WHEN state IN ('pending', 'unknown', 'reconciling', 'held') THEN 0 ELSE 1 END, \
-             created_at DESC, id DESC LIMIT 1"
+             WHERE payment_id = $1 AND operation IN ({operations}) AND state IN ({open}) \
+             ORDER BY created_at DESC, id DESC"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(payment))
-            .bind(operation.as_str())
-            .bind(reference)
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await?))
     }
 

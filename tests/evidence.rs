@@ -38,6 +38,7 @@ on_both_backends!(
     a_refused_void_ends_with_the_providers_truth_once,
     a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line,
     a_void_event_is_never_taken_for_a_held_cancel,
+    a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
 );
@@ -79,6 +80,19 @@ async fn handed_over(rig: &Rig, body: &Value) -> String {
     rig.drain(1).await;
     pass_the_window(rig).await;
     id
+}
+
+/// One `effect_after_no_effect` conflict is kept and the payment is in
+/// review: the line stopped for a charge its record denies.
+async fn assert_stopped_for_an_effect_after_no_effect(rig: &Rig, id: &str) {
+    assert_eq!(
+        rig.app
+            .db
+            .count("evidence_conflicts WHERE kind = 'effect_after_no_effect'")
+            .await,
+        1
+    );
+    assert_eq!(rig.payment(id).await["status"], "needs_review");
 }
 
 /// Lets cobro's clock pass the provider key window so the worker hands the
@@ -495,15 +509,7 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(
         .expect("apply");
     tx.commit().await.expect("commit");
     assert!(matches!(applied, Applied::Conflict { .. }), "{applied:?}");
-    let p = rig.payment(&id).await;
-    assert_eq!(p["status"], "needs_review");
-    assert_eq!(
-        rig.app
-            .db
-            .count("evidence_conflicts WHERE kind = 'effect_after_no_effect'")
-            .await,
-        1
-    );
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
     // The retry that was scheduled is blocked: the line stopped.
     rig.provider.control().clear_faults();
     let steps = rig.drain(2).await;
@@ -544,35 +550,92 @@ async fn a_void_event_is_never_taken_for_a_held_cancel(backend: Backend) {
     assert_eq!(state_of("payment.cancel").await, ["held"]);
     let first = rig.attempts(&id).await.remove(0);
 
-    let event = json!({
-        "id": "evt_void", "type": "charge.voided", "created": "2026-11-30T12:00:00Z",
-        "sequence": 2,
-        "data": {"id": "ch_elsewhere", "object": "charge", "amount": 1999, "currency": "EUR",
-                 "payment_method": "pm_card_visa", "reference": first.reference,
-                 "status": "voided", "amount_captured": 0, "amount_refunded": 0,
-                 "created": "2026-11-30T12:00:00Z", "sequence": 2},
-    });
-    let receipt: Value = rig
-        .post_fake_event(SECRET, serde_json::to_vec(&event).expect("json"))
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("receipt");
-    assert_eq!(receipt["outcome"], "conflict", "{receipt}");
-    assert_eq!(
-        rig.app
-            .db
-            .count("evidence_conflicts WHERE kind = 'effect_after_no_effect'")
-            .await,
-        1
-    );
-    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    let event = fake_charge_event("evt_void", "voided", "ch_elsewhere", &first.reference, 2);
+    assert_eq!(deliver_fake_event(&rig, SECRET, &event).await, "conflict");
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
     assert_eq!(state_of("payment.cancel").await, ["held"]);
     rig.provider.control().clear_faults();
     assert_eq!(rig.drain(2).await, [Step::Blocked]);
     let ledger = rig.ledger();
     assert_eq!((ledger.totals.charges, ledger.totals.voids), (0, 0));
+}
+
+/// A `charge.*` event in the fake's shape about charge `id` under
+/// `reference`, with the charge's own event sequence.
+fn fake_charge_event(
+    event_id: &str,
+    kind: &str,
+    id: &str,
+    reference: &str,
+    sequence: i64,
+) -> Value {
+    json!({
+        "id": event_id, "type": format!("charge.{kind}"), "created": "2026-11-30T12:00:00Z",
+        "sequence": sequence,
+        "data": {"id": id, "object": "charge", "amount": 1999, "currency": "EUR",
+                 "payment_method": "pm_card_visa", "reference": reference,
+                 "status": kind, "amount_captured": if kind == "captured" { 1999 } else { 0 },
+                 "amount_refunded": 0, "created": "2026-11-30T12:00:00Z", "sequence": sequence},
+    })
+}
+
+/// The outcome cobro answers for a hand-signed fake event.
+async fn deliver_fake_event(rig: &Rig, secret: &str, event: &Value) -> String {
+    let receipt: Value = rig
+        .post_fake_event(secret, serde_json::to_vec(event).expect("json"))
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("receipt");
+    receipt["outcome"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{receipt}"))
+        .to_owned()
+}
+
+/// The provider numbers each charge's events on its own. An authorisation
+/// proven to have done nothing is retried; the retry's charge and its
+/// event (sequence 2) are recorded. Then an event of another charge
+/// arrives, naming the first attempt: a charge the provider made after
+/// all, the double charge the no-effect record denies. Its sequence (1) is
+/// that charge's, not behind the retry's charge: it is evidence against
+/// the no-effect record (a conflict that stops the line), never "stale".
+async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge(
+    backend: Backend,
+) {
+    const SECRET: &str = "whsec_test_cobro";
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, false).await;
+    let id = handed_over(&rig, &payment_body("o-1")).await;
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    rig.provider.control().clear_faults();
+    rig.drain(3).await;
+    let payment = rig.payment(&id).await;
+    assert_eq!(payment["status"], "captured");
+    let retry_charge = payment["provider_ref"].as_str().expect("charge").to_owned();
+    let attempts = rig.attempts(&id).await;
+    let (first, retry) = (&attempts[0].reference, &attempts[1].reference);
+
+    // The retry's charge's event: what the worker already recorded.
+    let event = fake_charge_event("evt_b2", "captured", &retry_charge, retry, 2);
+    assert_eq!(
+        deliver_fake_event(&rig, SECRET, &event).await,
+        "duplicate_effect"
+    );
+    // Another charge, under the first attempt's reference.
+    let late = fake_charge_event("evt_a1", "captured", "ch_late", first, 1);
+    assert_eq!(deliver_fake_event(&rig, SECRET, &late).await, "conflict");
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
+    // The retry's charge's own order still holds: its older event is stale.
+    let old = fake_charge_event("evt_b1", "captured", &retry_charge, retry, 1);
+    assert_eq!(
+        deliver_fake_event(&rig, SECRET, &old).await,
+        "ignored_stale"
+    );
+    assert_eq!(rig.ledger().totals.charges, 1);
 }
 
 /// Found by the chaos run (two reconcilers at once): capture A1 is

@@ -14,13 +14,17 @@
 //! is kept as a conflict. The caller answers the provider only after the
 //! commit, so a lost acknowledgement costs a harmless redelivery.
 //!
-//! Ordering: `sequence` is the provider's per-charge counter. A charge event
-//! is applied only when it is newer than `payments.provider_sequence`, which
-//! it then raises (compare-and-set); an older one is stored as
-//! `ignored_stale`. Refund events are not gated by it: a refund only ever
-//! adds to what is refunded, and the refund attempt's own state is the gate.
+//! Ordering: `sequence` is the provider's per-charge counter, and
+//! `payments.provider_sequence` how far cobro has recorded the charge the
+//! payment adopted (`provider_ref`). An event of that charge is applied only
+//! when it is newer, and raises it (compare-and-set); an older one is stored
+//! as `ignored_stale`. An event of any other charge is not ordered against
+//! it: it is fitted to the attempt it names like any evidence (a charge
+//! found for an attempt recorded no effect is a conflict, not stale).
+//! Refund events are not gated: a refund only ever adds to what is
+//! refunded, and the refund attempt's own state is the gate.
 
-use crate::apply::{Applied, Source, apply_proof_locked, stop_the_line};
+use crate::apply::{Applied, Proof, Source, apply_proof_locked, stop_the_line};
 use crate::evidence::{Fit, fit, proof_from};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, Operation, PaymentId, RefundId};
@@ -111,15 +115,29 @@ async fn process(
         .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
-    if kind.is_charge() && event.sequence <= payment.provider_sequence {
+    // `sequence` numbers the events of one charge, and `provider_sequence`
+    // is how far cobro has recorded the charge the payment adopted
+    // (`provider_ref`): only that charge's events can be behind it. Another
+    // charge's event (one made after all for an attempt recorded no
+    // effect, the double charge that record denies) is fitted to the
+    // attempt it names like any evidence, never "stale" by another
+    // charge's count.
+    let charge = match kind {
+        EventKind::RefundSucceeded | EventKind::RefundFailed => event.object.charge.as_deref(),
+        _ => Some(event.object.id.as_str()),
+    };
+    let adopted = charge.is_some() && payment.provider_ref.as_deref() == charge;
+    if kind.is_charge() && adopted && event.sequence <= payment.provider_sequence {
         return Ok((WebhookOutcome::IgnoredStale, Some(payment_id)));
     }
-    let attempt = target_attempt(tx, named, &payment, kind).await?;
+    let attempt = target_attempt(tx, named, &payment, kind, adopted).await?;
     let operation = attempt.operation;
     let refund = match attempt.refund_id {
         Some(r) => tx.refund_any_account(RefundId::from_uuid(r.0)).await?,
         None => None,
     };
+    // Set when this event's authorisation is the one that adopts the charge.
+    let mut adopts = false;
     let outcome = match fit(
         operation,
         &attempt,
@@ -134,6 +152,9 @@ async fn process(
                     Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
                     Applied::Conflict { .. } => WebhookOutcome::Conflict,
                     Applied::Settled { before, after } => {
+                        adopts = operation == Operation::Authorize
+                            && matches!(proof, Proof::Succeeded { .. })
+                            && payment.provider_ref.is_none();
                         let decision = NewDecision {
                             run_id: None,
                             payment: payment_id,
@@ -174,18 +195,21 @@ async fn process(
             WebhookOutcome::Unmatched
         }
     };
-    // What is recorded about the charge now goes at least this far (an
-    // effect already recorded by the worker counts too). A charge event
-    // got here newer than the payment's sequence, read under the payment's
-    // lock (a row lock on PostgreSQL, the one writer on SQLite), so nothing
-    // can have raised it in between.
-    let raised = tx
-        .raise_provider_sequence(payment_id, event.sequence)
-        .await?;
-    if kind.is_charge() && !raised {
-        return Err(StoreError::Corrupt(format!(
-            "payment {payment_id}'s provider sequence moved while it was locked"
-        )));
+    // What is recorded about the adopted charge now goes at least this far
+    // (an effect already recorded by the worker counts too), as it does
+    // when this event's authorisation is the one that adopts it. An event
+    // of the adopted charge got here newer than the payment's sequence,
+    // read under the payment's lock (a row lock on PostgreSQL, the one
+    // writer on SQLite), so nothing can have raised it in between.
+    if adopted || adopts {
+        let raised = tx
+            .raise_provider_sequence(payment_id, event.sequence)
+            .await?;
+        if kind.is_charge() && adopted && !raised {
+            return Err(StoreError::Corrupt(format!(
+                "payment {payment_id}'s provider sequence moved while it was locked"
+            )));
+        }
     }
     Ok((outcome, Some(payment_id)))
 }
@@ -203,17 +227,19 @@ async fn unmatched(
 
 /// The attempt a charge or refund event is about. The reference names the
 /// attempt that created the object (the authorisation of a charge, the
-/// refund of a refund); a capture or a void of that charge is the
-/// payment's unresolved capture or cancel attempt, once the authorisation
-/// is settled.
+/// refund of a refund); a capture or a void of the payment's charge
+/// (`adopted`) is the payment's unresolved capture or cancel attempt, once
+/// the authorisation is settled. Cobro captures and voids only the charge
+/// it adopted, so another charge's event is about the attempt it names.
 async fn target_attempt(
     tx: &mut WriteTx,
     named: &AttemptRow,
     payment: &PaymentRow,
     kind: EventKind,
+    adopted: bool,
 ) -> Result<AttemptRow, StoreError> {
     let authorisation_open = named.state.is_unresolved();
-    if named.operation != Operation::Authorize || authorisation_open {
+    if named.operation != Operation::Authorize || authorisation_open || !adopted {
         return Ok(named.clone());
     }
     let follow_ups: &[Operation] = match kind {

@@ -124,6 +124,8 @@ impl WriteTx {
         };
         let sql = format!(
             "UPDATE payments SET status = $3, provider_ref = COALESCE($4, provider_ref), \
+             provider_sequence = CASE WHEN $4 IS NOT NULL AND provider_ref IS NOT NULL \
+               AND $4 <> provider_ref THEN 0 ELSE provider_sequence END, \
              amount_captured = COALESCE($5, amount_captured), failure_code = $6, \
              failure_message = $7, status_changed_at = $8, updated_at = $8, \
              review_reason = CASE WHEN $3 = 'needs_review' THEN review_reason END \

@@ -39,6 +39,7 @@ on_both_backends!(
     a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line,
     a_void_event_is_never_taken_for_a_held_cancel,
     a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge,
+    a_capture_event_of_another_charge_is_not_taken_for_the_open_capture,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
 );
@@ -636,6 +637,36 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
         "ignored_stale"
     );
     assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+/// cobro captures and voids only the charge it adopted. A manual
+/// payment's first authorisation is proven to have done nothing and its
+/// retry authorises charge B; a capture of B is asked for and not sent
+/// yet. A `charge.captured` of another charge then names the first
+/// authorisation: it is not about the open capture (not B's event), it is
+/// the charge the no-effect record denies. A conflict that stops the line,
+/// not an event about nothing of cobro's; B is never captured.
+async fn a_capture_event_of_another_charge_is_not_taken_for_the_open_capture(backend: Backend) {
+    const SECRET: &str = "whsec_test_cobro";
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(SECRET, false).await;
+    let id = handed_over(&rig, &manual_payment_body("o-1")).await;
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    rig.provider.control().clear_faults();
+    rig.drain(3).await;
+    assert_eq!(rig.payment(&id).await["status"], "authorized");
+    rig.post_ok(&format!("/v1/payments/{id}/capture"), "cap-1", json!({}))
+        .await;
+    let first = rig.attempts(&id).await.remove(0).reference;
+
+    let late = fake_charge_event("evt_a1", "captured", "ch_late", &first, 1);
+    assert_eq!(deliver_fake_event(&rig, SECRET, &late).await, "conflict");
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
+    assert_eq!(rig.drain(2).await, [Step::Blocked]);
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.captures), (1, 0));
 }
 
 /// Found by the chaos run (two reconcilers at once): capture A1 is

@@ -13,6 +13,7 @@ on_both_backends!(
     concurrent_reservations_of_one_key_have_exactly_one_winner,
     only_one_active_payment_per_order_even_under_concurrency,
     a_transition_from_a_stale_state_changes_nothing,
+    the_provider_sequence_starts_over_only_for_another_charge,
     a_claim_leases_the_row_and_a_stale_token_writes_nothing,
     a_leased_row_is_not_claimed_again_until_its_lease_expires,
     a_claim_takes_at_most_its_limit_whatever_plan_the_statistics_choose,
@@ -483,12 +484,7 @@ async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend
     let db = TestDb::new(backend).await;
     let account = db.store.create_account("a", t0()).await.expect("account");
     let id = seed_payment_with_attempt(&db.store, account, "o-1").await;
-    let row = db
-        .store
-        .payment_for_account(account, id)
-        .await
-        .expect("read")
-        .expect("exists");
+    let row = stored_payment(&db.store, account, id).await;
     assert_eq!(row.status, PaymentStatus::Processing);
     assert_eq!(row.currency.code(), "EUR");
     assert_eq!(row.capture_method, cobro_core::CaptureMethod::Automatic);
@@ -522,6 +518,19 @@ async fn typed_columns_round_trip_and_an_unknown_stored_value_is_corrupt(backend
     );
 }
 
+/// The payment as stored, which must exist.
+async fn stored_payment(
+    store: &Store,
+    account: AccountId,
+    id: PaymentId,
+) -> cobro_store::PaymentRow {
+    store
+        .payment_for_account(account, id)
+        .await
+        .expect("read")
+        .expect("exists")
+}
+
 async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
     let db = TestDb::new(backend).await;
     let account = db.store.create_account("a", t0()).await.expect("account");
@@ -553,12 +562,7 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
         "a second decision from the old state must update zero rows"
     );
     tx.commit().await.expect("commit");
-    let row = db
-        .store
-        .payment_for_account(account, id)
-        .await
-        .expect("read")
-        .expect("exists");
+    let row = stored_payment(&db.store, account, id).await;
     assert_eq!(row.status, PaymentStatus::Authorized);
 
     // Another account cannot move it either.
@@ -576,6 +580,63 @@ async fn a_transition_from_a_stale_state_changes_nothing(backend: Backend) {
         .expect("cross-account")
         .is_none()
     );
+}
+
+/// `provider_sequence` counts the events of the payment's charge
+/// (`provider_ref`): an outcome that names that charge, or none, keeps it;
+/// one that names another charge (an operator re-pointing the payment)
+/// starts it over, so that charge's events are not stale by the old count.
+async fn the_provider_sequence_starts_over_only_for_another_charge(backend: Backend) {
+    use cobro_store::settle::PaymentOutcome;
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let id = seed_payment_with_attempt(&db.store, account, "o-1").await;
+    let charge = |name: &str| PaymentOutcome {
+        provider_ref: Some(name.to_owned()),
+        ..PaymentOutcome::default()
+    };
+    let steps = [
+        (
+            PaymentStatus::Processing,
+            PaymentStatus::Authorized,
+            charge("ch_a"),
+            3,
+        ),
+        (
+            PaymentStatus::Authorized,
+            PaymentStatus::Capturing,
+            PaymentOutcome::default(),
+            3,
+        ),
+        (
+            PaymentStatus::Capturing,
+            PaymentStatus::Captured,
+            charge("ch_a"),
+            3,
+        ),
+        (
+            PaymentStatus::Captured,
+            PaymentStatus::NeedsReview,
+            charge("ch_b"),
+            0,
+        ),
+    ];
+    let mut tx = db.store.begin().await.expect("begin");
+    for (i, (from, to, outcome, sequence)) in steps.into_iter().enumerate() {
+        let row = tx
+            .settle_payment(id, from, to, &outcome, t0())
+            .await
+            .expect("settle")
+            .expect("moved");
+        if i == 0 {
+            assert!(tx.raise_provider_sequence(id, 3).await.expect("raise"));
+            continue;
+        }
+        assert_eq!(row.provider_sequence, sequence, "after {from} -> {to}");
+    }
+    tx.commit().await.expect("commit");
+    let row = stored_payment(&db.store, account, id).await;
+    assert_eq!(row.provider_ref.as_deref(), Some("ch_b"));
 }
 
 async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backend) {

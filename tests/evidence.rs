@@ -96,6 +96,25 @@ async fn assert_stopped_for_an_effect_after_no_effect(rig: &Rig, id: &str) {
     assert_eq!(rig.payment(id).await["status"], "needs_review");
 }
 
+/// The secret the tests' hand-signed fake events are signed with.
+const WEBHOOK_SECRET: &str = "whsec_test_cobro";
+
+/// A rig whose API takes the fake's events signed with
+/// [`WEBHOOK_SECRET`] (the provider sends none by itself: the test does).
+async fn rig_taking_signed_events(backend: Backend) -> Rig {
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks(WEBHOOK_SECRET, false).await;
+    rig
+}
+
+/// Runs the reconciler past its threshold over the one attempt handed
+/// over to it: proven to have done nothing, it is retried under a new key.
+async fn proven_no_effect_and_retried(rig: &Rig) {
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(rig, Scope::default()).await;
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+}
+
 /// Lets cobro's clock pass the provider key window so the worker hands the
 /// unknown attempts over to the reconciler.
 async fn pass_the_window(rig: &Rig) {
@@ -489,9 +508,7 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(
 ) {
     let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, &payment_body("o-1")).await;
-    rig.app.clock.advance(Duration::minutes(2));
-    let summary = reconcile(&rig, Scope::default()).await;
-    assert_eq!(summary.items[0].verdict, Verdict::Retried);
+    proven_no_effect_and_retried(&rig).await;
     let first = rig.attempts(&id).await.remove(0);
     assert_eq!(first.state.as_str(), "no_effect");
 
@@ -527,15 +544,11 @@ async fn a_charge_for_an_attempt_recorded_no_effect_stops_the_line(
 /// is a conflict that stops the line; the held cancel stays held and
 /// nothing is charged or voided.
 async fn a_void_event_is_never_taken_for_a_held_cancel(backend: Backend) {
-    const SECRET: &str = "whsec_test_cobro";
-    let mut rig = Rig::new(backend).await;
-    rig.accept_webhooks(SECRET, false).await;
+    let rig = rig_taking_signed_events(backend).await;
     let id = handed_over(&rig, &manual_payment_body("o-1")).await;
     rig.post_ok(&format!("/v1/payments/{id}/cancel"), "c-1", json!({}))
         .await;
-    rig.app.clock.advance(Duration::minutes(2));
-    let summary = reconcile(&rig, Scope::default()).await;
-    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    proven_no_effect_and_retried(&rig).await;
     let state_of = async |operation: &str| -> Vec<String> {
         rig.attempts(&id)
             .await
@@ -552,7 +565,7 @@ async fn a_void_event_is_never_taken_for_a_held_cancel(backend: Backend) {
     let first = rig.attempts(&id).await.remove(0);
 
     let event = fake_charge_event("evt_void", "voided", "ch_elsewhere", &first.reference, 2);
-    assert_eq!(deliver_fake_event(&rig, SECRET, &event).await, "conflict");
+    assert_eq!(deliver_fake_event(&rig, &event).await, "conflict");
     assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
     assert_eq!(state_of("payment.cancel").await, ["held"]);
     rig.provider.control().clear_faults();
@@ -581,9 +594,9 @@ fn fake_charge_event(
 }
 
 /// The outcome cobro answers for a hand-signed fake event.
-async fn deliver_fake_event(rig: &Rig, secret: &str, event: &Value) -> String {
+async fn deliver_fake_event(rig: &Rig, event: &Value) -> String {
     let receipt: Value = rig
-        .post_fake_event(secret, serde_json::to_vec(event).expect("json"))
+        .post_fake_event(WEBHOOK_SECRET, serde_json::to_vec(event).expect("json"))
         .await
         .expect("send")
         .json()
@@ -605,13 +618,36 @@ async fn deliver_fake_event(rig: &Rig, secret: &str, event: &Value) -> String {
 async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge(
     backend: Backend,
 ) {
-    const SECRET: &str = "whsec_test_cobro";
-    let mut rig = Rig::new(backend).await;
-    rig.accept_webhooks(SECRET, false).await;
+    let rig = rig_taking_signed_events(backend).await;
+    // Another merchant's payment for the same order ref, charged and
+    // recorded: the events below must never touch it.
+    let (account_b, token_b) = rig.app.new_account("merchant-b").await;
+    let r = rig
+        .app
+        .post_as(&token_b, "/v1/payments", Some("b-1"))
+        .json(&payment_body("o-1"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 201);
+    let b: Value = r.json().await.expect("json");
+    let b_id: PaymentId = b["id"].as_str().expect("id").parse().expect("uuid");
+    rig.drain(2).await;
+    let b_row = async || {
+        let row = rig
+            .app
+            .db
+            .store
+            .payment_for_account(account_b, b_id)
+            .await
+            .expect("read")
+            .expect("B's payment");
+        format!("{row:?}")
+    };
+    let b_before = b_row().await;
+    assert!(b_before.contains("status: Captured"), "{b_before}");
     let id = handed_over(&rig, &payment_body("o-1")).await;
-    rig.app.clock.advance(Duration::minutes(2));
-    let summary = reconcile(&rig, Scope::default()).await;
-    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    proven_no_effect_and_retried(&rig).await;
     rig.provider.control().clear_faults();
     rig.drain(3).await;
     let payment = rig.payment(&id).await;
@@ -622,21 +658,23 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
 
     // The retry's charge's event: what the worker already recorded.
     let event = fake_charge_event("evt_b2", "captured", &retry_charge, retry, 2);
-    assert_eq!(
-        deliver_fake_event(&rig, SECRET, &event).await,
-        "duplicate_effect"
-    );
+    assert_eq!(deliver_fake_event(&rig, &event).await, "duplicate_effect");
     // Another charge, under the first attempt's reference.
     let late = fake_charge_event("evt_a1", "captured", "ch_late", first, 1);
-    assert_eq!(deliver_fake_event(&rig, SECRET, &late).await, "conflict");
+    assert_eq!(deliver_fake_event(&rig, &late).await, "conflict");
     assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
     // The retry's charge's own order still holds: its older event is stale.
     let old = fake_charge_event("evt_b1", "captured", &retry_charge, retry, 1);
-    assert_eq!(
-        deliver_fake_event(&rig, SECRET, &old).await,
-        "ignored_stale"
+    assert_eq!(deliver_fake_event(&rig, &old).await, "ignored_stale");
+    // Merchant B's payment is untouched; each account has its one charge.
+    assert_eq!(b_row().await, b_before);
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 2);
+    assert!(
+        double_charges(&ledger).is_empty(),
+        "{:?}",
+        double_charges(&ledger)
     );
-    assert_eq!(rig.ledger().totals.charges, 1);
 }
 
 /// cobro captures and voids only the charge it adopted. A manual
@@ -647,13 +685,9 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
 /// the charge the no-effect record denies. A conflict that stops the line,
 /// not an event about nothing of cobro's; B is never captured.
 async fn a_capture_event_of_another_charge_is_not_taken_for_the_open_capture(backend: Backend) {
-    const SECRET: &str = "whsec_test_cobro";
-    let mut rig = Rig::new(backend).await;
-    rig.accept_webhooks(SECRET, false).await;
+    let rig = rig_taking_signed_events(backend).await;
     let id = handed_over(&rig, &manual_payment_body("o-1")).await;
-    rig.app.clock.advance(Duration::minutes(2));
-    let summary = reconcile(&rig, Scope::default()).await;
-    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    proven_no_effect_and_retried(&rig).await;
     rig.provider.control().clear_faults();
     rig.drain(3).await;
     assert_eq!(rig.payment(&id).await["status"], "authorized");
@@ -662,7 +696,7 @@ async fn a_capture_event_of_another_charge_is_not_taken_for_the_open_capture(bac
     let first = rig.attempts(&id).await.remove(0).reference;
 
     let late = fake_charge_event("evt_a1", "captured", "ch_late", &first, 1);
-    assert_eq!(deliver_fake_event(&rig, SECRET, &late).await, "conflict");
+    assert_eq!(deliver_fake_event(&rig, &late).await, "conflict");
     assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
     assert_eq!(rig.drain(2).await, [Step::Blocked]);
     let ledger = rig.ledger();
@@ -699,9 +733,7 @@ async fn a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconci
     assert_eq!(r.status().as_u16(), 202);
     rig.drain(1).await;
     pass_the_window(&rig).await;
-    rig.app.clock.advance(Duration::minutes(2));
-    let summary = reconcile(&rig, Scope::default()).await;
-    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    proven_no_effect_and_retried(&rig).await;
     rig.provider.control().clear_faults();
     rig.drain(3).await;
     let captured = rig.payment(&id).await;

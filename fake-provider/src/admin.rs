@@ -33,6 +33,8 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         )
         .route("/__admin/webhooks/deliveries", get(deliveries))
         .route("/__admin/requests", get(requests))
+        .route("/__admin/held", get(held))
+        .route("/__admin/held/release", post(release_held))
 }
 
 type Admin = State<Arc<Shared>>;
@@ -63,6 +65,18 @@ pub(crate) struct TargetBody {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct DialectBody {
     pub(crate) dialect: WebhookDialect,
+}
+
+/// `{"held": n}`: requests held by `hold_effect` faults.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Held {
+    pub(crate) held: usize,
+}
+
+/// `{"released": n}`: held requests whose effect was just made.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Released {
+    pub(crate) released: usize,
 }
 
 /// `{"now": RFC 3339}`.
@@ -173,4 +187,18 @@ async fn deliveries(State(shared): Admin) -> Response {
 /// `GET /__admin/requests`: the last API requests with their trace context.
 async fn requests(State(shared): Admin) -> Response {
     Json(Control::new(shared).requests()).into_response()
+}
+
+/// `GET /__admin/held`: how many requests `hold_effect` faults hold.
+async fn held(State(shared): Admin) -> Json<Held> {
+    Json(Held {
+        held: Control::new(shared).held(),
+    })
+}
+
+/// `POST /__admin/held/release`: makes every held request's effect now.
+async fn release_held(State(shared): Admin) -> Json<Released> {
+    Json(Released {
+        released: Control::new(shared).release_held(),
+    })
 }

@@ -21,7 +21,7 @@ use crate::model::{
     ApiError, CaptureParams, Charge, ChargeParams, List, NewResource, RefundParams, SearchFilter,
     StoredResponse, VoidParams,
 };
-use crate::pipeline::{Call, Dialect, Outcome, Subject, execute};
+use crate::pipeline::{Call, Dialect, Outcome, Subject, execute, execute_holding};
 use crate::state::{Ctx, RefundRefused, Refused, Shared, State as ProviderState};
 use crate::stripe;
 
@@ -107,13 +107,13 @@ fn charge_created(charge: Charge) -> StoredResponse {
 
 /// POST of a new charge or refund: the body's reference is what fault rules
 /// match on.
-async fn create<P: NewResource>(
+async fn create<P: NewResource + Send + 'static>(
     shared: &Shared,
     headers: &HeaderMap,
     body: &[u8],
     operation: Operation,
     route: &str,
-    effect: impl FnOnce(&mut ProviderState, P, Ctx<'_>) -> StoredResponse,
+    effect: impl FnOnce(&mut ProviderState, P, Ctx<'_>) -> StoredResponse + Send + 'static,
 ) -> Response {
     let params = parse_body(body).and_then(|p: P| p.validate().map(|()| p));
     let reference = params.as_ref().ok().map(|p| p.reference().to_owned());
@@ -137,7 +137,7 @@ async fn capture_charge(
         subject: Subject::Charge(id.clone()),
     };
     let canonical = |p: &CaptureParams| format!("{:?}", p.amount);
-    let effect = |state: &mut ProviderState, params: CaptureParams, ctx: Ctx<'_>| {
+    let effect = move |state: &mut ProviderState, params: CaptureParams, ctx: Ctx<'_>| {
         changed(
             &id,
             "charge_not_capturable",
@@ -168,7 +168,7 @@ async fn void_charge(
         subject: Subject::Charge(id.clone()),
     };
     let params: Result<VoidParams, _> = parse_optional_body(&body);
-    let effect = |state: &mut ProviderState, _, ctx: Ctx<'_>| {
+    let effect = move |state: &mut ProviderState, _, ctx: Ctx<'_>| {
         changed(&id, "charge_not_voidable", state.void(&id, ctx))
     };
     mutate(
@@ -220,21 +220,21 @@ struct Post {
 /// is sent), authenticate, then run the effect through [`execute`]. A body
 /// that failed to parse or validate still goes through `execute`, so its 400
 /// is stored under the key and replayed like any other 4xx.
-async fn mutate<P>(
+async fn mutate<P: Send + 'static>(
     shared: &Shared,
     headers: &HeaderMap,
     body: &[u8],
     post: Post,
     params: Result<P, ApiError>,
     canonical: impl FnOnce(&P) -> String,
-    effect: impl FnOnce(&mut ProviderState, P, Ctx<'_>) -> StoredResponse,
+    effect: impl FnOnce(&mut ProviderState, P, Ctx<'_>) -> StoredResponse + Send + 'static,
 ) -> Response {
     let fingerprint = || fingerprint(&post.route, params.as_ref().map(canonical), body);
     let call = match Call::mutation(Dialect::Fake, post.operation, headers, fingerprint) {
         Ok(call) => call,
         Err(refusal) => return *refusal,
     };
-    execute(shared, call, post.subject, |state, ctx| match params {
+    execute_holding(shared, call, post.subject, move |state, ctx| match params {
         Ok(params) => Outcome::Executed(effect(state, params, ctx)),
         Err(error) => Outcome::Refused(error.into_stored()),
     })

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 
-use crate::admin::{Advance, DialectBody, FaultId, Now};
+use crate::admin::{Advance, DialectBody, FaultId, Held, Now, Released};
 use crate::config::{WebhookDialect, WebhookTarget};
 use crate::control::ActiveFault;
 use crate::faults::FaultRule;
@@ -118,6 +118,20 @@ impl AdminClient {
     pub async fn webhook_deliveries(&self) -> Result<Vec<WebhookDelivery>, AdminError> {
         self.send(self.http.get(self.url("webhooks/deliveries")))
             .await
+    }
+
+    /// See [`crate::Control::held`].
+    pub async fn held(&self) -> Result<usize, AdminError> {
+        Ok(self
+            .send::<Held>(self.http.get(self.url("held")))
+            .await?
+            .held)
+    }
+
+    /// See [`crate::Control::release_held`].
+    pub async fn release_held(&self) -> Result<usize, AdminError> {
+        let request = self.http.post(self.url("held/release"));
+        Ok(self.send::<Released>(request).await?.released)
     }
 
     fn url(&self, path: &str) -> String {

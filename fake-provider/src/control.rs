@@ -106,6 +106,24 @@ impl Control {
         self.shared.requests().iter().cloned().collect()
     }
 
+    /// Makes the effect of every request a `hold_effect` fault held, oldest
+    /// first, as if each had arrived now (under the key it reserved, which
+    /// then replays the answer), and says how many there were. Their
+    /// callers are long gone: nothing is answered.
+    pub fn release_held(&self) -> usize {
+        let held = std::mem::take(&mut self.shared.lock().held);
+        let released = held.len();
+        for request in held {
+            crate::pipeline::release(&self.shared, request);
+        }
+        released
+    }
+
+    /// How many requests `hold_effect` faults hold now.
+    pub fn held(&self) -> usize {
+        self.shared.lock().held.len()
+    }
+
     /// Every delivery attempt so far, oldest first.
     pub fn webhook_deliveries(&self) -> Vec<WebhookDelivery> {
         self.shared.deliveries().clone()

@@ -65,6 +65,15 @@ pub enum FaultAction {
     /// Charges and refunds created while the rule is active stay invisible to
     /// search for `lag_seconds` of virtual time.
     SearchLag,
+    /// Nothing done yet and no answer (the connection is closed): the
+    /// request is held, its key reserved (a retry under it sees 409
+    /// `idempotency_in_progress`), and its effect is made only when released
+    /// ([`crate::Control::release_held`], `POST /__admin/held/release`): a
+    /// provider whose queue lets a request through long after the caller
+    /// gave up on it, and after its search showed nothing. Charges and
+    /// refunds of the fake dialect; elsewhere (the Stripe dialect) it acts as
+    /// `fail_before_effect`.
+    HoldEffect,
     /// Webhook only: the event is delivered twice.
     Duplicate,
     /// Webhook only: the event is held back and sent after the next one.
@@ -174,6 +183,11 @@ impl FaultRule {
         if self.operation != Operation::Webhook && webhook_only {
             return Err(format!("action {:?} applies to webhooks only", self.action));
         }
+        if self.action == FaultAction::HoldEffect
+            && !matches!(self.operation, Operation::Charge | Operation::Refund)
+        {
+            return Err("hold_effect applies to charge and refund only".into());
+        }
         match self.probability {
             Some(p) if !(0.0..=1.0).contains(&p) => Err("probability must be within 0..=1".into()),
             _ => Ok(()),
@@ -261,6 +275,11 @@ impl FaultBook {
         let for_webhooks = operation == Operation::Webhook;
         self.fire(operation, reference, rng, |rule, rng| match rule.action {
             FaultAction::SearchLag => false,
+            FaultAction::HoldEffect
+                if !matches!(operation, Operation::Charge | Operation::Refund) =>
+            {
+                false
+            }
             action if action != FaultAction::Latency && action.webhook_only() != for_webhooks => {
                 false
             }

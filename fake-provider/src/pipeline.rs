@@ -193,6 +193,8 @@ pub(crate) struct Call<'h> {
     key: Option<IdempotencyKey>,
     /// Stripe's `Request-Id` of this request (none in the fake dialect).
     request_id: Option<String>,
+    /// A `hold_effect` fault may hold this request (see [`execute_holding`]).
+    holdable: bool,
 }
 
 struct IdempotencyKey {
@@ -223,6 +225,7 @@ impl<'h> Call<'h> {
             caller,
             key: None,
             request_id,
+            holdable: false,
         })
     }
 
@@ -310,6 +313,54 @@ enum Next {
     Effect,
     /// The effect already ran in the first critical section.
     Done(StoredResponse),
+    /// A `hold_effect` fault: the effect waits for its release.
+    Hold,
+}
+
+/// The effect of a request held by a `hold_effect` fault.
+pub(crate) type HeldEffect = Box<dyn FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome + Send>;
+
+/// The key a held request reserved, if it carried one: its scope
+/// (`caller \n key`) and the key.
+type HeldKey = Option<(String, String)>;
+
+/// A request held by a `hold_effect` fault: its key stays reserved until
+/// its effect is made ([`release`]).
+pub(crate) struct Held {
+    caller: String,
+    key: HeldKey,
+    run: HeldEffect,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("key", &self.key.as_ref().map(|(_, key)| key))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes a held request's effect now, as if it had just arrived, and saves
+/// its answer under the key it reserved (no one is there to receive it).
+pub(crate) fn release(shared: &Shared, held: Held) {
+    let Held { caller, key, run } = held;
+    let (scope, key) = key.unzip();
+    let mut reservation = Reservation { shared, scope };
+    let ctx = Ctx {
+        now: shared.clock.now(),
+        caller: &caller,
+        key: key.as_deref(),
+        request_id: None,
+    };
+    let mut state = shared.lock();
+    run_effect(
+        &mut state,
+        &mut reservation,
+        ctx,
+        Dialect::Fake,
+        Picked::default(),
+        run,
+    );
 }
 
 /// Frees a reserved key if the request ends without storing an answer (the
@@ -335,6 +386,40 @@ pub(crate) async fn execute(
     subject: Subject,
     effect: impl FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome,
 ) -> Response {
+    run_call(shared, call, subject, effect).await.0
+}
+
+/// [`execute`] for a request that a `hold_effect` fault may hold: then its
+/// effect is kept for [`release`] and the caller's connection is closed
+/// without an answer.
+pub(crate) async fn execute_holding(
+    shared: &Shared,
+    mut call: Call<'_>,
+    subject: Subject,
+    effect: impl FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome + Send + 'static,
+) -> Response {
+    call.holdable = true;
+    let caller = call.caller.to_owned();
+    let (response, held) = run_call(shared, call, subject, effect).await;
+    if let Some((run, key)) = held {
+        let held = Held {
+            caller,
+            key,
+            run: Box::new(run),
+        };
+        shared.lock().held.push(held);
+    }
+    response
+}
+
+/// The pipeline; with the effect given back, unrun, and the key it holds
+/// reserved, when a `hold_effect` fault held the request.
+async fn run_call<F: FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome>(
+    shared: &Shared,
+    call: Call<'_>,
+    subject: Subject,
+    effect: F,
+) -> (Response, Option<(F, HeldKey)>) {
     let dialect = call.dialect;
     let now = shared.clock.now();
     let ctx = Ctx {
@@ -364,6 +449,10 @@ pub(crate) async fn execute(
             (Some((FaultAction::FailBeforeEffect, _)), _) => {
                 Next::Answer(dialect.fail_before_effect(), false)
             }
+            (Some((FaultAction::HoldEffect, _)), _) if !call.holdable => {
+                Next::Answer(dialect.fail_before_effect(), false)
+            }
+            (Some((FaultAction::HoldEffect, _)), None) => Next::Hold,
             (Some((FaultAction::InProgress, _)), _) => Next::Answer(dialect.in_progress(), false),
             (_, Some(key)) => match state.keys.claim(&key.scope, &key.fingerprint, now) {
                 Claim::Replay(response) => Next::Answer(response, true),
@@ -371,7 +460,11 @@ pub(crate) async fn execute(
                 Claim::Busy => Next::Answer(dialect.in_progress(), false),
                 Claim::Reserved => {
                     reservation.scope = Some(key.scope.clone());
-                    Next::Effect
+                    if matches!(picked.outcome, Some((FaultAction::HoldEffect, _))) {
+                        Next::Hold
+                    } else {
+                        Next::Effect
+                    }
                 }
             },
             (_, None) => Next::Effect,
@@ -405,16 +498,25 @@ pub(crate) async fn execute(
                 picked.outcome,
                 Some((
                     FaultAction::FailBeforeEffect
+                        | FaultAction::HoldEffect
                         | FaultAction::InProgress
                         | FaultAction::RateLimit,
                     _
                 ))
             ) {
-                return respond(dialect, response, false, request_id);
+                return (respond(dialect, response, false, request_id), None);
             }
             (response, replayed)
         }
         Next::Done(response) => (response, false),
+        Next::Hold => {
+            // The key stays reserved until the effect is released.
+            let key = reservation
+                .scope
+                .take()
+                .zip(call.key.as_ref().map(|k| k.key.clone()));
+            return (drop_connection(), effect.take().map(|run| (run, key)));
+        }
         Next::Effect => match effect.take() {
             Some(run) => (
                 run_effect(
@@ -430,7 +532,7 @@ pub(crate) async fn execute(
             None => (dialect.fail_before_effect(), false),
         },
     };
-    match picked.outcome {
+    let response = match picked.outcome {
         Some((
             action @ (FaultAction::FailAfterEffect | FaultAction::FailAfterEffectNoRetry),
             _,
@@ -449,7 +551,8 @@ pub(crate) async fn execute(
             respond(dialect, response, replayed, request_id)
         }
         _ => respond(dialect, response, replayed, request_id),
-    }
+    };
+    (response, None)
 }
 
 /// Runs the effect and saves what the dialect saves under the reserved key

@@ -257,6 +257,8 @@ pub(crate) struct State {
     /// Which dialect's events the target receives.
     pub(crate) webhook_dialect: WebhookDialect,
     events: UnboundedSender<Event>,
+    /// Requests held by `hold_effect` faults, oldest first, until released.
+    pub(crate) held: Vec<crate::pipeline::Held>,
 }
 
 /// What an effect needs to know about the request that causes it.
@@ -307,6 +309,7 @@ impl State {
             webhook: config.webhook.clone(),
             webhook_dialect: config.webhook_dialect,
             events,
+            held: Vec::new(),
         }
     }
 

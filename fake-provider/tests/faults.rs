@@ -41,6 +41,80 @@ async fn drop_response_after_effect_closes_the_connection_after_making_the_charg
     assert_eq!(p.totals(), charges(1));
 }
 
+/// A request the provider's queue lets through late: nothing is made and
+/// nothing answered; the key stays in progress (a retry under it makes
+/// nothing), search shows nothing; released, the effect is made once,
+/// under the original key and reference, and the key replays it.
+#[tokio::test]
+async fn hold_effect_makes_the_charge_only_when_released_under_its_key() {
+    let p = admin_provider().await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::HoldEffect).with_next(1));
+    let body = charge_body("pedido-h:authorize-v1");
+
+    let lost = p.post("/v1/charges", Some("key-h"), &body).await;
+
+    let error = lost.expect_err("no HTTP answer at all");
+    assert!(error.status().is_none(), "{error:?}");
+    assert_eq!(p.totals(), Effects::default());
+    assert_eq!(p.control.held(), 1);
+    let retried = p.charge(Some("key-h"), "pedido-h:authorize-v1").await;
+    assert_eq!(retried.error(), (409, "idempotency_in_progress"));
+    assert!(
+        p.search("charges", "pedido-h:authorize-v1")
+            .await
+            .is_empty()
+    );
+    assert_eq!(p.totals(), Effects::default());
+
+    let admin = fake_provider::AdminClient::new(&p.url);
+    assert_eq!(admin.held().await.unwrap(), 1);
+    assert_eq!(admin.release_held().await.unwrap(), 1);
+
+    assert_eq!((p.control.held(), p.totals()), (0, charges(1)));
+    let ledger = p.control.ledger();
+    let [charge] = ledger.charges.as_slice() else {
+        panic!("one charge: {ledger:?}")
+    };
+    assert_eq!(charge.idempotency_key.as_deref(), Some("key-h"));
+    assert_eq!(charge.reference, "pedido-h:authorize-v1");
+    let replayed = p.charge(Some("key-h"), "pedido-h:authorize-v1").await;
+    assert_eq!(
+        (replayed.status, replayed.replayed, replayed.id()),
+        (201, true, charge.id.as_str())
+    );
+    assert_eq!(admin.release_held().await.unwrap(), 0);
+    assert_eq!(p.totals(), charges(1));
+}
+
+async fn admin_provider() -> common::Provider {
+    provider_with(Config {
+        admin: true,
+        ..Config::default()
+    })
+    .await
+}
+
+/// Only the creation of a charge or refund can be held.
+#[tokio::test]
+async fn hold_effect_is_refused_for_what_cannot_be_held() {
+    let p = admin_provider().await;
+    let admin = fake_provider::AdminClient::new(&p.url);
+    for operation in [Operation::Capture, Operation::Void, Operation::Any] {
+        let refused = admin
+            .add_fault(FaultRule::new(operation, FaultAction::HoldEffect))
+            .await
+            .expect_err("refused");
+        assert!(refused.to_string().contains("hold_effect"), "{refused}");
+    }
+    // Given in process anyway, such a rule never fires.
+    p.control
+        .add_fault(FaultRule::new(Operation::Capture, FaultAction::HoldEffect));
+    let charge = p.charge(None, "pedido-i:authorize-v1").await;
+    let captured = p.capture(charge.id(), None, json!({})).await;
+    assert_eq!((captured.status, p.control.held()), (200, 0));
+}
+
 #[tokio::test]
 async fn delay_after_effect_answers_after_the_client_gave_up_with_the_charge_made() {
     let p = provider().await;

@@ -20,15 +20,22 @@
 //! applies; a reconciler can die there too);
 //! webhook deliveries built from the provider's own charges, duplicated and
 //! late; authorized charges captured or voided at the provider behind
-//! cobro's back (a dashboard), which cobro learns when it next acts on them.
+//! cobro's back (a dashboard), which cobro learns when it next acts on them;
+//! charges the provider makes late (a `hold_effect` fault holds a charge
+//! request, answering nothing, until a later step releases it, possibly
+//! after cobro proved that attempt had no effect and charged again: a
+//! double charge that is the provider's, which cobro must stop at, never
+//! settle).
 //!
 //! Invariants after every step: no intent of one account charged twice; no
 //! payment bound to a charge of another attempt or account; no send marked
 //! for a payment in `requires_reconciliation` or `needs_review`; refunds at
 //! the provider never above what the payment captured. Once quiet (faults
-//! cleared, every parked call released, workers and reconcilers run until
-//! nothing is left): every payment's state, amount and refunds equal its
-//! own charge's.
+//! cleared, every parked call and held charge released, the late charges'
+//! events delivered, workers and reconcilers run until nothing is left):
+//! every payment's state, amount and refunds equal its own charge's, and a
+//! payment holding a double charge the provider made late is in
+//! `needs_review` with its reason kept.
 //!
 //! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
 //! below; `EXPLORE_FIRST_SEED=F` starts them at F, for runs in chunks;
@@ -77,6 +84,12 @@ const SHORT_MARGIN: Duration = Duration::from_secs(30);
 /// finds its interleaving in some runs, not all.
 const FOUND: &[u64] = &[13771, 72815];
 
+/// One fault in this many on a charge holds it (`hold_effect`), drawn from
+/// the seed's second stream (see `Explorer::late`).
+const HOLD_ONE_IN: u32 = 3;
+/// While a charge is held, one step in this many releases it.
+const RELEASE_ONE_IN: u32 = 12;
+
 fn short_window(seed: u64) -> bool {
     seed % 4 == 1
 }
@@ -124,6 +137,10 @@ async fn explore(backend: Backend) {
     let failed_lanes = Mutex::new(Vec::new());
     let finished = std::sync::atomic::AtomicU64::new(0);
     let violations = std::sync::atomic::AtomicU64::new(0);
+    // Seeds that made late charges, and that stopped a payment in review
+    // over one: printed at the end, so a run shows it reached them.
+    let with_late = std::sync::atomic::AtomicU64::new(0);
+    let with_late_double = Mutex::new(Vec::new());
     // `EXPLORE_STOP_AT_FIRST`: no new seed starts after a violation (for
     // hunting a known defect: which seed finds it first).
     let stop_at_first = std::env::var("EXPLORE_STOP_AT_FIRST").is_ok();
@@ -155,6 +172,7 @@ async fn explore(backend: Backend) {
                 &stopped,
                 reuse_lanes,
             );
+            let (with_late, with_late_double) = (&with_late, &with_late_double);
             async move {
                 if stopped.load(std::sync::atomic::Ordering::Relaxed) {
                     return None;
@@ -168,12 +186,24 @@ async fn explore(backend: Backend) {
                 // A violation's first line goes out at once (the full
                 // report comes at the end), so a long run stopped early
                 // still says what it found.
-                if let Err(violation) = &outcome {
-                    eprintln!(
-                        "explorer {backend:?}: VIOLATION {}",
-                        violation.lines().next().unwrap_or_default()
-                    );
-                    violations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                match &outcome {
+                    Ok(reached) => {
+                        let ordering = std::sync::atomic::Ordering::Relaxed;
+                        with_late.fetch_add(u64::from(reached.late_charges > 0), ordering);
+                        if reached.late_doubles > 0 {
+                            with_late_double
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(seed);
+                        }
+                    }
+                    Err(violation) => {
+                        eprintln!(
+                            "explorer {backend:?}: VIOLATION {}",
+                            violation.lines().next().unwrap_or_default()
+                        );
+                        violations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
                 let done = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 if done % 1000 == 0 {
@@ -208,10 +238,17 @@ async fn explore(backend: Backend) {
         .filter_map(|f| async move { f })
         .collect()
         .await;
+    let mut late_double = with_late_double
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    late_double.sort_unstable();
     eprintln!(
-        "explorer {backend:?}: {} seeds x {STEPS} steps in {:.1?}",
+        "explorer {backend:?}: {} seeds x {STEPS} steps in {:.1?}; late charges made in {} seeds, a double charge stopped in review in {} (seeds {:?})",
         seeds.len(),
-        started.elapsed()
+        started.elapsed(),
+        with_late.load(std::sync::atomic::Ordering::Relaxed),
+        late_double.len(),
+        &late_double[..late_double.len().min(10)],
     );
     // Wiped lanes go now; a failed one is kept (dropped while panicking).
     for lane in lanes.into_inner().unwrap_or_else(PoisonError::into_inner) {
@@ -538,11 +575,32 @@ struct Explorer {
     /// When each worker request was marked sent (its call parked before
     /// going out), for the clock's edges.
     sends: Vec<chrono::DateTime<chrono::Utc>>,
+    /// The seed's second stream, for held charges and their release only:
+    /// the first stream draws exactly what it drew before held charges
+    /// existed, so a seed without any replays its old steps (the seeds of
+    /// `FOUND` never hold one).
+    late: StdRng,
+    holds: bool,
+    /// Charges the provider made when a held request was released.
+    late_charges: BTreeSet<String>,
+    /// Payments found quiet in review over such a double charge.
+    late_doubles: u64,
 }
 
-async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<(), String> {
+/// What a seed reached that is rare: late charges made, and payments
+/// stopped in review over a double charge the provider made late.
+#[derive(Default)]
+struct Reached {
+    late_charges: u64,
+    late_doubles: u64,
+}
+
+async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, String> {
     let mut x = Explorer::new(db, seed).await;
-    let outcome = x.run().await;
+    let outcome = x.run().await.map(|()| Reached {
+        late_charges: x.late_charges.len() as u64,
+        late_doubles: x.late_doubles,
+    });
     let trace = std::mem::take(&mut x.trace);
     x.finish().await;
     if std::env::var("EXPLORE_VERBOSE").is_ok() {
@@ -649,6 +707,10 @@ impl Explorer {
             short,
             send_window: retention - margin,
             sends: Vec::new(),
+            late: StdRng::seed_from_u64(seed ^ 0x6c61_7465),
+            holds: !FOUND.contains(&seed),
+            late_charges: BTreeSet::new(),
+            late_doubles: 0,
         }
     }
 
@@ -713,6 +775,10 @@ impl Explorer {
     }
 
     async fn step(&mut self) -> Result<(), String> {
+        if self.rig.provider.control().held() > 0 && self.late.random_ratio(1, RELEASE_ONE_IN) {
+            let deliver = self.late.random_bool(0.5);
+            return self.release_held(deliver).await;
+        }
         match self.rng.random_range(0..100) {
             0..=14 => self.create().await,
             15..=18 => self.payment_op("capture").await,
@@ -1044,6 +1110,9 @@ impl Explorer {
             (FOp::Capture | FOp::Void, FaultAction::SearchLag) => {
                 (operation, FaultAction::FailBeforeEffect)
             }
+            (FOp::Charge, _) if self.holds && self.late.random_ratio(1, HOLD_ONE_IN) => {
+                (FOp::Charge, FaultAction::HoldEffect)
+            }
             pair => pair,
         };
         let mut rule = FaultRule::new(operation, action).with_next(1);
@@ -1115,16 +1184,24 @@ impl Explorer {
             .filter(|a| a.operation == Operation::Authorize)
             .collect();
         let ledger = self.rig.ledger();
-        let charged = ledger
+        let mut charged = ledger
             .charges
             .iter()
             .filter(|c| c.status != "declined")
-            .find_map(|c| {
+            .filter_map(|c| {
                 authorizations
                     .iter()
                     .find(|a| c.idempotency_key.as_deref() == Some(a.provider_key.as_str()))
                     .map(|a| (*a, c))
             });
+        let (first, second) = (charged.next(), charged.next());
+        if second.is_some() {
+            // Two charges for one payment (one the provider made late): an
+            // operator refunds one before resolving; this one leaves it.
+            self.note(format!("operator leaves {payment} in review: two charges"));
+            return Ok(());
+        }
+        let charged = first;
         let (attempt, outcome, provider_ref) = match charged {
             Some((a, c)) => (
                 a,
@@ -1168,6 +1245,11 @@ impl Explorer {
             return Ok(());
         }
         let id = charges[self.rng.random_range(0..charges.len())].id.clone();
+        self.deliver_charge(&id).await
+    }
+
+    /// Delivers the current state of charge `id` as a signed event.
+    async fn deliver_charge(&mut self, id: &str) -> Result<(), String> {
         let charge: Value = self
             .rig
             .app
@@ -1187,6 +1269,28 @@ impl Explorer {
         let body = serde_json::to_vec(&event).map_err(|e| e.to_string())?;
         self.events.push(body.clone());
         self.deliver(body).await
+    }
+
+    /// The provider makes every charge it held (a `hold_effect` fault), as
+    /// if each request had just come through its queue: under the key and
+    /// reference cobro sent, whatever cobro has decided about that attempt
+    /// since. With `deliver`, each late charge's event follows at once.
+    async fn release_held(&mut self, deliver: bool) -> Result<(), String> {
+        let control = self.rig.provider.control();
+        let before: BTreeSet<String> = self.charge_ids().into_iter().collect();
+        let released = control.release_held();
+        let mut made = self.charge_ids();
+        made.retain(|id| !before.contains(id));
+        self.note(format!(
+            "provider releases {released} held charge(s): made {made:?}"
+        ));
+        self.late_charges.extend(made.iter().cloned());
+        if deliver {
+            for id in &made {
+                self.deliver_charge(id).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The merchant's dashboard (or another system with the same API key)
@@ -1316,6 +1420,36 @@ impl Explorer {
                     .map_err(|e| format!("reconciler task failed: {e}"))??;
             }
         }
+        // What the provider still holds comes through once cobro has
+        // settled everything it can without it (a short-window seed decides
+        // "no effect" and charges again meanwhile); the late charges'
+        // events are delivered after that, so that each lands after
+        // whatever cobro decided.
+        self.settle_all().await?;
+        if self.rig.provider.control().held() > 0 {
+            self.release_held(false).await?;
+            self.settle_all().await?;
+        }
+        if self.late_charges.is_empty() {
+            return Ok(());
+        }
+        // Every other charge's event first, as the provider sends them: the
+        // adopted charge's raises its payment's sequence, so a late
+        // charge's event (sequence 1 of its own charge) comes in behind
+        // it and must still be taken as evidence, not as stale.
+        let (late, others): (Vec<String>, Vec<String>) = self
+            .charge_ids()
+            .into_iter()
+            .partition(|id| self.late_charges.contains(id));
+        for id in others.iter().chain(&late) {
+            self.deliver_charge(id).await?;
+        }
+        self.settle_all().await
+    }
+
+    /// Workers and reconcilers run, clocks moved past leases and search
+    /// lag, until nothing is left.
+    async fn settle_all(&mut self) -> Result<(), String> {
         for _ in 0..12 {
             self.advance(Duration::from_secs(61)).await?;
             for driven in &self.workers {
@@ -1427,6 +1561,9 @@ impl Explorer {
                 "a worker of batch 1 had two calls in flight (a claim took more rows than its limit, or a harness defect): {doubled:?}; {calls:?}"
             ));
         }
+        // A charge the provider made late (a held request released) is the
+        // provider's double charge, not cobro's: the judge of those is
+        // `check_quiet`. Every other charge counts.
         let mut charges_per_intent: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for charge in ledger.charges.iter().filter(|c| c.status != "declined") {
             let Some((_, intent)) = charge
@@ -1439,6 +1576,9 @@ impl Explorer {
                     charge.id, charge.reference, charge.idempotency_key
                 ));
             };
+            if self.late_charges.contains(&charge.id) {
+                continue;
+            }
             charges_per_intent
                 .entry(intent)
                 .or_default()
@@ -1549,9 +1689,13 @@ impl Explorer {
             for c in conflicts.iter().filter(|c| {
                 c.kind == cobro_store::conflicts::ConflictKind::EffectAfterNoEffect.as_str()
             }) {
+                // Unless the provider made that money late (a held request
+                // released): cobro decided by the rules, the provider broke
+                // its own lag, and the conflict is what must follow.
                 let wrong = attempts.iter().any(|a| {
                     Some(a.id) == c.attempt_id
                         && matches!(a.operation, Operation::Authorize | Operation::Refund)
+                        && !self.made_late(&ledger, &a.provider_key)
                 });
                 if wrong {
                     return Err(format!(
@@ -1567,6 +1711,16 @@ impl Explorer {
                 .filter(|c| c.status != "declined")
                 .filter(|c| c.idempotency_key.as_ref().is_some_and(|k| keys.contains(k)))
                 .collect();
+            let late_double =
+                mine.len() > 1 && mine.iter().any(|c| self.late_charges.contains(&c.id));
+            self.late_doubles += u64::from(late_double);
+            if late_double && p.status.as_str() != "needs_review" {
+                return Err(format!(
+                    "payment {id} holds a double charge the provider made late ({:?}) and is {}: it must stop in needs_review",
+                    mine.iter().map(|c| (&c.id, &c.status)).collect::<Vec<_>>(),
+                    p.status
+                ));
+            }
             let flagged = conflicts.len()
                 + store
                     .decisions_of_payment_any_account(pid)
@@ -1652,6 +1806,26 @@ impl Explorer {
             }
         }
         Ok(())
+    }
+}
+
+impl Explorer {
+    /// The ids of the provider's charges, in the order it made them.
+    fn charge_ids(&self) -> Vec<String> {
+        self.rig
+            .ledger()
+            .charges
+            .into_iter()
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Whether the provider made a late charge (a held request released)
+    /// under this provider key.
+    fn made_late(&self, ledger: &fake_provider::Ledger, provider_key: &str) -> bool {
+        ledger.charges.iter().any(|c| {
+            self.late_charges.contains(&c.id) && c.idempotency_key.as_deref() == Some(provider_key)
+        })
     }
 }
 

@@ -141,6 +141,7 @@ async fn explore(backend: Backend) {
     // over one: printed at the end, so a run shows it reached them.
     let with_late = std::sync::atomic::AtomicU64::new(0);
     let with_late_double = Mutex::new(Vec::new());
+    let with_late_double_refund = std::sync::atomic::AtomicU64::new(0);
     // `EXPLORE_STOP_AT_FIRST`: no new seed starts after a violation (for
     // hunting a known defect: which seed finds it first).
     let stop_at_first = std::env::var("EXPLORE_STOP_AT_FIRST").is_ok();
@@ -172,7 +173,8 @@ async fn explore(backend: Backend) {
                 &stopped,
                 reuse_lanes,
             );
-            let (with_late, with_late_double) = (&with_late, &with_late_double);
+            let (with_late, with_late_double, with_late_double_refund) =
+                (&with_late, &with_late_double, &with_late_double_refund);
             async move {
                 if stopped.load(std::sync::atomic::Ordering::Relaxed) {
                     return None;
@@ -189,7 +191,9 @@ async fn explore(backend: Backend) {
                 match &outcome {
                     Ok(reached) => {
                         let ordering = std::sync::atomic::Ordering::Relaxed;
-                        with_late.fetch_add(u64::from(reached.late_charges > 0), ordering);
+                        with_late.fetch_add(u64::from(reached.late_effects > 0), ordering);
+                        with_late_double_refund
+                            .fetch_add(u64::from(reached.late_double_refunds > 0), ordering);
                         if reached.late_doubles > 0 {
                             with_late_double
                                 .lock()
@@ -243,12 +247,13 @@ async fn explore(backend: Backend) {
         .unwrap_or_else(PoisonError::into_inner);
     late_double.sort_unstable();
     eprintln!(
-        "explorer {backend:?}: {} seeds x {STEPS} steps in {:.1?}; late charges made in {} seeds, a double charge stopped in review in {} (seeds {:?})",
+        "explorer {backend:?}: {} seeds x {STEPS} steps in {:.1?}; late charges or refunds made in {} seeds, a double one stopped in review in {} (seeds {:?}), {} of them a refund",
         seeds.len(),
         started.elapsed(),
         with_late.load(std::sync::atomic::Ordering::Relaxed),
         late_double.len(),
         &late_double[..late_double.len().min(10)],
+        with_late_double_refund.load(std::sync::atomic::Ordering::Relaxed),
     );
     // Wiped lanes go now; a failed one is kept (dropped while panicking).
     for lane in lanes.into_inner().unwrap_or_else(PoisonError::into_inner) {
@@ -581,25 +586,31 @@ struct Explorer {
     /// `FOUND` never hold one).
     late: StdRng,
     holds: bool,
-    /// Charges the provider made when a held request was released.
-    late_charges: BTreeSet<String>,
-    /// Payments found quiet in review over such a double charge.
+    /// Charges and refunds the provider made when a held request was
+    /// released (`ch_...`, `re_...`).
+    late_effects: BTreeSet<String>,
+    /// Payments found quiet in review over such a double charge, and
+    /// over such a double refund.
     late_doubles: u64,
+    late_double_refunds: u64,
 }
 
-/// What a seed reached that is rare: late charges made, and payments
-/// stopped in review over a double charge the provider made late.
+/// What a seed reached that is rare: late charges or refunds made, and
+/// payments stopped in review over a double charge or refund the provider
+/// made late.
 #[derive(Default)]
 struct Reached {
-    late_charges: u64,
+    late_effects: u64,
     late_doubles: u64,
+    late_double_refunds: u64,
 }
 
 async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, String> {
     let mut x = Explorer::new(db, seed).await;
     let outcome = x.run().await.map(|()| Reached {
-        late_charges: x.late_charges.len() as u64,
+        late_effects: x.late_effects.len() as u64,
         late_doubles: x.late_doubles,
+        late_double_refunds: x.late_double_refunds,
     });
     let trace = std::mem::take(&mut x.trace);
     x.finish().await;
@@ -709,8 +720,9 @@ impl Explorer {
             sends: Vec::new(),
             late: StdRng::seed_from_u64(seed ^ 0x6c61_7465),
             holds: !FOUND.contains(&seed),
-            late_charges: BTreeSet::new(),
+            late_effects: BTreeSet::new(),
             late_doubles: 0,
+            late_double_refunds: 0,
         }
     }
 
@@ -1110,8 +1122,10 @@ impl Explorer {
             (FOp::Capture | FOp::Void, FaultAction::SearchLag) => {
                 (operation, FaultAction::FailBeforeEffect)
             }
-            (FOp::Charge, _) if self.holds && self.late.random_ratio(1, HOLD_ONE_IN) => {
-                (FOp::Charge, FaultAction::HoldEffect)
+            (FOp::Charge | FOp::Refund, _)
+                if self.holds && self.late.random_ratio(1, HOLD_ONE_IN) =>
+            {
+                (operation, FaultAction::HoldEffect)
             }
             pair => pair,
         };
@@ -1244,47 +1258,60 @@ impl Explorer {
         if charges.is_empty() {
             return Ok(());
         }
-        let id = charges[self.rng.random_range(0..charges.len())].id.clone();
+        let mut id = charges[self.rng.random_range(0..charges.len())].id.clone();
+        // One event in three is a refund's, when there are refunds (drawn
+        // from the second stream; see `late`).
+        let refunds = self.rig.ledger().refunds;
+        if self.holds && !refunds.is_empty() && self.late.random_ratio(1, 3) {
+            id = refunds[self.late.random_range(0..refunds.len())].id.clone();
+        }
         self.deliver_charge(&id).await
     }
 
-    /// Delivers the current state of charge `id` as a signed event.
+    /// Delivers the current state of charge or refund `id` (`ch_...`,
+    /// `re_...`) as a signed event: `charge.<status>`, `refund.<status>`.
     async fn deliver_charge(&mut self, id: &str) -> Result<(), String> {
-        let charge: Value = self
+        let kind = if id.starts_with("re_") {
+            "refund"
+        } else {
+            "charge"
+        };
+        let object: Value = self
             .rig
             .app
             .client
-            .get(format!("{}/v1/charges/{id}", self.rig.provider.url()))
+            .get(format!("{}/v1/{kind}s/{id}", self.rig.provider.url()))
             .bearer_auth("sk_test_cobro")
             .send()
             .await
-            .map_err(|e| format!("GET charge: {e}"))?
+            .map_err(|e| format!("GET {kind}: {e}"))?
             .json()
             .await
-            .map_err(|e| format!("charge json: {e}"))?;
-        let sequence = charge["sequence"].as_i64().unwrap_or(1);
-        let status = charge["status"].as_str().unwrap_or("authorized").to_owned();
-        let event = json!({"id": format!("evt_{id}_{sequence}"), "type": format!("charge.{status}"),
-            "created": "2026-12-01T00:00:00Z", "sequence": sequence, "data": charge});
+            .map_err(|e| format!("{kind} json: {e}"))?;
+        let sequence = object["sequence"].as_i64().unwrap_or(1);
+        let status = object["status"].as_str().unwrap_or("authorized").to_owned();
+        let event = json!({"id": format!("evt_{id}_{sequence}"), "type": format!("{kind}.{status}"),
+            "created": "2026-12-01T00:00:00Z", "sequence": sequence, "data": object});
         let body = serde_json::to_vec(&event).map_err(|e| e.to_string())?;
         self.events.push(body.clone());
         self.deliver(body).await
     }
 
-    /// The provider makes every charge it held (a `hold_effect` fault), as
-    /// if each request had just come through its queue: under the key and
-    /// reference cobro sent, whatever cobro has decided about that attempt
-    /// since. With `deliver`, each late charge's event follows at once.
+    /// The provider makes every charge and refund it held (a `hold_effect`
+    /// fault), as if each request had just come through its queue: under
+    /// the key and reference cobro sent, whatever cobro has decided about
+    /// that attempt since. With `deliver`, each late effect's event follows
+    /// at once.
     async fn release_held(&mut self, deliver: bool) -> Result<(), String> {
         let control = self.rig.provider.control();
-        let before: BTreeSet<String> = self.charge_ids().into_iter().collect();
+        let before: BTreeSet<String> = self.effect_ids().into_iter().collect();
         let released = control.release_held();
-        let mut made = self.charge_ids();
+        let mut made = self.effect_ids();
         made.retain(|id| !before.contains(id));
         self.note(format!(
-            "provider releases {released} held charge(s): made {made:?}"
+            "provider releases {released} held request(s): made {made:?}"
         ));
-        self.late_charges.extend(made.iter().cloned());
+        self.late_effects.extend(made.iter().cloned());
         if deliver {
             for id in &made {
                 self.deliver_charge(id).await?;
@@ -1430,17 +1457,17 @@ impl Explorer {
             self.release_held(false).await?;
             self.settle_all().await?;
         }
-        if self.late_charges.is_empty() {
+        if self.late_effects.is_empty() {
             return Ok(());
         }
-        // Every other charge's event first, as the provider sends them: the
-        // adopted charge's raises its payment's sequence, so a late
-        // charge's event (sequence 1 of its own charge) comes in behind
-        // it and must still be taken as evidence, not as stale.
+        // Every other charge's and refund's event first, as the provider
+        // sends them: the adopted charge's raises its payment's sequence,
+        // so a late charge's event (sequence 1 of its own charge) comes in
+        // behind it and must still be taken as evidence, not as stale.
         let (late, others): (Vec<String>, Vec<String>) = self
-            .charge_ids()
+            .effect_ids()
             .into_iter()
-            .partition(|id| self.late_charges.contains(id));
+            .partition(|id| self.late_effects.contains(id));
         for id in others.iter().chain(&late) {
             self.deliver_charge(id).await?;
         }
@@ -1561,31 +1588,32 @@ impl Explorer {
                 "a worker of batch 1 had two calls in flight (a claim took more rows than its limit, or a harness defect): {doubled:?}; {calls:?}"
             ));
         }
-        // A charge the provider made late (a held request released) is the
-        // provider's double charge, not cobro's: the judge of those is
-        // `check_quiet`. Every other charge counts.
-        let mut charges_per_intent: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for charge in ledger.charges.iter().filter(|c| c.status != "declined") {
-            let Some((_, intent)) = charge
-                .idempotency_key
-                .as_ref()
-                .and_then(|k| owner_of_key.get(k))
-            else {
-                return Err(format!(
-                    "{} ({}, key {:?}) was made under a key no attempt of cobro's holds",
-                    charge.id, charge.reference, charge.idempotency_key
-                ));
-            };
-            if self.late_charges.contains(&charge.id) {
-                continue;
+        // An effect the provider made late (a held request released) is the
+        // provider's double charge or refund, not cobro's: the judge of
+        // those is `check_quiet`. Every other one counts, and one intent
+        // (a payment's authorisation, a refund) has at most one.
+        let charges = ledger
+            .charges
+            .iter()
+            .filter(|c| c.status != "declined")
+            .map(|c| (&c.id, &c.idempotency_key, &c.reference));
+        let refunds = ledger
+            .refunds
+            .iter()
+            .map(|r| (&r.id, &r.idempotency_key, &r.reference));
+        for (what, effects) in [
+            (
+                "charged",
+                per_intent(charges, &owner_of_key, &self.late_effects)?,
+            ),
+            (
+                "refunded",
+                per_intent(refunds, &owner_of_key, &self.late_effects)?,
+            ),
+        ] {
+            if let Some((intent, ids)) = effects.iter().find(|(_, ids)| ids.len() > 1) {
+                return Err(format!("intent {intent} was {what} twice: {ids:?}"));
             }
-            charges_per_intent
-                .entry(intent)
-                .or_default()
-                .push(&charge.id);
-        }
-        if let Some((intent, ids)) = charges_per_intent.iter().find(|(_, ids)| ids.len() > 1) {
-            return Err(format!("intent {intent} was charged twice: {ids:?}"));
         }
         for (_, id) in &self.payments {
             let Some(p) = payments.get(id) else {
@@ -1704,6 +1732,22 @@ impl Explorer {
                     ));
                 }
             }
+            // A refund intent refunded twice, once late by the provider.
+            let mut refunds_of_intent: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+            for r in &ledger.refunds {
+                let made_by = attempts
+                    .iter()
+                    .find(|a| r.idempotency_key.as_deref() == Some(a.provider_key.as_str()));
+                if let Some(a) = made_by {
+                    refunds_of_intent
+                        .entry(a.intent_id.0.to_string())
+                        .or_default()
+                        .push(&r.id);
+                }
+            }
+            let late_double_refund = refunds_of_intent
+                .values()
+                .any(|ids| ids.len() > 1 && ids.iter().any(|id| self.late_effects.contains(*id)));
             let keys: Vec<String> = attempts.into_iter().map(|a| a.provider_key).collect();
             let mine: Vec<_> = ledger
                 .charges
@@ -1711,12 +1755,13 @@ impl Explorer {
                 .filter(|c| c.status != "declined")
                 .filter(|c| c.idempotency_key.as_ref().is_some_and(|k| keys.contains(k)))
                 .collect();
-            let late_double =
-                mine.len() > 1 && mine.iter().any(|c| self.late_charges.contains(&c.id));
+            self.late_double_refunds += u64::from(late_double_refund);
+            let late_double = late_double_refund
+                || mine.len() > 1 && mine.iter().any(|c| self.late_effects.contains(&c.id));
             self.late_doubles += u64::from(late_double);
             if late_double && p.status.as_str() != "needs_review" {
                 return Err(format!(
-                    "payment {id} holds a double charge the provider made late ({:?}) and is {}: it must stop in needs_review",
+                    "payment {id} holds a double charge or refund the provider made late ({:?}, refunds {refunds_of_intent:?}) and is {}: it must stop in needs_review",
                     mine.iter().map(|c| (&c.id, &c.status)).collect::<Vec<_>>(),
                     p.status
                 ));
@@ -1810,23 +1855,48 @@ impl Explorer {
 }
 
 impl Explorer {
-    /// The ids of the provider's charges, in the order it made them.
-    fn charge_ids(&self) -> Vec<String> {
-        self.rig
-            .ledger()
-            .charges
-            .into_iter()
-            .map(|c| c.id)
+    /// The ids of the provider's charges, then of its refunds, each in the
+    /// order it made them.
+    fn effect_ids(&self) -> Vec<String> {
+        let ledger = self.rig.ledger();
+        let charges = ledger.charges.into_iter().map(|c| c.id);
+        charges
+            .chain(ledger.refunds.into_iter().map(|r| r.id))
             .collect()
     }
 
-    /// Whether the provider made a late charge (a held request released)
-    /// under this provider key.
+    /// Whether the provider made a late charge or refund (a held request
+    /// released) under this provider key.
     fn made_late(&self, ledger: &fake_provider::Ledger, provider_key: &str) -> bool {
-        ledger.charges.iter().any(|c| {
-            self.late_charges.contains(&c.id) && c.idempotency_key.as_deref() == Some(provider_key)
-        })
+        let key = Some(provider_key);
+        let charges = ledger.charges.iter().map(|c| (&c.id, &c.idempotency_key));
+        let refunds = ledger.refunds.iter().map(|r| (&r.id, &r.idempotency_key));
+        charges
+            .chain(refunds)
+            .any(|(id, made_under)| self.late_effects.contains(id) && made_under.as_deref() == key)
     }
+}
+
+/// The provider's effects (id, idempotency key, reference) by the intent
+/// whose attempt's provider key made each, late ones left out; an effect
+/// made under a key no attempt of cobro's holds is a violation.
+fn per_intent<'a>(
+    effects: impl Iterator<Item = (&'a String, &'a Option<String>, &'a String)>,
+    owner_of_key: &'a BTreeMap<String, (String, String)>,
+    late: &BTreeSet<String>,
+) -> Result<BTreeMap<&'a str, Vec<&'a str>>, String> {
+    let mut per_intent: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (id, key, reference) in effects {
+        let Some((_, intent)) = key.as_ref().and_then(|k| owner_of_key.get(k)) else {
+            return Err(format!(
+                "{id} ({reference}, key {key:?}) was made under a key no attempt of cobro's holds"
+            ));
+        };
+        if !late.contains(id) {
+            per_intent.entry(intent).or_default().push(id);
+        }
+    }
+    Ok(per_intent)
 }
 
 /// What one reconciler run decided, one verdict per item; a run that could

@@ -21,21 +21,22 @@
 //! webhook deliveries built from the provider's own charges, duplicated and
 //! late; authorized charges captured or voided at the provider behind
 //! cobro's back (a dashboard), which cobro learns when it next acts on them;
-//! charges the provider makes late (a `hold_effect` fault holds a charge
-//! request, answering nothing, until a later step releases it, possibly
-//! after cobro proved that attempt had no effect and charged again: a
-//! double charge that is the provider's, which cobro must stop at, never
-//! settle).
+//! charges and refunds the provider makes late (a `hold_effect` fault
+//! holds the request, answering nothing, until a later step releases it,
+//! possibly after cobro proved that attempt had no effect and sent it
+//! again: a double charge or refund that is the provider's, which cobro
+//! must stop at, never settle).
 //!
 //! Invariants after every step: no intent of one account charged twice; no
 //! payment bound to a charge of another attempt or account; no send marked
 //! for a payment in `requires_reconciliation` or `needs_review`; refunds at
 //! the provider never above what the payment captured. Once quiet (faults
-//! cleared, every parked call and held charge released, the late charges'
-//! events delivered, workers and reconcilers run until nothing is left):
-//! every payment's state, amount and refunds equal its own charge's, and a
-//! payment holding a double charge the provider made late is in
-//! `needs_review` with its reason kept.
+//! cleared, every parked call and held request released, workers and
+//! reconcilers run until nothing is left, and in a seed that made late
+//! effects every charge's and refund's event delivered, the late ones
+//! last): every payment's state, amount and refunds equal its own
+//! charge's, and a payment holding a double charge or refund the provider
+//! made late is in `needs_review` with its reason kept.
 //!
 //! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
 //! below; `EXPLORE_FIRST_SEED=F` starts them at F, for runs in chunks;
@@ -1209,10 +1210,22 @@ impl Explorer {
                     .map(|a| (*a, c))
             });
         let (first, second) = (charged.next(), charged.next());
-        if second.is_some() {
-            // Two charges for one payment (one the provider made late): an
-            // operator refunds one before resolving; this one leaves it.
-            self.note(format!("operator leaves {payment} in review: two charges"));
+        // Two charges for one payment, or two refunds for one refund (one
+        // the provider made late): an operator gives one back before
+        // resolving; this one leaves the payment in review.
+        let mut refunds_of_intent: BTreeMap<uuid::Uuid, usize> = BTreeMap::new();
+        for r in &ledger.refunds {
+            if let Some(a) = attempts
+                .iter()
+                .find(|a| r.idempotency_key.as_deref() == Some(a.provider_key.as_str()))
+            {
+                *refunds_of_intent.entry(a.intent_id.0).or_default() += 1;
+            }
+        }
+        if second.is_some() || refunds_of_intent.values().any(|n| *n > 1) {
+            self.note(format!(
+                "operator leaves {payment} in review: a double charge or refund"
+            ));
             return Ok(());
         }
         let charged = first;

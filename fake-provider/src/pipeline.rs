@@ -498,7 +498,6 @@ async fn run_call<F: FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome>(
                 picked.outcome,
                 Some((
                     FaultAction::FailBeforeEffect
-                        | FaultAction::HoldEffect
                         | FaultAction::InProgress
                         | FaultAction::RateLimit,
                     _

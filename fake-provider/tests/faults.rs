@@ -78,11 +78,16 @@ async fn hold_effect_makes_the_charge_only_when_released_under_its_key() {
     };
     assert_eq!(charge.idempotency_key.as_deref(), Some("key-h"));
     assert_eq!(charge.reference, "pedido-h:authorize-v1");
+    // A hold drawn by a retry under a key already answered holds nothing:
+    // the key replays its answer, marked as a replay.
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::HoldEffect).with_next(1));
     let replayed = p.charge(Some("key-h"), "pedido-h:authorize-v1").await;
     assert_eq!(
         (replayed.status, replayed.replayed, replayed.id()),
         (201, true, charge.id.as_str())
     );
+    assert_eq!(p.control.held(), 0);
     assert_eq!(admin.release_held().await.unwrap(), 0);
     assert_eq!(p.totals(), charges(1));
 }

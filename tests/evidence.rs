@@ -12,7 +12,7 @@ use cobro_reconciler::{
 use cobro_settle::{Applied, Proof, Source, apply_proof};
 use cobro_store::StoreError;
 use cobro_test_support::{
-    Backend, Dialect, Rig, double_charges, manual_payment_body, on_both_backends,
+    Backend, Dialect, RIG_SECRET_KEY, Rig, double_charges, manual_payment_body, on_both_backends,
     on_every_provider, payment_body,
 };
 use cobro_worker::Step;
@@ -40,6 +40,7 @@ on_both_backends!(
     a_void_event_is_never_taken_for_a_held_cancel,
     a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge,
     a_capture_event_of_another_charge_is_not_taken_for_the_open_capture,
+    a_refund_the_provider_makes_late_after_no_effect_stops_the_line,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
 );
@@ -675,6 +676,71 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
         "{:?}",
         double_charges(&ledger)
     );
+}
+
+/// A refund the provider makes late, after cobro proved it had none. The
+/// refund's request is held (`hold_effect`: no answer, its key in
+/// progress, nothing in search); the worker hands it over when its key
+/// window closes; the reconciler proves it had no effect and retries it
+/// under a new key, and the retry refunds. Then the provider lets the held
+/// request through: two refunds at the provider for one refund, its own
+/// doing. The late refund's event is evidence against the no-effect
+/// record: a conflict that stops the line, and nothing more is sent.
+async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend: Backend) {
+    let rig = rig_taking_signed_events(backend).await;
+    let id = rig.create_payment("k-1", &payment_body("o-1")).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    let control = rig.provider.control();
+    control.add_fault(FaultRule::new(FOp::Refund, FaultAction::HoldEffect).with_next(1));
+    rig.post_ok(
+        &format!("/v1/payments/{id}/refunds"),
+        "r-1",
+        json!({"amount": 500}),
+    )
+    .await;
+    rig.drain(1).await;
+    assert_eq!((control.held(), rig.ledger().refunds.len()), (1, 0));
+    pass_the_window(&rig).await;
+    proven_no_effect_and_retried(&rig).await;
+    rig.drain(2).await;
+    assert_eq!(rig.ledger().refunds.len(), 1, "the retry refunded");
+
+    assert_eq!(control.release_held(), 1);
+    let ledger = rig.ledger();
+    assert_eq!((ledger.refunds.len(), ledger.totals.charges), (2, 1));
+    let first_key = rig
+        .attempts(&id)
+        .await
+        .into_iter()
+        .find(|a| a.refund_id.is_some())
+        .expect("the refund's first attempt")
+        .provider_key;
+    let late = ledger
+        .refunds
+        .iter()
+        .find(|r| r.idempotency_key.as_deref() == Some(first_key.as_str()))
+        .expect("the late refund, under the first attempt's key");
+    let refund: Value = rig
+        .app
+        .client
+        .get(format!("{}/v1/refunds/{}", rig.provider.url(), late.id))
+        .bearer_auth(RIG_SECRET_KEY)
+        .send()
+        .await
+        .expect("GET refund")
+        .json()
+        .await
+        .expect("refund");
+    let event = json!({"id": "evt_late_refund", "type": "refund.succeeded",
+        "created": "2026-11-30T12:00:00Z", "sequence": refund["sequence"], "data": refund});
+    assert_eq!(deliver_fake_event(&rig, &event).await, "conflict");
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
+    assert!(rig.drain(3).await.is_empty(), "nothing more is sent");
+    assert_eq!(rig.ledger().refunds.len(), 2);
 }
 
 /// cobro captures and voids only the charge it adopted. A manual

@@ -126,20 +126,28 @@ async fn pass_the_window(rig: &Rig) {
     assert!(steps.contains(&Step::HandedOver), "{steps:?}");
 }
 
-async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend, dialect: Dialect) {
-    let rig = Rig::new_in(backend, dialect).await;
-    // Account B pays its ord-1.
-    let (_, token_b) = rig.app.new_account("merchant-b").await;
+/// A second merchant's account, and its payment for `order_ref` (key
+/// `b-1`), created and run through the worker: its account, its token and
+/// the payment as created.
+async fn merchant_b_pays(rig: &Rig, order_ref: &str) -> (cobro_core::AccountId, String, Value) {
+    let (account, token) = rig.app.new_account("merchant-b").await;
     let r = rig
         .app
-        .post_as(&token_b, "/v1/payments", Some("b-1"))
-        .json(&payment_body("ord-1"))
+        .post_as(&token, "/v1/payments", Some("b-1"))
+        .json(&payment_body(order_ref))
         .send()
         .await
         .expect("send");
     assert_eq!(r.status().as_u16(), 201);
-    let b: Value = r.json().await.expect("json");
+    let payment: Value = r.json().await.expect("json");
     rig.drain(2).await;
+    (account, token, payment)
+}
+
+async fn two_accounts_with_one_order_ref_never_share_a_charge(backend: Backend, dialect: Dialect) {
+    let rig = Rig::new_in(backend, dialect).await;
+    // Account B pays its ord-1.
+    let (_, token_b, b) = merchant_b_pays(&rig, "ord-1").await;
     // B's charge as the provider names it to cobro (a charge or a
     // PaymentIntent id): its only one so far.
     let b_charge = match dialect {
@@ -622,18 +630,8 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
     let rig = rig_taking_signed_events(backend).await;
     // Another merchant's payment for the same order ref, charged and
     // recorded: the events below must never touch it.
-    let (account_b, token_b) = rig.app.new_account("merchant-b").await;
-    let r = rig
-        .app
-        .post_as(&token_b, "/v1/payments", Some("b-1"))
-        .json(&payment_body("o-1"))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status().as_u16(), 201);
-    let b: Value = r.json().await.expect("json");
+    let (account_b, _, b) = merchant_b_pays(&rig, "o-1").await;
     let b_id: PaymentId = b["id"].as_str().expect("id").parse().expect("uuid");
-    rig.drain(2).await;
     let b_row = async || {
         let row = rig
             .app

@@ -1549,13 +1549,7 @@ impl Explorer {
         let store = &self.rig.app.db.store;
         // Every payment and its attempts: one read of the payments, one of
         // each payment's attempts (at once).
-        let rows = store
-            .payments_any_account(&cobro_store::reconcile::OperatorQuery {
-                limit: 10_000,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| e.to_string())?;
+        let rows = self.all_payments().await?;
         let payments: BTreeMap<String, cobro_store::PaymentRow> =
             rows.into_iter().map(|p| (p.id.0.to_string(), p)).collect();
         let attempts_of: BTreeMap<String, Vec<cobro_store::AttemptRow>> =
@@ -1697,13 +1691,7 @@ impl Explorer {
     async fn check_quiet(&mut self) -> Result<(), String> {
         let ledger = self.rig.ledger();
         let store = &self.rig.app.db.store;
-        let all = store
-            .payments_any_account(&cobro_store::reconcile::OperatorQuery {
-                limit: 10_000,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| e.to_string())?;
+        let all = self.all_payments().await?;
         let failed = |status: &str| matches!(status, "declined" | "failed" | "canceled");
         for (_, id) in &self.payments {
             let pid: PaymentId = id.parse().map_err(|_| "payment id".to_owned())?;
@@ -1899,6 +1887,20 @@ impl Explorer {
 }
 
 impl Explorer {
+    /// Every payment of every account, as the store has it now.
+    async fn all_payments(&self) -> Result<Vec<cobro_store::PaymentRow>, String> {
+        self.rig
+            .app
+            .db
+            .store
+            .payments_any_account(&cobro_store::reconcile::OperatorQuery {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// The ids of the provider's charges, then of its refunds, each in the
     /// order it made them.
     fn effect_ids(&self) -> Vec<String> {

@@ -4,7 +4,8 @@
 //! before commit while the transaction waits on a lock (seen in pg_locks),
 //! two worker processes on one database, SIGTERM during a provider call,
 //! a worker's own reconciliation schedule, two merchants on one order ref,
-//! a dispatcher killed mid-delivery and the events chaos run.
+//! a webhook killed while it waits on the payment's row, a dispatcher
+//! killed mid-delivery and the events chaos run.
 //!
 //! The scenarios of provider-and-recovery.md section 6 run on both stores
 //! in tests/scenarios.rs (scenario 7's killed workers and scenario 14's
@@ -242,16 +243,7 @@ async fn a_crash_before_commit_records_nothing_and_the_retry_executes_once(diale
     assert!(answer.is_err(), "the client got no answer: {answer:?}");
     blocking.rollback().await.expect("rollback");
     // With its client gone, the backend ends and its transaction with it.
-    wait_for("cobro's orphaned backend ends", SETTLE, async || {
-        let alive: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
-                .bind(backend)
-                .fetch_one(site.pg())
-                .await
-                .expect("pg_stat_activity");
-        (!alive).then_some(())
-    })
-    .await;
+    backend_ends(&site, backend).await;
     for table in [
         "idempotency_records",
         "payments",
@@ -370,6 +362,15 @@ async fn a_worker_process_reconciles_on_its_own_schedule(dialect: Dialect) {
 /// Point 1, as it was reproduced: two merchants, one order ref, one
 /// provider API key. B is captured; A's attempt goes unknown; `cobro
 /// reconcile --payment A --older-than 0s` must not bind A to B's charge.
+// The fake dialect only: the event is hand-made in the fake's shape.
+#[tokio::test]
+async fn a_webhook_killed_while_it_waits_on_the_payment_keeps_nothing_and_its_redelivery_stops_the_line_postgres_fake()
+ {
+    a_webhook_killed_while_it_waits_on_the_payment_keeps_nothing_and_its_redelivery_stops_the_line(
+    )
+    .await;
+}
+
 async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge(dialect: Dialect) {
     let site = Site::new_in(Backend::Postgres, dialect).await;
     let now = chrono::Utc::now();
@@ -463,6 +464,161 @@ async fn cobro_reconcile_never_binds_one_merchants_payment_to_anothers_charge(di
         .map(|c| provider_ref_of(&ledger, &c.id))
         .collect::<Vec<_>>();
     assert_eq!(b_own, [b_charge.as_str()], "B's one charge is its own");
+}
+
+/// Waits until PostgreSQL backend `pid`, orphaned by a killed process,
+/// has ended, and its transaction with it.
+async fn backend_ends(site: &Site, pid: i32) {
+    wait_for("the killed process's backend ends", SETTLE, async || {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(pid)
+                .fetch_one(site.pg())
+                .await
+                .expect("pg_stat_activity");
+        (!alive).then_some(())
+    })
+    .await;
+}
+
+/// A hand-made `charge.captured` event of the fake dialect for charge `id`
+/// (1999 EUR), naming the attempt `reference`, with its signature header
+/// for `secret` at the system clock's now.
+fn signed_charge_event(
+    secret: &str,
+    event_id: &str,
+    id: &str,
+    reference: &str,
+    sequence: i64,
+) -> (Vec<u8>, String) {
+    let now = chrono::Utc::now();
+    let event = serde_json::json!({
+        "id": event_id, "type": "charge.captured", "created": now, "sequence": sequence,
+        "data": {"id": id, "object": "charge", "amount": 1999, "currency": "EUR",
+                 "payment_method": "pm_card_visa", "reference": reference,
+                 "status": "captured", "amount_captured": 1999, "amount_refunded": 0,
+                 "created": now, "sequence": sequence},
+    });
+    let body = serde_json::to_vec(&event).expect("json");
+    let signature = fake_provider::sign(secret, now.timestamp(), &body);
+    (body, signature)
+}
+
+/// The webhook transaction killed half-way, on the evidence the per-charge
+/// ordering is about. Merchants A and B both pay order o-1; A's payment is
+/// captured with charge X, whose event is recorded (A's provider sequence
+/// is 1). Then an event of another charge Y, sequence 1 of its own, names
+/// A's authorisation: a charge A's record denies. A `serve --no-worker`
+/// takes it, keeps its receipt and waits on A's payment row (held by
+/// another transaction, seen in pg_stat_activity), and is SIGKILLed there.
+/// Nothing of it is kept: no receipt, no conflict, A still captured. The
+/// redelivery to another process is a conflict that stops the line, once;
+/// B's payment is untouched, and the provider made one charge per merchant.
+async fn a_webhook_killed_while_it_waits_on_the_payment_keeps_nothing_and_its_redelivery_stops_the_line()
+ {
+    const SECRET: &str = "whsec_crash";
+    let site = Site::new_in(Backend::Postgres, Dialect::Fake).await;
+    let env = [("COBRO_WEBHOOK_SECRET", SECRET)];
+    let (_api, url) = site.serve("serve", &[], &env).await;
+    let token_b = site.new_account("merchant-b").await;
+    let answer = site
+        .post_as(&token_b, &url, "/v1/payments", "b-1", &payment_body("o-1"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.status().as_u16(), 201);
+    let b = id_of(&answer.json().await.expect("json"));
+    let created = site.create_payment(&url, "a-1", &payment_body("o-1")).await;
+    let a = id_of(&created);
+    let a_now = site.settled_payment(&url, &a).await;
+    assert_eq!(a_now["status"], "captured");
+    let x = a_now["provider_ref"]
+        .as_str()
+        .expect("A's charge")
+        .to_owned();
+    let ledger = site.ledger();
+    let reference = ledger
+        .charges
+        .iter()
+        .find(|c| c.id == x)
+        .expect("X in the ledger")
+        .reference
+        .clone();
+    let b_before = site
+        .get_as(&token_b, &url, &format!("/v1/payments/{b}"))
+        .await;
+    assert_eq!(b_before.1["status"], "captured", "{}", b_before.1);
+    let deliver = |base: &str, (body, signature): (Vec<u8>, String)| {
+        site.http
+            .post(site.webhook_url(base))
+            .header("content-type", "application/json")
+            .header(fake_provider::SIGNATURE_HEADER, signature)
+            .body(body)
+            .send()
+    };
+    let outcome = async |answer: reqwest::Result<reqwest::Response>| {
+        let receipt: Value = answer.expect("answer").json().await.expect("receipt");
+        receipt["outcome"].as_str().unwrap_or_default().to_owned()
+    };
+    let x_event = signed_charge_event(SECRET, "evt_x1", &x, &reference, 1);
+    assert_eq!(
+        outcome(deliver(&url, x_event).await).await,
+        "duplicate_effect"
+    );
+
+    // A's payment row is held; serve B takes Y's event and waits on it.
+    let mut blocker = PgConnection::connect(&site.db.url).await.expect("connect");
+    let mut blocking = blocker.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM payments WHERE id = $1 FOR UPDATE")
+        .bind(Uuid::parse_str(&a).expect("uuid"))
+        .execute(&mut *blocking)
+        .await
+        .expect("lock A's payment");
+    let (mut killed, url_b) = site
+        .serve(
+            "serve B",
+            &["--no-worker"],
+            &[env[0], ("COBRO_LOCK_TIMEOUT", "60s")],
+        )
+        .await;
+    let y_event = || signed_charge_event(SECRET, "evt_y1", "ch_other", &reference, 1);
+    let in_flight = tokio::spawn(deliver(&url_b, y_event()));
+    let backend: i32 = wait_for("the webhook waits on A's payment", SETTLE, async || {
+        sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_optional(site.pg())
+        .await
+        .expect("pg_stat_activity")
+    })
+    .await;
+    killed.kill9();
+    assert!(in_flight.await.expect("task").is_err(), "no answer");
+    blocking.rollback().await.expect("rollback");
+    backend_ends(&site, backend).await;
+    assert_eq!(
+        site.count("webhook_events WHERE event_id = 'evt_y1'").await,
+        0
+    );
+    assert_eq!(site.count("evidence_conflicts").await, 0);
+    assert_eq!(site.payment(&url, &a).await["status"], "captured");
+
+    // The provider redelivers, to the process still running.
+    assert_eq!(outcome(deliver(&url, y_event()).await).await, "conflict");
+    assert_eq!(
+        outcome(deliver(&url, y_event()).await).await,
+        "duplicate_delivery"
+    );
+    assert_eq!(site.count("evidence_conflicts").await, 1);
+    assert_eq!(site.payment(&url, &a).await["status"], "needs_review");
+    let b_after = site
+        .get_as(&token_b, &url, &format!("/v1/payments/{b}"))
+        .await;
+    assert_eq!(b_after, b_before, "B's payment is untouched");
+    let ledger = site.ledger();
+    assert_eq!(ledger.totals.charges, 2, "one charge per merchant");
+    assert!(cobro_test_support::double_charges(&ledger).is_empty());
 }
 
 /// A merchant endpoint for the dispatcher's crash test: it records every

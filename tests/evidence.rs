@@ -248,6 +248,9 @@ async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::List, FaultAction::FailBeforeEffect));
     rig.app.clock.advance(Duration::hours(2));
     let summary = reconcile(&rig, Scope::default()).await;
     assert_eq!(summary.items[0].verdict, Verdict::Escalated);

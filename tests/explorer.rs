@@ -74,6 +74,10 @@ const LANES: usize = 4;
 /// reach the reconciler within the search lag of their last send, where
 /// "no effect" is decided at the edge of what the provider can show.
 const SHORT_RETENTION: Duration = Duration::from_secs(60);
+/// How long the fake's search lags in a short-window seed (and an edge the
+/// clock jumps to): no proof depends on it any more, and a rule that still
+/// leaned on it fails at its edges.
+const SEARCH_LAG: Duration = Duration::from_secs(60);
 const SHORT_MARGIN: Duration = Duration::from_secs(30);
 
 /// Seeds that once found something, run again by every default run (after
@@ -493,6 +497,20 @@ impl cobro_provider::Provider for Gated {
         self.query(self.inner.search_refunds(reference, charge))
             .await
     }
+    async fn list_charges(
+        &self,
+        reference: &str,
+        window: cobro_provider::Window,
+    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        self.query(self.inner.list_charges(reference, window)).await
+    }
+    async fn list_refunds(
+        &self,
+        reference: &str,
+        charge: &str,
+    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
+        self.query(self.inner.list_refunds(reference, charge)).await
+    }
 }
 
 /// One worker or reconciler the explorer drives: its gate and its
@@ -643,6 +661,12 @@ impl Explorer {
         } else {
             (defaults.key_retention, defaults.safety_margin)
         };
+        // The reconcilers replay a key only inside the workers' window.
+        let key_window = retention.checked_sub(margin);
+        let model = cobro_reconciler::ReconcilerConfig {
+            key_window,
+            ..model
+        };
         let provider = fake_provider::Config {
             admin: true,
             retention,
@@ -662,7 +686,7 @@ impl Explorer {
         if short {
             for operation in [FOp::Charge, FOp::Refund] {
                 let lag = FaultRule::new(operation, FaultAction::SearchLag)
-                    .with_lag_seconds(model.search_lag.as_secs());
+                    .with_lag_seconds(SEARCH_LAG.as_secs());
                 rig.provider.control().add_fault(lag);
             }
         }
@@ -696,7 +720,10 @@ impl Explorer {
                     store.clone(),
                     Arc::new(Gated::new(&rig, &gate, true)),
                     Arc::clone(&clock),
-                    Rig::reconciler_config(|c| c.actor = format!("reconciler:explorer-step-{r}")),
+                    Rig::reconciler_config(|c| {
+                        c.actor = format!("reconciler:explorer-step-{r}");
+                        c.key_window = key_window;
+                    }),
                 );
                 Driven::new(reconciler, gate)
             })
@@ -1016,7 +1043,7 @@ impl Explorer {
     /// are wrong by a second fail here.
     async fn jump_to_edge(&mut self) -> Result<(), String> {
         let now = self.rig.app.clock.now();
-        let (timeout, lag) = (self.model.request_timeout, self.model.search_lag);
+        let (timeout, lag) = (self.model.request_timeout, SEARCH_LAG);
         let offsets = [
             timeout,
             lag,
@@ -1124,7 +1151,16 @@ impl Explorer {
             FaultAction::SearchLag,
         ][self.rng.random_range(0..5)];
         let (operation, action) = match (operation, action) {
-            // Search only fails; lag applies to what a POST creates.
+            // Lookups only fail: the search, or (drawn with an action of
+            // an even place, so no draw moves) the consistent list, which
+            // leaves nothing to prove absence with. Lag applies to what a
+            // POST creates.
+            (
+                FOp::Search,
+                FaultAction::DropResponseAfterEffect
+                | FaultAction::FailAfterEffect
+                | FaultAction::SearchLag,
+            ) => (FOp::List, FaultAction::FailBeforeEffect),
             (FOp::Search, _) => (FOp::Search, FaultAction::FailBeforeEffect),
             (FOp::Capture | FOp::Void, FaultAction::SearchLag) => {
                 (operation, FaultAction::FailBeforeEffect)
@@ -1141,7 +1177,7 @@ impl Explorer {
             // The lag the reconcilers are told: a provider keeps its
             // documented lag (a longer one would be a provider cobro's
             // settings do not describe).
-            rule = rule.with_lag_seconds(self.model.search_lag.as_secs());
+            rule = rule.with_lag_seconds(SEARCH_LAG.as_secs());
         }
         self.rig.provider.control().add_fault(rule);
         self.note(format!("fault next {operation:?} {action:?}"));
@@ -1157,8 +1193,10 @@ impl Explorer {
         };
         let runs: Vec<_> = (0..at_once)
             .map(|i| {
-                self.rig
-                    .reconciler(|c| c.actor = format!("reconciler:explorer-{i}"))
+                self.rig.reconciler(|c| {
+                    c.actor = format!("reconciler:explorer-{i}");
+                    c.key_window = self.model.key_window;
+                })
             })
             .collect();
         let results = futures::future::join_all(
@@ -1511,7 +1549,7 @@ impl Explorer {
             }
             let run = self
                 .rig
-                .reconciler(|_| {})
+                .reconciler(|c| c.key_window = self.model.key_window)
                 .run(
                     &Scope {
                         older_than: Some(Duration::ZERO),

@@ -74,6 +74,9 @@ impl World {
         let provider = fake_provider::start(fake_provider::Config {
             admin: true,
             webhook_dialect: WebhookDialect::Stripe,
+            // One timeline: the creation times the provider's list reports
+            // and the send times cobro records are comparable.
+            clock_start: Some(app.clock.now()),
             ..Default::default()
         })
         .await
@@ -224,6 +227,7 @@ impl World {
     fn reconciler(&self, name: &str) -> cobro_reconciler::Reconciler<Connector> {
         let settings = cobro::settings::ReconcileSettings {
             provider_search_lag: Duration::from_secs(60),
+            provider_clock_skew: Duration::from_secs(10),
             reconcile_stuck_after: Duration::from_secs(300),
             reconcile_escalate_after: Duration::from_secs(24 * 3600),
             reconcile_no_retry: false,

@@ -17,10 +17,11 @@ use serde_json::Value;
 
 on_every_provider!(
     an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again,
-    proven_no_effect_after_the_search_lag_retries_with_a_new_key_once,
-    not_found_within_the_search_lag_decides_nothing,
-    a_send_that_reached_the_provider_late_is_waited_for_the_request_timeout_too,
-    a_search_answer_read_late_is_judged_when_it_was_asked,
+    proven_no_effect_by_the_list_retries_with_a_new_key_once,
+    a_search_that_never_catches_up_proves_nothing_and_the_list_adopts_the_charge,
+    with_no_consistent_read_it_waits_and_escalates_never_charging_again,
+    a_send_that_may_still_reach_the_provider_is_waited_for,
+    a_request_still_in_progress_under_its_key_is_never_absence,
     a_failing_status_query_decides_nothing,
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
@@ -118,7 +119,7 @@ async fn an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_ag
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 
-async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(
+async fn proven_no_effect_by_the_list_retries_with_a_new_key_once(
     backend: Backend,
     dialect: Dialect,
 ) {
@@ -158,7 +159,7 @@ async fn proven_no_effect_after_the_search_lag_retries_with_a_new_key_once(
 /// key window that closes right after the first send: the worker hands the
 /// attempt over at once, so the reconciler looks while the last send is
 /// still recent. The provider's search shows the charge `search_lag`
-/// seconds after it was made.
+/// seconds after it was made (its list at once).
 async fn handed_over_at_once(backend: Backend, dialect: Dialect, search_lag: u64) -> (Rig, String) {
     let rig = Rig::with_in(backend, dialect, |_, worker| {
         worker.key_retention = std::time::Duration::from_secs(2 * 3600);
@@ -178,51 +179,152 @@ async fn handed_over_at_once(backend: Backend, dialect: Dialect, search_lag: u64
     (rig, id)
 }
 
-/// The charge is made, but the provider's search will not show it for an
-/// hour: ten minutes in, "not found" proves nothing; after the hour the
-/// charge is found and adopted.
-async fn not_found_within_the_search_lag_decides_nothing(backend: Backend, dialect: Dialect) {
-    unknown_until_the_lag_passes(backend, dialect, 3600, 2, 600, 3600).await;
-}
-
-/// "No effect" waits for the search lag counted from the last send plus
-/// the request timeout: a send may reach the provider up to a request
-/// timeout after cobro marked it, and only then does the provider's search
-/// lag start. Here the charge shows in search 3 605 s after cobro's send (a
-/// documented lag of 3 600 s, the request arriving 5 s late, inside the
-/// 10 s timeout); at 3 602 s "not found" proves nothing. Counted from the
-/// send alone (the first release), the reconciler decided "no effect" there
-/// and a second charge could follow.
-async fn a_send_that_reached_the_provider_late_is_waited_for_the_request_timeout_too(
+/// The charge is made (answered 500), and the provider's search will not
+/// show it for two days: an outage that never catches up. Ten minutes in,
+/// the consistent list finds it and it is adopted: one charge. Before this
+/// release, "not found" by the search after its lag was proof of no effect
+/// and a second charge followed under a new key.
+async fn a_search_that_never_catches_up_proves_nothing_and_the_list_adopts_the_charge(
     backend: Backend,
     dialect: Dialect,
 ) {
-    unknown_until_the_lag_passes(backend, dialect, 3605, 10, 3602, 10).await;
+    let (rig, id) = handed_over_at_once(backend, dialect, 48 * 3600).await;
+    advance(&rig, 600);
+    adopts_the_charge(&rig, &id, &reconciler(&rig, |_| {})).await;
 }
 
-/// A handed-over attempt whose charge the provider's search shows
-/// `provider_lag` s after it was made, and a reconciler with a search lag of
-/// 3 600 s and `request_timeout` s: `first_look` s after the send it must
-/// decide nothing (no decision, no new attempt); `second_look` s later it
-/// must find the charge and adopt it. One charge throughout.
-async fn unknown_until_the_lag_passes(
+/// The same, with the provider's list failing too: no read can prove
+/// absence, so nothing is decided however long the search has had, and at
+/// the horizon the payment goes to `needs_review`. One charge throughout,
+/// never a second under a new key.
+async fn with_no_consistent_read_it_waits_and_escalates_never_charging_again(
     backend: Backend,
     dialect: Dialect,
-    provider_lag: u64,
-    request_timeout: u64,
-    first_look: u64,
-    second_look: u64,
 ) {
-    let (rig, id) = handed_over_at_once(backend, dialect, provider_lag).await;
+    let (rig, id) = handed_over_at_once(backend, dialect, 48 * 3600).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::List, FaultAction::FailBeforeEffect));
+    let recon = reconciler(&rig, |_| {});
+    advance(&rig, 6 * 3600);
+    decides_nothing(&rig, &id, &recon, "no consistent read").await;
+    advance(&rig, 19 * 3600);
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Escalated);
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    assert!(rig.drain(1).await.is_empty(), "no new attempt");
+    assert_eq!(rig.app.db.count("attempts").await, 1);
+    assert_eq!(rig.ledger().totals.charges, 1, "never a second charge");
+}
+
+/// "No effect" waits until the last send can no longer reach the provider
+/// (request timeout plus the clock skew allowance), even when the list
+/// finds nothing: here the charge was never made, and the reconciler asks
+/// 5 s after the send, inside a 10 s request timeout.
+async fn a_send_that_may_still_reach_the_provider_is_waited_for(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::with_in(backend, dialect, |_, worker| {
+        worker.key_retention = std::time::Duration::from_secs(2 * 3600);
+        worker.safety_margin =
+            std::time::Duration::from_secs(2 * 3600) - std::time::Duration::from_millis(1);
+    })
+    .await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    assert_eq!(rig.drain(1).await, vec![Step::HandedOver]);
+    rig.provider.control().clear_faults();
     let recon = reconciler(&rig, |c| {
-        c.search_lag = std::time::Duration::from_secs(3600);
-        c.request_timeout = std::time::Duration::from_secs(request_timeout);
+        c.request_timeout = std::time::Duration::from_secs(10);
+        c.key_window = None;
     });
-    advance(&rig, first_look);
-    decides_nothing_within_the_lag(&rig, &id, &recon).await;
-    // Once the lag has passed, the search finds it and it is adopted.
-    advance(&rig, second_look);
-    adopts_the_charge(&rig, &id, &recon).await;
+    advance(&rig, 5);
+    decides_nothing(&rig, &id, &recon, "could still reach").await;
+    assert_eq!(rig.ledger().totals.charges, 0);
+    advance(&rig, 30);
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Retried);
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.ledger().totals.charges, 1, "one charge in the end");
+}
+
+/// A request the provider holds (its key in progress, no charge made yet)
+/// while the list shows nothing: inside the key's retention the reconciler
+/// replays the key before deciding, and "in progress" is never absence.
+/// Once the provider makes the charge, it is adopted: one charge, never a
+/// second under a new key. (The Stripe dialect cannot hold a request; there
+/// the fault refuses it before any effect, and the replay makes the one
+/// charge under the same key.)
+async fn a_request_still_in_progress_under_its_key_is_never_absence(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::HoldEffect).with_next(1));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    // The worker's budget is spent: it hands the attempt over while the
+    // provider still holds the first request (or refused it).
+    rig.app
+        .clock
+        .advance(Duration::hours(23) + Duration::minutes(1));
+    rig.drain(2).await;
+    advance(&rig, 60);
+    let recon = reconciler(&rig, |c| {
+        c.key_window = Some(std::time::Duration::from_secs(48 * 3600));
+    });
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    match (&dialect, &summary.items[0].verdict) {
+        (Dialect::Fake, Verdict::StillUnknown { reason }) => {
+            assert!(reason.contains("replay"), "{reason}");
+            assert_eq!(rig.ledger().totals.charges, 0);
+            assert_eq!(rig.provider.control().release_held(), 1);
+            adopts_the_charge(&rig, &id, &recon).await;
+        }
+        (Dialect::Stripe, Verdict::Resolved { .. }) => {}
+        (_, other) => panic!("{dialect:?}: {other:?}"),
+    }
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.app.db.count("attempts").await, 1, "never a new key");
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+/// A run of `recon` over the payment `id` decides nothing, for `why`: no
+/// decision, no new attempt.
+async fn decides_nothing<P: cobro_provider::Provider>(
+    rig: &Rig,
+    id: &str,
+    recon: &Reconciler<P>,
+    why: &str,
+) {
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    match &summary.items[0].verdict {
+        Verdict::StillUnknown { reason } => assert!(reason.contains(why), "{reason}"),
+        other => panic!("nothing is proven yet: {other:?}"),
+    }
+    assert_eq!(rig.payment(id).await["status"], "requires_reconciliation");
+    assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
+    assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
 }
 
 /// Both clocks, cobro's and the provider's, move on by `seconds`.
@@ -231,27 +333,6 @@ fn advance(rig: &Rig, seconds: u64) {
     rig.provider
         .control()
         .advance_clock(std::time::Duration::from_secs(seconds));
-}
-
-/// A run of `recon` over the handed-over payment `id` finds nothing yet
-/// and decides nothing: no decision, no new attempt, one charge.
-async fn decides_nothing_within_the_lag<P: cobro_provider::Provider>(
-    rig: &Rig,
-    id: &str,
-    recon: &Reconciler<P>,
-) {
-    let summary = recon
-        .run(&Scope::default(), false, "test", &no_progress)
-        .await
-        .expect("run");
-    match &summary.items[0].verdict {
-        Verdict::StillUnknown { reason } => assert!(reason.contains("search lag"), "{reason}"),
-        other => panic!("not found within the lag must prove nothing: {other:?}"),
-    }
-    assert_eq!(rig.payment(id).await["status"], "requires_reconciliation");
-    assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
-    assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
-    assert_eq!(rig.ledger().totals.charges, 1);
 }
 
 /// A run of `recon` finds the payment's charge and adopts it: captured,
@@ -276,98 +357,6 @@ async fn adopts_the_charge<P: cobro_provider::Provider>(
     assert_eq!(rig.ledger().totals.charges, 1, "one charge at the provider");
 }
 
-/// A provider whose search answers reach the reconciler `late`: both
-/// clocks move on between the search and the reconciler reading its answer
-/// (a slow answer, or a reconciler paused there).
-struct LateAnswers {
-    inner: Connector,
-    clock: cobro_core::ManualClock,
-    provider: fake_provider::Control,
-    late: std::time::Duration,
-}
-
-impl LateAnswers {
-    fn arrive<T>(&self, answer: T) -> T {
-        self.clock
-            .advance(Duration::from_std(self.late).expect("late"));
-        self.provider.advance_clock(self.late);
-        answer
-    }
-}
-
-impl cobro_provider::Provider for LateAnswers {
-    async fn authorize(
-        &self,
-        key: &str,
-        request: &cobro_provider::AuthorizeRequest,
-    ) -> cobro_provider::Outcome {
-        self.inner.authorize(key, request).await
-    }
-    async fn capture(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
-        self.inner.capture(key, charge).await
-    }
-    async fn void(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
-        self.inner.void(key, charge).await
-    }
-    async fn refund(
-        &self,
-        key: &str,
-        request: &cobro_provider::RefundRequest,
-    ) -> cobro_provider::Outcome {
-        self.inner.refund(key, request).await
-    }
-    async fn get_charge(
-        &self,
-        id: &str,
-    ) -> Result<Option<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        self.inner.get_charge(id).await
-    }
-    async fn search_charges(
-        &self,
-        reference: &str,
-    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        let answer = self.inner.search_charges(reference).await;
-        self.arrive(answer)
-    }
-    async fn search_refunds(
-        &self,
-        reference: &str,
-        charge: Option<&str>,
-    ) -> Result<Vec<cobro_provider::ProviderObject>, cobro_provider::QueryError> {
-        let answer = self.inner.search_refunds(reference, charge).await;
-        self.arrive(answer)
-    }
-}
-
-/// "Not found" is what the search showed when it was asked. Here the
-/// charge shows in search 3 600 s after it was made; the reconciler asks at
-/// 3 000 s, and its answer ("not found") reaches it 700 s later, when the
-/// lag (3 600 s plus a 2 s request timeout) has passed. Judged at the time
-/// it was read (the explorer's seed 165, 2026-12-03), it was taken as no
-/// effect and a second charge followed under a new key; judged when it was
-/// asked, it proves nothing, and the next run finds the charge.
-async fn a_search_answer_read_late_is_judged_when_it_was_asked(backend: Backend, dialect: Dialect) {
-    let (rig, id) = handed_over_at_once(backend, dialect, 3600).await;
-    let late = Reconciler::new(
-        rig.app.db.store.clone(),
-        std::sync::Arc::new(LateAnswers {
-            inner: rig.connector(),
-            clock: rig.app.clock.clone(),
-            provider: rig.provider.control(),
-            late: std::time::Duration::from_secs(700),
-        }),
-        std::sync::Arc::new(rig.app.clock.clone()),
-        Rig::reconciler_config(|c| c.search_lag = std::time::Duration::from_secs(3600)),
-    );
-    advance(&rig, 3000);
-    decides_nothing_within_the_lag(&rig, &id, &late).await;
-    // Asked now (3 700 s after the send), the search shows the charge.
-    let recon = reconciler(&rig, |c| {
-        c.search_lag = std::time::Duration::from_secs(3600);
-    });
-    adopts_the_charge(&rig, &id, &recon).await;
-}
-
 async fn a_failing_status_query_decides_nothing(backend: Backend, dialect: Dialect) {
     let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
@@ -376,6 +365,9 @@ async fn a_failing_status_query_decides_nothing(backend: Backend, dialect: Diale
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::List, FaultAction::FailBeforeEffect));
     let summary = reconciler(&rig, |_| {})
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -400,6 +392,9 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::List, FaultAction::FailBeforeEffect));
     rig.app.clock.advance(Duration::hours(2));
     let summary = reconciler(&rig, |_| {})
         .run(&Scope::default(), false, "test", &no_progress)

@@ -18,11 +18,11 @@ use serde::de::DeserializeOwned;
 
 use crate::faults::Operation;
 use crate::model::{
-    ApiError, CaptureParams, Charge, ChargeParams, List, NewResource, RefundParams, SearchFilter,
-    StoredResponse, VoidParams,
+    ApiError, CaptureParams, Charge, ChargeParams, List, ListPage, Listed, Lookup, NewResource,
+    RefundParams, StoredResponse, VoidParams,
 };
 use crate::pipeline::{Call, Dialect, Outcome, Subject, execute, execute_holding};
-use crate::state::{Ctx, RefundRefused, Refused, Shared, State as ProviderState};
+use crate::state::{Ctx, Page, RefundRefused, Refused, Shared, State as ProviderState};
 use crate::stripe;
 
 type AppState = State<Arc<Shared>>;
@@ -90,10 +90,11 @@ async fn create_refund(State(shared): AppState, headers: HeaderMap, body: Bytes)
     .await
 }
 
-/// A new charge as the fake answers it: 201, or 402 carrying the declined
-/// charge.
+/// A new charge as the fake answers it: 201 (`processing` included: its
+/// outcome is not known yet), or 402 carrying the declined charge.
 fn charge_created(charge: Charge) -> StoredResponse {
-    match crate::model::Decline::of(&charge.payment_method) {
+    let declined = charge.status == crate::model::ChargeStatus::Declined;
+    match crate::model::Decline::of(&charge.payment_method).filter(|_| declined) {
         None => StoredResponse::json(StatusCode::CREATED, &charge),
         Some(decline) => ApiError::new(
             StatusCode::PAYMENT_REQUIRED,
@@ -306,16 +307,34 @@ async fn search_charges(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    search(&shared, &headers, query, |state, filter, ctx| {
-        let found = state.charges.search(
-            ctx.caller,
-            filter.reference.as_deref(),
-            filter.first_metadata(),
-            ctx.now,
-            |charge| filter.matches(&charge.reference, &charge.metadata),
-        );
-        list(found)
-    })
+    let lookup = Lookup::parse(query.as_deref(), Listed::Charges);
+    lookup_objects(
+        &shared,
+        &headers,
+        lookup,
+        |state, lookup, ctx| match lookup {
+            Lookup::Search(filter) => {
+                let found = state.charges.search(
+                    ctx.caller,
+                    filter.reference.as_deref(),
+                    filter.first_metadata(),
+                    ctx.now,
+                    |charge| filter.matches(&charge.reference, &charge.metadata),
+                );
+                list(found)
+            }
+            Lookup::List(query) => {
+                let page = state.charges.page(
+                    ctx.caller,
+                    |_| true,
+                    query.starting_after.as_deref(),
+                    |charge| query.created.contains(charge.created),
+                    query.limit(),
+                );
+                list_page(page, "charge", query.starting_after.as_deref())
+            }
+        },
+    )
     .await
 }
 
@@ -327,16 +346,38 @@ async fn search_refunds(
     if stripe::speaks_stripe(&headers) {
         return stripe::list_refunds(&shared, &headers, query).await;
     }
-    search(&shared, &headers, query, |state, filter, ctx| {
-        let found = state.refunds.search(
-            ctx.caller,
-            filter.reference.as_deref(),
-            filter.first_metadata(),
-            ctx.now,
-            |refund| filter.matches(&refund.reference, &refund.metadata),
-        );
-        list(found)
-    })
+    let lookup = Lookup::parse(query.as_deref(), Listed::Refunds);
+    lookup_objects(
+        &shared,
+        &headers,
+        lookup,
+        |state, lookup, ctx| match lookup {
+            Lookup::Search(filter) => {
+                let found = state.refunds.search(
+                    ctx.caller,
+                    filter.reference.as_deref(),
+                    filter.first_metadata(),
+                    ctx.now,
+                    |refund| filter.matches(&refund.reference, &refund.metadata),
+                );
+                list(found)
+            }
+            Lookup::List(query) => {
+                let charge = query.charge.as_deref().unwrap_or_default();
+                if state.charge(charge, ctx.caller).is_none() {
+                    return ApiError::missing("charge", charge).into_stored();
+                }
+                let page = state.refunds.page(
+                    ctx.caller,
+                    |refund| refund.charge == charge,
+                    query.starting_after.as_deref(),
+                    |_| true,
+                    query.limit(),
+                );
+                list_page(page, "refund", query.starting_after.as_deref())
+            }
+        },
+    )
     .await
 }
 
@@ -349,26 +390,69 @@ fn list<'a, T: serde::Serialize + 'a>(found: impl Iterator<Item = &'a T>) -> Sto
     StoredResponse::json(StatusCode::OK, &list)
 }
 
-/// `reference=R` and/or `metadata[KEY]=VALUE` filters, parsed from the raw
-/// query (axum's `Query` cannot read `metadata[KEY]` into a map). Fault rules
-/// match the `reference` filter; a metadata-only search has no reference.
-async fn search(
+/// `{"object":"list","data":[...],"has_more":...}`, or 400
+/// `resource_missing` for a `starting_after` that is not in the list.
+fn list_page<T: serde::Serialize>(
+    page: Option<Page<'_, T>>,
+    what: &str,
+    starting_after: Option<&str>,
+) -> StoredResponse {
+    match page {
+        Some(page) => StoredResponse::json(
+            StatusCode::OK,
+            &ListPage {
+                object: "list",
+                data: page.data,
+                has_more: page.has_more,
+            },
+        ),
+        None => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "resource_missing",
+            format!(
+                "starting_after: no such {what} in this list: {}",
+                starting_after.unwrap_or_default()
+            ),
+        )
+        .into_stored(),
+    }
+}
+
+/// A search (`reference=R` and/or `metadata[KEY]=VALUE`, operation
+/// `search`, subject to search lag) or a list (operation `list`, strongly
+/// consistent), parsed from the raw query (axum's `Query` cannot read
+/// `metadata[KEY]` into a map). Fault rules match the `reference` filter
+/// of a search (a metadata-only search has none) and the charge of a
+/// refund list; a charge list has no reference.
+async fn lookup_objects(
     shared: &Shared,
     headers: &HeaderMap,
-    query: Option<String>,
-    run: impl FnOnce(&ProviderState, &SearchFilter, Ctx<'_>) -> StoredResponse,
+    lookup: Result<Lookup, ApiError>,
+    run: impl FnOnce(&ProviderState, &Lookup, Ctx<'_>) -> StoredResponse,
 ) -> Response {
-    let call = match Call::read(Dialect::Fake, Operation::Search, headers) {
+    let operation = match &lookup {
+        Ok(Lookup::List(_)) => Operation::List,
+        _ => Operation::Search,
+    };
+    // Authentication first: a bad query of an unknown caller is a 401.
+    let call = match Call::read(Dialect::Fake, operation, headers) {
         Ok(call) => call,
         Err(refusal) => return *refusal,
     };
-    let filter = match SearchFilter::parse(query.as_deref()) {
-        Ok(filter) => filter,
+    let lookup = match lookup {
+        Ok(lookup) => lookup,
         Err(error) => return error.into_response(),
     };
-    let subject = Subject::Reference(filter.reference.clone());
+    let subject = match &lookup {
+        Lookup::Search(filter) => Subject::Reference(filter.reference.clone()),
+        Lookup::List(query) => match &query.charge {
+            Some(charge) => Subject::Charge(charge.clone()),
+            None => Subject::Reference(None),
+        },
+    };
     execute(shared, call, subject, |state, ctx| {
-        Outcome::Executed(run(state, &filter, ctx))
+        Outcome::Executed(run(state, &lookup, ctx))
     })
     .await
 }

@@ -19,6 +19,19 @@ pub(crate) struct VirtualClock {
 }
 
 impl VirtualClock {
+    /// A clock that reads `start` now (real time when `None`), and moves on
+    /// with real time from there.
+    pub(crate) fn starting_at(start: Option<DateTime<Utc>>) -> Self {
+        let offset = start.map_or(0, |start| {
+            (start - Utc::now())
+                .num_nanoseconds()
+                .unwrap_or(i64::MIN / 2)
+        });
+        Self {
+            offset_nanos: AtomicI64::new(offset),
+        }
+    }
+
     pub(crate) fn now(&self) -> DateTime<Utc> {
         Utc::now() + TimeDelta::nanoseconds(self.offset_nanos.load(Ordering::Relaxed))
     }

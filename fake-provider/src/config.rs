@@ -32,6 +32,11 @@ pub struct Config {
     /// A real provider sends many at once: a receiver that must keep up with
     /// hundreds of effects per second needs more than one.
     pub webhook_concurrency: usize,
+    /// The virtual clock's time at start (`None`: real time). A test whose
+    /// client runs on a manual clock starts the provider at the same
+    /// instant, so that creation times the provider reports and send times
+    /// the client records are comparable, as they are between real hosts.
+    pub clock_start: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Upper bound of the webhook retry backoff: long enough to show backoff,
@@ -48,6 +53,7 @@ impl Default for Config {
             webhook_dialect: WebhookDialect::Fake,
             webhook_retry_base: Duration::from_millis(50),
             webhook_concurrency: 1,
+            clock_start: None,
         }
     }
 }

@@ -62,10 +62,13 @@ impl Control {
         self.shared.lock().faults.clear();
     }
 
-    /// Moves virtual time forward; keys past retention are forgotten.
+    /// Moves virtual time forward; keys past retention are forgotten and
+    /// `processing` charges whose time has come become final.
     pub fn advance_clock(&self, by: Duration) {
         let now = self.shared.clock.advance(by);
-        self.shared.lock().keys.forget_expired(now);
+        let mut state = self.shared.lock();
+        state.keys.forget_expired(now);
+        state.settle_due(now);
     }
 
     /// Current virtual time.
@@ -74,9 +77,13 @@ impl Control {
     }
 
     /// A snapshot of every effect made so far, with every charge and refund
-    /// in its current state.
+    /// in its current state (`processing` charges whose time has come are
+    /// made final first).
     pub fn ledger(&self) -> Ledger {
-        self.shared.lock().ledger_snapshot()
+        let now = self.shared.clock.now();
+        let mut state = self.shared.lock();
+        state.settle_due(now);
+        state.ledger_snapshot()
     }
 
     /// Sets (or with `None` removes) the webhook target. Events are emitted

@@ -28,10 +28,17 @@ pub enum Operation {
     /// `GET /v1/charges/{id}`, `GET /v1/refunds/{id}`; Stripe:
     /// `GET /v1/payment_intents/{id}`, `GET /v1/refunds/{id}`.
     Get,
-    /// `GET /v1/charges?...`, `GET /v1/refunds?...` (by reference and/or
-    /// metadata); Stripe: `GET /v1/payment_intents/search` and the refund
-    /// list `GET /v1/refunds?payment_intent=...` (the lookups recovery uses).
+    /// The eventually consistent searches, subject to search lag:
+    /// `GET /v1/charges?...` and `GET /v1/refunds?...` by reference and/or
+    /// metadata; Stripe: `GET /v1/payment_intents/search`. The strongly
+    /// consistent lists are [`Operation::List`].
     Search,
+    /// The strongly consistent lists, which no search lag hides: the fake's
+    /// `GET /v1/charges?created[gte]=...` (any of `created[gte]`,
+    /// `created[lte]`, `limit`, `starting_after`) and
+    /// `GET /v1/refunds?charge=...`; Stripe: `GET /v1/payment_intents` and
+    /// `GET /v1/refunds?payment_intent=...|charge=...`.
+    List,
     /// Outgoing webhook events (never matched by `any`).
     Webhook,
     /// Every provider API operation (not webhooks).
@@ -63,8 +70,16 @@ pub enum FaultAction {
     /// a rate limiter in front of the idempotency layer.
     RateLimit,
     /// Charges and refunds created while the rule is active stay invisible to
-    /// search for `lag_seconds` of virtual time.
+    /// search for `lag_seconds` of virtual time (lists still show them).
     SearchLag,
+    /// Charge only (both dialects): the charge is made with its effect
+    /// pending, status `processing` (a Stripe PaymentIntent `processing`),
+    /// and the request answers with it as it is (201 / 200). It becomes what
+    /// it would otherwise have been (authorized, captured or declined)
+    /// `lag_seconds` of virtual time later, settled by the first request,
+    /// ledger read or clock move after that; the ledger counts its effect
+    /// then, once.
+    Processing,
     /// Nothing done yet and no answer (the connection is closed): the
     /// request is held, its key reserved (a retry under it sees 409
     /// `idempotency_in_progress`), and its effect is made only when released
@@ -113,15 +128,15 @@ pub struct FaultRule {
     /// `latency`; default [`DEFAULT_DELAY`].
     #[serde(default)]
     pub delay_ms: Option<u64>,
-    /// Virtual seconds of invisibility for `search_lag`; default
-    /// [`DEFAULT_LAG_SECONDS`].
+    /// Virtual seconds of invisibility for `search_lag`, and of pending for
+    /// `processing`; default [`DEFAULT_LAG_SECONDS`].
     #[serde(default)]
     pub lag_seconds: Option<u64>,
 }
 
 /// Delay used when a rule that needs one does not say.
 pub const DEFAULT_DELAY: Duration = Duration::from_millis(1000);
-/// Search lag used when a `search_lag` rule does not say.
+/// Search lag (and `processing` time) used when a rule does not say.
 pub const DEFAULT_LAG_SECONDS: u64 = 60;
 
 impl FaultRule {
@@ -163,7 +178,7 @@ impl FaultRule {
         self
     }
 
-    /// Invisibility window for `search_lag`.
+    /// Invisibility window for `search_lag`, pending time for `processing`.
     pub fn with_lag_seconds(mut self, seconds: u64) -> Self {
         self.lag_seconds = Some(seconds);
         self
@@ -187,6 +202,18 @@ impl FaultRule {
             && !matches!(self.operation, Operation::Charge | Operation::Refund)
         {
             return Err("hold_effect applies to charge and refund only".into());
+        }
+        if self.action == FaultAction::Processing
+            && !matches!(self.operation, Operation::Charge | Operation::Any)
+        {
+            return Err("processing applies to charge only".into());
+        }
+        if self.action == FaultAction::SearchLag && self.operation == Operation::List {
+            return Err(
+                "search_lag does not apply to list: lists are strongly consistent; \
+                 put it on search or on the creating operation"
+                    .into(),
+            );
         }
         match self.probability {
             Some(p) if !(0.0..=1.0).contains(&p) => Err("probability must be within 0..=1".into()),
@@ -274,7 +301,8 @@ impl FaultBook {
         }
         let for_webhooks = operation == Operation::Webhook;
         self.fire(operation, reference, rng, |rule, rng| match rule.action {
-            FaultAction::SearchLag => false,
+            // Drawn when the object is created, not per request.
+            FaultAction::SearchLag | FaultAction::Processing => false,
             FaultAction::HoldEffect
                 if !matches!(operation, Operation::Charge | Operation::Refund) =>
             {
@@ -324,6 +352,24 @@ impl FaultBook {
             });
         }
         lag
+    }
+
+    /// How long a charge being created now stays `processing`, if a
+    /// `processing` rule for `charge` (or `any`) fires.
+    pub(crate) fn processing(&mut self, reference: &str, rng: &mut StdRng) -> Option<u64> {
+        if self.rules.is_empty() {
+            return None;
+        }
+        let mut pending = None;
+        self.fire(Operation::Charge, Some(reference), rng, |rule, rng| {
+            let fires =
+                rule.action == FaultAction::Processing && pending.is_none() && draw(rule, rng);
+            if fires {
+                pending = Some(rule.lag_seconds.unwrap_or(DEFAULT_LAG_SECONDS));
+            }
+            fires
+        });
+        pending
     }
 
     /// Offers each matching rule to `take`, which decides (drawing the

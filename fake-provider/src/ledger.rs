@@ -47,7 +47,9 @@ pub struct LedgerCharge {
     pub currency: String,
     /// `automatic` or `manual`.
     pub capture_method: String,
-    /// Current status: `authorized`, `captured`, `declined` or `voided`.
+    /// Current status: `processing` (a `processing` fault's charge, not
+    /// final yet, counted nowhere in the totals), `authorized`, `captured`,
+    /// `declined` or `voided`.
     pub status: String,
     /// Minor units captured so far.
     pub amount_captured: i64,
@@ -60,7 +62,9 @@ pub struct LedgerCharge {
 }
 
 impl LedgerCharge {
-    /// Whether money moved (or was held): every status but `declined`.
+    /// Whether money moved (or was held): every status but `declined`. A
+    /// charge still `processing` counts: it may yet move money, and a test
+    /// asking about double charges must not miss one that is only pending.
     fn moves_money(&self) -> bool {
         self.status != "declined"
     }

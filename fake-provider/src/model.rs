@@ -20,6 +20,10 @@ pub const METADATA_MAX_VALUE_CHARS: usize = 500;
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ChargeStatus {
+    /// Made, its effect still pending (a `processing` fault): it becomes
+    /// `authorized`, `captured` or `declined` later, and no money has
+    /// moved until it does.
+    Processing,
     /// Funds held, not yet captured.
     Authorized,
     /// Funds taken (fully or partly, see `amount_captured`).
@@ -31,9 +35,11 @@ pub enum ChargeStatus {
 }
 
 impl ChargeStatus {
-    /// The wire name: `authorized`, `captured`, `declined` or `voided`.
+    /// The wire name: `processing`, `authorized`, `captured`, `declined` or
+    /// `voided`.
     pub fn as_str(self) -> &'static str {
         match self {
+            ChargeStatus::Processing => "processing",
             ChargeStatus::Authorized => "authorized",
             ChargeStatus::Captured => "captured",
             ChargeStatus::Declined => "declined",
@@ -322,7 +328,162 @@ fn validate_metadata_entry(key: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The query of `GET /v1/charges` and `GET /v1/refunds`: every filter given
+/// A page of a list holds 1 to this many objects; 10 unless `limit` says.
+pub(crate) const MAX_LIST_LIMIT: usize = 100;
+const DEFAULT_LIST_LIMIT: usize = 10;
+
+/// What `GET /v1/charges` or `GET /v1/refunds` lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listed {
+    Charges,
+    Refunds,
+}
+
+impl Listed {
+    /// The parameters that make the query a list rather than a search.
+    fn list_params(self) -> &'static [&'static str] {
+        match self {
+            Listed::Charges => &["created[gte]", "created[lte]", "limit", "starting_after"],
+            Listed::Refunds => &["charge", "limit", "starting_after"],
+        }
+    }
+}
+
+/// The query of `GET /v1/charges` or `GET /v1/refunds`: an eventually
+/// consistent search (subject to search lag) or a strongly consistent list,
+/// never both, so a caller always knows which answer it got.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    Search(SearchFilter),
+    List(ListQuery),
+}
+
+impl Lookup {
+    /// Parses a raw (percent-encoded) query string. Unknown parameters are
+    /// refused like unknown body fields; an empty query is a search without
+    /// a filter, refused as before lists existed.
+    pub(crate) fn parse(query: Option<&str>, listed: Listed) -> Result<Self, ApiError> {
+        let mut filter = SearchFilter::default();
+        let mut list = ListQuery::default();
+        let mut first_list_param = None;
+        let pairs = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
+        for (name, value) in pairs {
+            match listed.list_params().iter().find(|param| **param == name) {
+                Some(param) => {
+                    first_list_param.get_or_insert(*param);
+                    list.add(param, value.into_owned())?;
+                }
+                None => filter.add(&name, value.into_owned())?,
+            }
+        }
+        let searching = filter.reference.is_some() || !filter.metadata.is_empty();
+        match (first_list_param, searching) {
+            (Some(param), true) => Err(ApiError::invalid(
+                param,
+                &format!(
+                    "{} ask for a list (strongly consistent), which cannot be combined with \
+                     reference or metadata[KEY] (a search, subject to search lag): send one or \
+                     the other",
+                    listed.list_params().join(", ")
+                ),
+            )),
+            (Some(_), false) if listed == Listed::Refunds && list.charge.is_none() => {
+                Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "parameter_missing",
+                    "charge: the refund list is the refunds of one charge (charge=ch_...)",
+                ))
+            }
+            (Some(_), false) => Ok(Lookup::List(list)),
+            (None, true) => Ok(Lookup::Search(filter)),
+            (None, false) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "parameter_missing",
+                "reference or metadata[KEY]: at least one filter is required",
+            )),
+        }
+    }
+}
+
+/// A strongly consistent list: every stored object of the caller (whatever
+/// search lag hides), newest first, paged.
+#[derive(Debug, Default)]
+pub(crate) struct ListQuery {
+    /// `created[gte]` / `created[lte]` (charges).
+    pub(crate) created: Created,
+    /// `charge=ch_...` (refunds): whose refunds.
+    pub(crate) charge: Option<String>,
+    /// `limit`, 1 to [`MAX_LIST_LIMIT`]; see [`ListQuery::limit`].
+    limit: Option<usize>,
+    /// `starting_after`: the page starts after this object.
+    pub(crate) starting_after: Option<String>,
+}
+
+impl ListQuery {
+    /// The largest page asked for (10 unless `limit` said).
+    pub(crate) fn limit(&self) -> usize {
+        self.limit.unwrap_or(DEFAULT_LIST_LIMIT)
+    }
+
+    /// Adds one list parameter; each may be given once.
+    fn add(&mut self, param: &str, value: String) -> Result<(), ApiError> {
+        let once = || ApiError::invalid(param, "give it at most once");
+        let seconds = || {
+            value
+                .parse::<i64>()
+                .map_err(|_| ApiError::invalid(param, "must be an integer (unix seconds)"))
+        };
+        match param {
+            "created[gte]" if self.created.gte.is_some() => return Err(once()),
+            "created[gte]" => self.created.gte = Some(seconds()?),
+            "created[lte]" if self.created.lte.is_some() => return Err(once()),
+            "created[lte]" => self.created.lte = Some(seconds()?),
+            "limit" if self.limit.is_some() => return Err(once()),
+            "limit" => {
+                let limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|limit| (1..=MAX_LIST_LIMIT).contains(limit))
+                    .ok_or_else(|| {
+                        let message = format!("must be an integer from 1 to {MAX_LIST_LIMIT}");
+                        ApiError::invalid(param, &message)
+                    })?;
+                self.limit = Some(limit);
+            }
+            "starting_after" if self.starting_after.is_some() => return Err(once()),
+            "starting_after" if value.is_empty() => {
+                return Err(ApiError::invalid(param, "must be an id of the list"));
+            }
+            "starting_after" => self.starting_after = Some(value),
+            "charge" if self.charge.is_some() => return Err(once()),
+            "charge" if value.is_empty() => {
+                return Err(ApiError::invalid(param, "must be a charge id"));
+            }
+            "charge" => self.charge = Some(value),
+            _ => return Err(ApiError::invalid(param, "not a list parameter")),
+        }
+        Ok(())
+    }
+}
+
+/// Inclusive bounds on an object's `created`, compared in whole unix
+/// seconds (the sub-second part is ignored).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Created {
+    pub(crate) gte: Option<i64>,
+    pub(crate) lte: Option<i64>,
+}
+
+impl Created {
+    pub(crate) fn contains(self, created: DateTime<Utc>) -> bool {
+        let seconds = created.timestamp();
+        self.gte.is_none_or(|gte| seconds >= gte) && self.lte.is_none_or(|lte| seconds <= lte)
+    }
+}
+
+/// The query of a search by reference and/or metadata: every filter given
 /// must hold.
 #[derive(Debug, Default)]
 pub(crate) struct SearchFilter {
@@ -333,25 +494,6 @@ pub(crate) struct SearchFilter {
 }
 
 impl SearchFilter {
-    /// Parses a raw (percent-encoded) query string. Unknown parameters are
-    /// refused like unknown body fields; at least one filter is required.
-    pub(crate) fn parse(query: Option<&str>) -> Result<Self, ApiError> {
-        let mut filter = Self::default();
-        let pairs = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes());
-        for (name, value) in pairs {
-            filter.add(&name, value.into_owned())?;
-        }
-        if filter.reference.is_none() && filter.metadata.is_empty() {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "parameter_missing",
-                "reference or metadata[KEY]: at least one filter is required",
-            ));
-        }
-        Ok(filter)
-    }
-
     /// Adds one decoded query parameter.
     fn add(&mut self, name: &str, value: String) -> Result<(), ApiError> {
         if name == "reference" {
@@ -563,9 +705,17 @@ impl Decline {
     }
 }
 
-/// `{"object":"list","data":[...]}`.
+/// `{"object":"list","data":[...]}`: what a search found.
 #[derive(Serialize)]
 pub(crate) struct List<'a, T> {
     pub(crate) object: &'static str,
     pub(crate) data: Vec<&'a T>,
+}
+
+/// `{"object":"list","data":[...],"has_more":bool}`: one page of a list.
+#[derive(Serialize)]
+pub(crate) struct ListPage<'a, T> {
+    pub(crate) object: &'static str,
+    pub(crate) data: Vec<&'a T>,
+    pub(crate) has_more: bool,
 }

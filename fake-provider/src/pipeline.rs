@@ -353,6 +353,7 @@ pub(crate) fn release(shared: &Shared, held: Held) {
         request_id: None,
     };
     let mut state = shared.lock();
+    state.settle_due(ctx.now);
     run_effect(
         &mut state,
         &mut reservation,
@@ -436,6 +437,9 @@ async fn run_call<F: FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome>(
     let (picked, next) = {
         let mut guard = shared.lock();
         let state = &mut *guard;
+        // Whatever this request reads or changes, `processing` charges
+        // whose time has come are final before it.
+        state.settle_due(now);
         let picked = if state.faults.is_empty() {
             Picked::default()
         } else {

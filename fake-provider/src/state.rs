@@ -50,7 +50,7 @@ impl Shared {
     pub(crate) fn new(config: &Config, events: UnboundedSender<Event>) -> Self {
         Self {
             state: Mutex::new(State::new(config, events)),
-            clock: VirtualClock::default(),
+            clock: VirtualClock::starting_at(config.clock_start),
             deliveries: Mutex::new(Vec::new()),
             requests: Mutex::new(crate::trace::Requests::new()),
             webhook_retry_base: config.webhook_retry_base,
@@ -88,17 +88,18 @@ pub(crate) struct Stored<T> {
     pub(crate) searchable_at: DateTime<Utc>,
 }
 
-/// What the store's indexes need from a stored object. The three are fixed
-/// when the object is created (no endpoint changes an object's id,
-/// reference or metadata), so the indexes never go stale.
+/// What the store's indexes and lists need from a stored object. All four
+/// are fixed when the object is created (no endpoint changes an object's
+/// id, reference, metadata or creation time), so the indexes never go stale.
 pub(crate) trait Resource {
     fn id(&self) -> &str;
     fn reference(&self) -> &str;
     fn metadata(&self) -> &BTreeMap<String, String>;
+    fn created(&self) -> DateTime<Utc>;
 }
 
 /// Charges and refunds (and the Stripe dialect's PaymentIntents) carry the
-/// three fields under the same names.
+/// four fields under the same names.
 macro_rules! resource {
     ($($kind:ty),+) => {$(
         impl $crate::state::Resource for $kind {
@@ -110,6 +111,9 @@ macro_rules! resource {
             }
             fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
                 &self.metadata
+            }
+            fn created(&self) -> chrono::DateTime<chrono::Utc> {
+                self.created
             }
         }
     )+};
@@ -183,16 +187,50 @@ impl<T: Resource> Store<T> {
         self.items.iter()
     }
 
-    /// `caller`'s objects, newest first, with no regard to search lag (what
-    /// a strongly consistent list sees).
-    pub(crate) fn of_caller<'s>(&'s self, caller: &str) -> impl Iterator<Item = &'s T> + 's {
-        self.by_caller
+    /// One page of a strongly consistent list: `caller`'s objects that
+    /// `member` accepts, whatever search lag hides, newest first (by
+    /// `created`; ties in reverse creation order), starting after the
+    /// member `after`, keeping those `keep` accepts, at most `limit`.
+    /// `None` when `after` is not one of those members (unknown, another
+    /// caller's, or outside the list): a cursor the caller cannot have
+    /// been given must not silently read as "nothing more".
+    ///
+    /// Sorting the caller's objects per page costs O(n log n) of that
+    /// caller's objects, fine at test sizes; creation order is nearly
+    /// `created` order, but two requests racing for the lock can insert in
+    /// the other order, and the list promises `created` order.
+    pub(crate) fn page<'s>(
+        &'s self,
+        caller: &str,
+        member: impl Fn(&T) -> bool,
+        after: Option<&str>,
+        keep: impl Fn(&T) -> bool,
+        limit: usize,
+    ) -> Option<Page<'s, T>> {
+        let mut members: Vec<(usize, &T)> = self
+            .by_caller
             .get(caller)
             .into_iter()
             .flatten()
-            .rev()
-            .filter_map(|&position| self.items.get(position))
-            .map(|stored| &stored.item)
+            .filter_map(|&position| Some((position, &self.items.get(position)?.item)))
+            .filter(|(_, item)| member(item))
+            .collect();
+        members.sort_by_key(|&(position, item)| std::cmp::Reverse((item.created(), position)));
+        let start = match after {
+            None => 0,
+            Some(id) => members.iter().position(|(_, item)| item.id() == id)? + 1,
+        };
+        let mut data: Vec<&T> = members
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .map(|&(_, item)| item)
+            .filter(|item| keep(item))
+            .take(limit.saturating_add(1))
+            .collect();
+        let has_more = data.len() > limit;
+        data.truncate(limit);
+        Some(Page { data, has_more })
     }
 
     /// The positions a search has to read, in creation order: those with
@@ -236,6 +274,15 @@ impl<T: Resource> Store<T> {
     }
 }
 
+/// One page of a list ([`Store::page`]).
+#[derive(Debug)]
+pub(crate) struct Page<'s, T> {
+    /// Newest first.
+    pub(crate) data: Vec<&'s T>,
+    /// Whether more objects follow this page.
+    pub(crate) has_more: bool,
+}
+
 /// The provider's data.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -259,6 +306,17 @@ pub(crate) struct State {
     events: UnboundedSender<Event>,
     /// Requests held by `hold_effect` faults, oldest first, until released.
     pub(crate) held: Vec<crate::pipeline::Held>,
+    /// Charges a `processing` fault left pending, in creation order, until
+    /// [`State::settle_due`] makes them final.
+    processing: Vec<Pending>,
+}
+
+/// A `processing` charge: which, whose, and when it becomes final.
+#[derive(Debug)]
+struct Pending {
+    charge: String,
+    caller: String,
+    settles_at: DateTime<Utc>,
 }
 
 /// What an effect needs to know about the request that causes it.
@@ -310,6 +368,7 @@ impl State {
             webhook_dialect: config.webhook_dialect,
             events,
             held: Vec::new(),
+            processing: Vec::new(),
         }
     }
 
@@ -328,18 +387,23 @@ impl State {
 
     /// Creates a charge (declined when its payment method always declines),
     /// records it in the ledger and emits its fake event. `searchable_at`
-    /// comes from [`State::searchable_at`], drawn once by the caller.
+    /// comes from [`State::searchable_at`], drawn once by the caller. When a
+    /// `processing` rule fires, the charge is made `processing` instead:
+    /// nothing is recorded or emitted until [`State::settle_due`] makes it
+    /// final.
     pub(crate) fn create_charge(
         &mut self,
         params: ChargeParams,
         ctx: Ctx<'_>,
         searchable_at: DateTime<Utc>,
     ) -> Charge {
-        let decline = Decline::of(&params.payment_method);
-        let status = match (decline, params.capture) {
-            (Some(_), _) => ChargeStatus::Declined,
-            (None, true) => ChargeStatus::Captured,
-            (None, false) => ChargeStatus::Authorized,
+        let capture_method = CaptureMethod::from_capture(params.capture);
+        let pending = self
+            .faults
+            .processing(&params.reference, &mut self.fault_rng);
+        let status = match pending {
+            Some(_) => ChargeStatus::Processing,
+            None => final_status(&params.payment_method, capture_method),
         };
         let charge = Charge {
             id: self.new_id("ch_"),
@@ -347,7 +411,7 @@ impl State {
             amount: params.amount,
             currency: params.currency,
             payment_method: params.payment_method,
-            capture_method: CaptureMethod::from_capture(params.capture),
+            capture_method,
             reference: params.reference,
             metadata: params.metadata,
             status,
@@ -360,16 +424,71 @@ impl State {
             created: ctx.now,
             sequence: 1,
         };
-        let effect = if decline.is_some() {
-            Effect::Decline
-        } else {
-            Effect::Charge
-        };
-        self.ledger.record(effect, &charge.reference, ctx.key);
-        self.emit_charge(&charge, ctx.now);
+        match pending {
+            Some(seconds) => self.processing.push(Pending {
+                charge: charge.id.clone(),
+                caller: ctx.caller.to_owned(),
+                settles_at: ctx.now + seconds_delta(seconds),
+            }),
+            None => {
+                self.ledger
+                    .record(charge_effect(status), &charge.reference, ctx.key);
+                self.emit_charge(&charge, ctx.now);
+            }
+        }
         self.charges
             .insert(new_stored(charge.clone(), ctx, searchable_at));
         charge
+    }
+
+    /// Makes final every `processing` charge whose time has come by `now`
+    /// (virtual), oldest due first: its status becomes what it would have
+    /// been without the fault, its sequence is bumped, the ledger counts its
+    /// effect (under its creation key) and its events go out, dated when it
+    /// became final. Called before every API request is handled, before a
+    /// ledger snapshot and when the clock moves, so nothing ever observes a
+    /// charge still `processing` past its time. Cheap when none is pending.
+    pub(crate) fn settle_due(&mut self, now: DateTime<Utc>) {
+        if self
+            .processing
+            .iter()
+            .all(|pending| pending.settles_at > now)
+        {
+            return;
+        }
+        let (mut due, waiting): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.processing)
+            .into_iter()
+            .partition(|pending| pending.settles_at <= now);
+        self.processing = waiting;
+        // Stable: charges due at the same time settle in creation order.
+        due.sort_by_key(|pending| pending.settles_at);
+        for pending in due {
+            self.settle(&pending);
+        }
+    }
+
+    fn settle(&mut self, pending: &Pending) {
+        let Some(stored) = self.charges.get_mut(&pending.charge, &pending.caller) else {
+            return;
+        };
+        let charge = &mut stored.item;
+        if charge.status != ChargeStatus::Processing {
+            return;
+        }
+        charge.status = final_status(&charge.payment_method, charge.capture_method);
+        if charge.status == ChargeStatus::Captured {
+            charge.amount_captured = charge.amount;
+        }
+        charge.sequence += 1;
+        let charge = charge.clone();
+        let key = stored.key.clone();
+        self.ledger.record(
+            charge_effect(charge.status),
+            &charge.reference,
+            key.as_deref(),
+        );
+        self.emit_charge(&charge, pending.settles_at);
+        crate::stripe::settled(self, &charge, &pending.caller, pending.settles_at);
     }
 
     /// Captures `amount` (default: all) of an authorized charge.
@@ -507,9 +626,7 @@ impl State {
             .faults
             .search_lag(created_by, reference, &mut self.fault_rng)
         {
-            Some(seconds) => {
-                now + TimeDelta::seconds(i64::try_from(seconds).unwrap_or(i64::MAX / 1000))
-            }
+            Some(seconds) => now + seconds_delta(seconds),
             None => now,
         }
     }
@@ -519,6 +636,8 @@ impl State {
             return;
         }
         let kind = match charge.status {
+            // Nothing happened yet: its event comes when it settles.
+            ChargeStatus::Processing => return,
             ChargeStatus::Authorized => "charge.authorized",
             ChargeStatus::Captured => "charge.captured",
             ChargeStatus::Declined => "charge.declined",
@@ -563,6 +682,31 @@ impl State {
         // nobody to deliver to, so a failed send is correctly ignored.
         let _ = self.events.send(event);
     }
+}
+
+/// What a new charge becomes once its effect is made: declined when its
+/// payment method always declines, else captured or authorized by its
+/// capture method.
+fn final_status(payment_method: &str, capture_method: CaptureMethod) -> ChargeStatus {
+    match (Decline::of(payment_method), capture_method) {
+        (Some(_), _) => ChargeStatus::Declined,
+        (None, CaptureMethod::Automatic) => ChargeStatus::Captured,
+        (None, CaptureMethod::Manual) => ChargeStatus::Authorized,
+    }
+}
+
+/// The ledger counter a charge's creation bumps once final.
+fn charge_effect(status: ChargeStatus) -> Effect {
+    if status == ChargeStatus::Declined {
+        Effect::Decline
+    } else {
+        Effect::Charge
+    }
+}
+
+/// `seconds` of a fault rule as a time delta, saturating.
+fn seconds_delta(seconds: u64) -> TimeDelta {
+    TimeDelta::seconds(i64::try_from(seconds).unwrap_or(i64::MAX / 1000))
 }
 
 fn new_id(rng: &mut StdRng, prefix: &str) -> String {
@@ -634,6 +778,7 @@ mod tests {
         id: String,
         reference: String,
         metadata: BTreeMap<String, String>,
+        created: DateTime<Utc>,
     }
     resource!(Doc);
 
@@ -646,11 +791,53 @@ mod tests {
                     ("attempt".to_owned(), format!("a-{i}")),
                     ("kind".to_owned(), "charge".to_owned()),
                 ]),
+                created: DateTime::<Utc>::MIN_UTC,
             },
             caller: caller.to_owned(),
             key: None,
             searchable_at: DateTime::<Utc>::MIN_UTC,
         }
+    }
+
+    /// A list is newest first by `created`, ties in reverse creation order,
+    /// even when an object was inserted after a newer one (two requests
+    /// racing for the lock); the cursor is a position in that order and
+    /// must be one of the list's members.
+    #[test]
+    fn a_page_is_newest_first_by_created_and_starts_after_its_cursor() {
+        let mut store = Store::default();
+        let at = |seconds| DateTime::<Utc>::MIN_UTC + TimeDelta::seconds(seconds);
+        for (i, created) in [(0, 10), (1, 30), (2, 20), (3, 20), (4, 40)] {
+            let mut stored = doc(i, "sk_one");
+            stored.item.created = at(created);
+            store.insert(stored);
+        }
+        store.insert(doc(5, "sk_other"));
+        fn ids(page: Option<Page<'_, Doc>>) -> (Vec<&str>, bool) {
+            let page = page.expect("a known cursor");
+            let ids = page.data.iter().map(|d| d.id.as_str()).collect();
+            (ids, page.has_more)
+        }
+        let everything = store.page("sk_one", |_| true, None, |_| true, 10);
+        assert_eq!(
+            ids(everything),
+            (vec!["doc_4", "doc_1", "doc_3", "doc_2", "doc_0"], false)
+        );
+        let after = store.page("sk_one", |_| true, Some("doc_3"), |_| true, 2);
+        assert_eq!(ids(after), (vec!["doc_2", "doc_0"], false));
+        let kept = store.page("sk_one", |_| true, Some("doc_4"), |d| d.id != "doc_1", 1);
+        assert_eq!(ids(kept), (vec!["doc_3"], true));
+        assert!(
+            store
+                .page("sk_one", |_| true, Some("doc_5"), |_| true, 1)
+                .is_none()
+        );
+        let members = |d: &Doc| d.id != "doc_1";
+        assert!(
+            store
+                .page("sk_one", members, Some("doc_1"), |_| true, 1)
+                .is_none()
+        );
     }
 
     /// The complexity, counted: among 100 000 objects of one caller, a

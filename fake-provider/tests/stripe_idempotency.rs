@@ -498,11 +498,14 @@ async fn search_and_list_faults_hit_the_lookups_recovery_uses() {
     let pi = p
         .stripe_intent("automatic", "o-19:authorize-v1", None)
         .await;
-    p.control.add_fault(
-        FaultRule::new(Operation::Search, FaultAction::FailBeforeEffect)
-            .with_reference("cobro_intent=o-19:")
-            .with_next(2),
-    );
+    // The search is `search`, the refund list (strongly consistent) `list`.
+    for operation in [Operation::Search, Operation::List] {
+        p.control.add_fault(
+            FaultRule::new(operation, FaultAction::FailBeforeEffect)
+                .with_reference("cobro_intent=o-19:")
+                .with_next(1),
+        );
+    }
     let query = form(&[("query", "metadata['cobro_intent']:'o-19:authorize-v1'")]);
     let search = p.stripe_get(&format!("{INTENTS}/search?{query}")).await;
     let list = p

@@ -80,9 +80,11 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
         chance(FOp::Refund, FaultAction::FailBeforeEffect, 0.1),
         chance(FOp::Refund, FaultAction::FailAfterEffect, 0.1),
         chance(FOp::Refund, FaultAction::DropResponseAfterEffect, 0.1),
-        // Searches are few (only attempts handed to the reconciler need
-        // one): half of them fail, so the run certainly sees some fail.
+        // Lookups are few (only attempts handed to the reconciler need
+        // one): half of the searches and of the consistent lists fail, so
+        // the run certainly sees some fail.
         chance(FOp::Search, FaultAction::FailBeforeEffect, 0.5),
+        chance(FOp::List, FaultAction::FailBeforeEffect, 0.5),
         chance(FOp::Webhook, FaultAction::Duplicate, 0.2),
         chance(FOp::Webhook, FaultAction::Reorder, 0.2),
         chance(FOp::Webhook, FaultAction::DropThenRedeliver, 0.1),

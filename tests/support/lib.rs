@@ -877,6 +877,14 @@ impl Rig {
         provider: fake_provider::Config,
         tweak: impl FnOnce(&mut ProviderClient, &mut cobro_worker::WorkerConfig),
     ) -> Self {
+        // The provider's clock starts where cobro's manual clock is, as
+        // two real hosts' clocks agree (within the reconciler's skew).
+        let provider = fake_provider::Config {
+            clock_start: provider
+                .clock_start
+                .or_else(|| Some(cobro_core::Clock::now(&app.clock))),
+            ..provider
+        };
         let provider = fake_provider::start(provider)
             .await
             .expect("start fake provider");
@@ -1217,14 +1225,13 @@ impl Rig {
             .expect("reconcile");
     }
 
-    /// The tests' reconciler settings (a 60 s search lag, a 2 s request
-    /// timeout), adjusted by `tweak`.
+    /// The tests' reconciler settings (a 2 s request timeout, the default
+    /// 10 s clock skew), adjusted by `tweak`.
     pub fn reconciler_config(
         tweak: impl FnOnce(&mut cobro_reconciler::ReconcilerConfig),
     ) -> cobro_reconciler::ReconcilerConfig {
         let mut config = cobro_reconciler::ReconcilerConfig {
             actor: "reconciler:test".into(),
-            search_lag: std::time::Duration::from_secs(60),
             request_timeout: std::time::Duration::from_secs(2),
             ..Default::default()
         };

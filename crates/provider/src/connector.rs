@@ -5,7 +5,7 @@
 
 use crate::{
     AuthorizeRequest, HttpProvider, Mutation, Outcome, Provider, ProviderObject, QueryError,
-    RefundRequest, Sent, StripeProvider,
+    RefundRequest, Sent, StripeProvider, Window,
 };
 
 /// A configured provider of any kind; every call goes to the one inside.
@@ -68,5 +68,19 @@ impl Provider for Connector {
         charge: Option<&str>,
     ) -> Result<Vec<ProviderObject>, QueryError> {
         each!(self, p => p.search_refunds(reference, charge).await)
+    }
+    async fn list_charges(
+        &self,
+        reference: &str,
+        window: Window,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        each!(self, p => p.list_charges(reference, window).await)
+    }
+    async fn list_refunds(
+        &self,
+        reference: &str,
+        charge: &str,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        each!(self, p => p.list_refunds(reference, charge).await)
     }
 }

@@ -1,7 +1,10 @@
 //! The HTTP adapter for the fake provider's API (and any provider with the
 //! same shape): JSON over HTTP, `Authorization: Bearer`, `Idempotency-Key`.
 
-use crate::{AuthorizeRequest, Outcome, Provider, ProviderObject, QueryError, RefundRequest};
+use crate::pages::{Page, read_to_end};
+use crate::{
+    AuthorizeRequest, Outcome, Provider, ProviderObject, QueryError, RefundRequest, Window,
+};
 use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -21,6 +24,9 @@ pub struct HttpProviderConfig {
     /// The provider's name in spans and metrics (`provider` label), the
     /// `{provider}` of its webhooks.
     pub name: String,
+    /// The most pages (of 100) a consistent list may take; past them the
+    /// list proves nothing (a [`QueryError`]).
+    pub list_max_pages: usize,
 }
 
 /// A reference (a query value) or a provider id (a path segment),
@@ -42,6 +48,7 @@ impl HttpProviderConfig {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
             name: "fake".to_owned(),
+            list_max_pages: 100,
         }
     }
 }
@@ -201,6 +208,44 @@ impl HttpProvider {
         // A 404 on a search endpoint is not an answer about charges.
         list.map(|l| l.data)
             .ok_or_else(|| QueryError("search endpoint answered 404".into()))
+    }
+}
+
+impl HttpProvider {
+    /// A consistent list (`GET {path}?{filter}&limit=100&starting_after=`),
+    /// every page, keeping the objects under `reference`. Any failure, or
+    /// more pages than `list_max_pages`, proves nothing.
+    async fn list(
+        &self,
+        operation: &'static str,
+        path: &str,
+        filter: &str,
+        reference: &str,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        #[derive(Deserialize)]
+        struct Listed {
+            data: Vec<ProviderObject>,
+            has_more: bool,
+        }
+        read_to_end(self.config.list_max_pages, operation, |after| async move {
+            let cursor = after
+                .map(|id| format!("&starting_after={}", encoded(&id)))
+                .unwrap_or_default();
+            let page: Listed = self
+                .query(operation, &format!("{path}?{filter}&limit=100{cursor}"))
+                .await?
+                .ok_or_else(|| QueryError("the list endpoint answered 404".into()))?;
+            Ok(Page {
+                next: page.data.last().map(|o| o.id.clone()),
+                has_more: page.has_more,
+                kept: page
+                    .data
+                    .into_iter()
+                    .filter(|o| o.reference.as_deref() == Some(reference))
+                    .collect(),
+            })
+        })
+        .await
     }
 }
 
@@ -365,6 +410,32 @@ impl Provider for HttpProvider {
         _charge: Option<&str>,
     ) -> Result<Vec<ProviderObject>, QueryError> {
         self.search("search_refunds", "/v1/refunds", reference)
+            .await
+    }
+
+    /// `GET /v1/charges?created[gte]=&created[lte]=`: every charge of the
+    /// window, whatever its search lag (fake-provider/README.md).
+    async fn list_charges(
+        &self,
+        reference: &str,
+        window: Window,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        let mut filter = format!("created%5Bgte%5D={}", window.from);
+        if let Some(to) = window.to {
+            filter.push_str(&format!("&created%5Blte%5D={to}"));
+        }
+        self.list("list_charges", "/v1/charges", &filter, reference)
+            .await
+    }
+
+    /// `GET /v1/refunds?charge=`: every refund of the charge.
+    async fn list_refunds(
+        &self,
+        reference: &str,
+        charge: &str,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        let filter = format!("charge={}", encoded(charge));
+        self.list("list_refunds", "/v1/refunds", &filter, reference)
             .await
     }
 }

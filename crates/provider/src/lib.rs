@@ -2,6 +2,7 @@
 
 mod connector;
 mod http;
+mod pages;
 pub mod stripe;
 pub mod webhook;
 
@@ -275,6 +276,16 @@ pub struct Sent {
     pub call: Option<CallInfo>,
 }
 
+/// A window of creation times at the provider, in whole unix seconds, both
+/// ends included (`to: None`: up to now): what a consistent list must cover
+/// to prove that an attempt made nothing (the ladder is in
+/// docs/proof-of-absence.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    pub from: i64,
+    pub to: Option<i64>,
+}
+
 /// Every call cobro makes to a payment provider. Mutations carry the
 /// attempt's stored provider idempotency key; a retry passes the same key.
 pub trait Provider: Send + Sync + 'static {
@@ -329,4 +340,35 @@ pub trait Provider: Send + Sync + 'static {
         reference: &str,
         charge: Option<&str>,
     ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send;
+    /// The charges carrying `reference` among every charge created in
+    /// `window`, from a list the provider documents as strongly consistent,
+    /// paged to the end: the one read whose emptiness proves that no charge
+    /// was made in the window. A provider that offers no such list answers
+    /// a [`QueryError`] (the default), which proves nothing.
+    fn list_charges(
+        &self,
+        reference: &str,
+        window: Window,
+    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send {
+        let _ = (reference, window);
+        async {
+            Err(QueryError(
+                "this provider offers no consistent list of charges".into(),
+            ))
+        }
+    }
+    /// The refunds carrying `reference` among every refund of `charge`, from
+    /// a strongly consistent list, paged to the end; the default offers none.
+    fn list_refunds(
+        &self,
+        reference: &str,
+        charge: &str,
+    ) -> impl Future<Output = Result<Vec<ProviderObject>, QueryError>> + Send {
+        let _ = (reference, charge);
+        async {
+            Err(QueryError(
+                "this provider offers no consistent list of refunds".into(),
+            ))
+        }
+    }
 }

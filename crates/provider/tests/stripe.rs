@@ -359,6 +359,21 @@ fn refund_object(status: &str) -> Value {
     })
 }
 
+/// The refunded PaymentIntent, as the connector reads it before a refund
+/// (`GET /v1/payment_intents/{id}`) to learn its currency.
+fn refunded_intent() -> Reply {
+    Reply::new(200, &payment_intent("succeeded", "automatic"))
+}
+
+/// What the connector reads before each refund: the GET of its
+/// PaymentIntent, without an idempotency key.
+fn assert_currency_read(request: &Received) {
+    assert_eq!(request.method, Method::GET);
+    assert_eq!(request.path, "/v1/payment_intents/pi_3PqRsT");
+    request.assert_stripe_headers();
+    assert_eq!(request.header("idempotency-key"), None);
+}
+
 /// `{"error": ...}` as Stripe sends it.
 fn error(kind: &str, code: Option<&str>, message: &str, extra: Value) -> Value {
     let mut e = json!({
@@ -581,7 +596,11 @@ async fn a_failed_cancel_of_a_payment_intent_left_for_the_customer_leaves_the_ou
 
 #[tokio::test]
 async fn a_refund_answered_failed_failed() {
-    let (provider, script) = stripe(vec![Reply::new(200, &refund_object("failed"))]).await;
+    let (provider, script) = stripe(vec![
+        refunded_intent(),
+        Reply::new(200, &refund_object("failed")),
+    ])
+    .await;
     let sent = provider
         .send(KEY, Mutation::Refund(&refund_request()))
         .await;
@@ -592,7 +611,10 @@ async fn a_refund_answered_failed_failed() {
     let refund = object.as_ref().expect("the refund");
     assert_eq!(refund.status, ProviderStatus::Failed);
     assert_eq!(refund.charge.as_deref(), Some("pi_3PqRsT"));
-    let request = script.only();
+    let received = script.received();
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert_currency_read(&received[0]);
+    let request = &received[1];
     request.assert_post("/v1/refunds");
     assert_eq!(
         request.form(),
@@ -613,7 +635,11 @@ async fn a_refund_answered_failed_failed() {
 
 #[tokio::test]
 async fn a_refund_answered_pending_is_unknown() {
-    let (provider, _) = stripe(vec![Reply::new(200, &refund_object("pending"))]).await;
+    let (provider, _) = stripe(vec![
+        refunded_intent(),
+        Reply::new(200, &refund_object("pending")),
+    ])
+    .await;
     let sent = provider
         .send(KEY, Mutation::Refund(&refund_request()))
         .await;
@@ -695,6 +721,42 @@ async fn a_rate_limited_request_is_not_sent() {
     let (provider, _) = stripe(vec![Reply::new(429, &body)]).await;
     let sent = authorize(&provider, false).await;
     assert_class(&sent, "not_sent", "rate_limited");
+}
+
+/// Stripe's older answer to rate limiting: a 400 with code `rate_limit`.
+/// Nothing executed: the resend under the same key, with the same body,
+/// is the first that runs.
+#[tokio::test]
+async fn a_legacy_400_rate_limit_is_not_sent() {
+    let body = error(
+        "invalid_request_error",
+        Some("rate_limit"),
+        "Too many requests hit the API too quickly. We recommend an exponential backoff of your requests.",
+        json!({}),
+    );
+    let (provider, script) = stripe(vec![
+        Reply::new(400, &body),
+        Reply::new(200, &payment_intent("requires_capture", "manual")),
+    ])
+    .await;
+    let sent = authorize(&provider, false).await;
+    assert_class(&sent, "not_sent", "rate_limited_400");
+    assert!(
+        reason(&sent.outcome).ends_with("(request req_1)"),
+        "{sent:?}"
+    );
+    assert_eq!(
+        sent.call.as_ref().and_then(|c| c.request_id.as_deref()),
+        Some("req_1")
+    );
+    let resent = authorize(&provider, false).await;
+    assert_eq!(resent.outcome.class(), "succeeded", "{resent:?}");
+    let received = script.received();
+    assert_eq!(received.len(), 2);
+    for request in &received {
+        request.assert_post("/v1/payment_intents");
+    }
+    assert_eq!(received[0].form, received[1].form, "the same request");
 }
 
 #[tokio::test]
@@ -897,6 +959,7 @@ async fn a_void_cancels_the_payment_intent_under_the_attempts_key() {
 async fn the_trait_methods_answer_what_send_answers() {
     let (provider, _) = stripe(vec![
         Reply::new(200, &payment_intent("succeeded", "manual")),
+        refunded_intent(),
         Reply::new(200, &refund_object("succeeded")),
     ])
     .await;
@@ -912,6 +975,198 @@ async fn the_trait_methods_answer_what_send_answers() {
         refund.reference.as_deref(),
         Some("o-1:refund-v1/0192-refund-attempt")
     );
+}
+
+// ---- amounts as Stripe counts each currency ----
+
+fn authorization_in(currency: &str, amount: i64) -> AuthorizeRequest {
+    AuthorizeRequest {
+        amount,
+        currency: currency.into(),
+        ..authorization(false)
+    }
+}
+
+/// The PaymentIntent Stripe makes of `wire` in `currency`.
+fn intent_in(currency: &str, wire: i64, status: &str) -> Value {
+    let mut pi = payment_intent(status, "manual");
+    pi["currency"] = json!(currency.to_ascii_lowercase());
+    pi["amount"] = json!(wire);
+    pi["amount_capturable"] = json!(if status == "requires_capture" {
+        wire
+    } else {
+        0
+    });
+    pi["amount_received"] = json!(if status == "succeeded" { wire } else { 0 });
+    pi
+}
+
+/// One currency of each of Stripe's rules: the `amount` sent is Stripe's
+/// count of cobro's minor units, and what Stripe answers is read back in
+/// cobro's minor units, so `fit` compares like with like.
+#[tokio::test]
+async fn each_currency_is_sent_as_stripe_counts_it_and_read_back_in_cobros_units() {
+    let cases = [
+        ("EUR", 1999, 1999),
+        // Zero-decimal: whole yen.
+        ("JPY", 500, 500),
+        ("XOF", 5000, 5000),
+        // ISK and UGX: whole units with two decimals 00 (ISK 5 000 is
+        // `500000`; `5000` would be ISK 50.00).
+        ("ISK", 5000, 500_000),
+        ("UGX", 37_000, 3_700_000),
+        // HUF and TWD: any two-decimal amount for a charge.
+        ("HUF", 1045, 1045),
+        ("TWD", 80_045, 80_045),
+        // Three decimals ending in 0.
+        ("BHD", 5120, 5120),
+        ("JOD", 5120, 5120),
+        ("KWD", 5120, 5120),
+        ("OMR", 5120, 5120),
+        ("TND", 5120, 5120),
+        // Two ISO decimals Stripe does not count: MGA 5 000.00 is `5000`.
+        ("MGA", 500_000, 5000),
+    ];
+    for (currency, minor, wire) in cases {
+        let (provider, script) = stripe(vec![Reply::new(
+            200,
+            &intent_in(currency, wire, "requires_capture"),
+        )])
+        .await;
+        let sent = provider
+            .send(KEY, Mutation::Authorize(&authorization_in(currency, minor)))
+            .await;
+        let Outcome::Succeeded(object) = &sent.outcome else {
+            panic!("{currency}: {sent:?}")
+        };
+        assert_eq!(object.amount, Some(minor), "{currency}");
+        assert_eq!(object.currency.as_deref(), Some(currency));
+        let request = script.only();
+        request.assert_post("/v1/payment_intents");
+        let lower = currency.to_ascii_lowercase();
+        assert_eq!(
+            request.form()[..2],
+            [
+                ("amount", wire.to_string().as_str()),
+                ("currency", lower.as_str())
+            ],
+            "{currency}"
+        );
+    }
+}
+
+/// A refund's `amount` is counted in its PaymentIntent's currency, which
+/// the connector reads first; Stripe's refund is read back in krónur.
+#[tokio::test]
+async fn an_isk_refund_is_sent_in_stripes_two_decimals_after_reading_the_currency() {
+    let mut refund = refund_object("succeeded");
+    refund["currency"] = json!("isk");
+    refund["amount"] = json!(120_000);
+    let (provider, script) = stripe(vec![
+        Reply::new(200, &intent_in("ISK", 500_000, "succeeded")),
+        Reply::new(200, &refund),
+    ])
+    .await;
+    let request = RefundRequest {
+        amount: 1200,
+        ..refund_request()
+    };
+    let sent = provider.send(KEY, Mutation::Refund(&request)).await;
+    let Outcome::Succeeded(object) = &sent.outcome else {
+        panic!("{sent:?}")
+    };
+    assert_eq!(object.amount, Some(1200), "ISK 1 200, not 120 000");
+    assert_eq!(object.currency.as_deref(), Some("ISK"));
+    let received = script.received();
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert_currency_read(&received[0]);
+    received[1].assert_post("/v1/refunds");
+    assert_eq!(
+        received[1].form()[..2],
+        [("payment_intent", "pi_3PqRsT"), ("amount", "120000")]
+    );
+}
+
+/// BHD, JOD, KWD, OMR, TND amounts must end in 0 at Stripe. One that does
+/// not is refused before anything is sent (never rounded to another
+/// amount), as a definitive failure; so is an MGA fraction of an ariary.
+#[tokio::test]
+async fn an_amount_stripe_cannot_take_fails_and_is_never_sent() {
+    for (currency, minor) in [
+        ("BHD", 5124),
+        ("JOD", 1),
+        ("KWD", 5125),
+        ("OMR", 99_999),
+        ("TND", 5129),
+        ("MGA", 150),
+    ] {
+        let (provider, script) = stripe(vec![]).await;
+        let sent = provider
+            .send(KEY, Mutation::Authorize(&authorization_in(currency, minor)))
+            .await;
+        match &sent.outcome {
+            Outcome::Failed {
+                code,
+                message,
+                object: None,
+            } => {
+                assert_eq!(code, "amount_not_accepted_by_stripe", "{currency}");
+                assert!(message.contains(currency), "{message}");
+                assert!(message.contains(&minor.to_string()), "{message}");
+            }
+            other => panic!("{currency}: {other:?}"),
+        }
+        assert_eq!(sent.call, None, "no call was made");
+        assert!(script.received().is_empty(), "{currency}: sent anyway");
+    }
+    // A refund: only the read of its currency, no POST.
+    let (provider, script) = stripe(vec![Reply::new(
+        200,
+        &intent_in("KWD", 10_000, "succeeded"),
+    )])
+    .await;
+    let request = RefundRequest {
+        amount: 1255,
+        ..refund_request()
+    };
+    let sent = provider.send(KEY, Mutation::Refund(&request)).await;
+    assert!(
+        matches!(&sent.outcome, Outcome::Failed { code, .. } if code == "amount_not_accepted_by_stripe"),
+        "{sent:?}"
+    );
+    let received = script.received();
+    assert_eq!(received.len(), 1, "{received:?}");
+    assert_currency_read(&received[0]);
+}
+
+/// Without the PaymentIntent's currency the refund's amount cannot be
+/// written: nothing is sent, and the attempt is retried with its key.
+#[tokio::test]
+async fn a_refund_whose_payment_intent_cannot_be_read_is_not_sent() {
+    let failing = error("api_error", None, "An unknown error occurred", json!({}));
+    let missing = error(
+        "invalid_request_error",
+        Some("resource_missing"),
+        "No such payment_intent: 'pi_3PqRsT'",
+        json!({"param": "intent"}),
+    );
+    let (provider, script) =
+        stripe(vec![Reply::new(500, &failing), Reply::new(404, &missing)]).await;
+    for _ in 0..2 {
+        let sent = provider
+            .send(KEY, Mutation::Refund(&refund_request()))
+            .await;
+        assert_class(&sent, "not_sent", "refund_currency");
+        assert!(
+            reason(&sent.outcome).ends_with("the refund was not sent"),
+            "{sent:?}"
+        );
+    }
+    let received = script.received();
+    assert_eq!(received.len(), 2, "two reads, no POST: {received:?}");
+    for request in &received {
+        assert_currency_read(request);
+    }
 }
 
 // ---- queries ----

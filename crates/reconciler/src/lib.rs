@@ -5,7 +5,8 @@ use cobro_core::{
     AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent, PaymentId,
     PaymentStatus, RefundId, RefundStatus, RunId,
 };
-use cobro_provider::{Provider, ProviderObject, ProviderStatus, QueryError};
+use cobro_provider::{Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window};
+use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
 use cobro_settle::{
     Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
@@ -25,13 +26,20 @@ use std::time::Duration;
 pub struct ReconcilerConfig {
     /// Who decides, for the audit trail (`reconciler:<host>` or `operator:<name>`).
     pub actor: String,
-    /// The provider's documented search consistency delay: "not found" is
-    /// proof of no effect only once this long has passed since the last
-    /// send's answer could have arrived (last send + `request_timeout`).
-    pub search_lag: Duration,
+    /// The clock skew allowed between cobro's hosts, its database and the
+    /// provider: the consistent list that proves no effect starts this long
+    /// before the first send, and the last send's window closes this long
+    /// after it could have reached the provider
+    /// (docs/proof-of-absence.md).
+    pub clock_skew: Duration,
     /// How long one provider call may take (the worker's timeout): a send
     /// may reach the provider until then.
     pub request_timeout: Duration,
+    /// How long the provider keeps an idempotency key, less the margin the
+    /// worker keeps: until `first send + key_window`, the attempt's own key
+    /// is replayed before "no effect" is decided (a request still executing
+    /// under it answers "in progress", never absence). `None`: no replay.
+    pub key_window: Option<Duration>,
     /// Unknown attempts not sent for this long, attempts sent and never
     /// recorded, and captures, voids and refunds waiting this long, are
     /// examined too (a worker may be gone).
@@ -45,7 +53,7 @@ pub struct ReconcilerConfig {
     pub page: u32,
     /// Whose attempts this reconciler examines: those sent to the one
     /// provider it asks (each configured provider has its own reconciler,
-    /// with that provider's `search_lag` and `request_timeout`), or every
+    /// with that provider's `clock_skew`, `request_timeout` and key window), or every
     /// attempt (`None`: a single-provider setup, tests).
     pub provider: Option<ProviderScope>,
 }
@@ -54,8 +62,9 @@ impl Default for ReconcilerConfig {
     fn default() -> Self {
         Self {
             actor: format!("reconciler:{}", std::process::id()),
-            search_lag: Duration::from_secs(60),
+            clock_skew: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
+            key_window: Some(Duration::from_secs(23 * 3600)),
             stuck_after: Duration::from_secs(300),
             escalate_after: Duration::from_secs(24 * 3600),
             retry_on_no_effect: true,
@@ -89,8 +98,9 @@ pub enum Verdict {
     /// Proven to have had no effect while the payment is in `needs_review`:
     /// recorded, nothing enabled; the operator decides.
     NoEffectInReview,
-    /// Nothing proven (query failed, charge in progress, "not found" within
-    /// the search lag): checked again on the next run.
+    /// Nothing proven (query failed, charge in progress, "not found" by a
+    /// search only, or before the last send's window closed): checked again
+    /// on the next run.
     StillUnknown { reason: String },
     /// Unresolved past the horizon: `needs_review`.
     Escalated,
@@ -236,11 +246,41 @@ fn to_chrono(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-fn said(objects: &Result<Vec<ProviderObject>, QueryError>) -> serde_json::Value {
-    match objects {
-        Ok(list) => serde_json::json!({ "found": list }),
+fn said(answer: &Result<Answer, QueryError>) -> serde_json::Value {
+    match answer {
+        Ok(Answer {
+            found,
+            consistent: Ok(()),
+        }) => serde_json::json!({ "found": found }),
+        Ok(Answer {
+            found,
+            consistent: Err(why),
+        }) => serde_json::json!({ "found": found, "no_consistent_read": why }),
         Err(e) => serde_json::json!({ "query_error": e.to_string() }),
     }
+}
+
+/// What the provider said about an attempt: the objects found, and
+/// whether they came from a strongly consistent read (a GET by id, a list
+/// by creation time or of a charge's refunds), whose emptiness can prove
+/// absence; `Err(why)`: they came from a search, which proves nothing when
+/// it finds nothing.
+struct Answer {
+    found: Vec<ProviderObject>,
+    consistent: Result<(), String>,
+}
+
+/// What replaying the attempt's own key told.
+enum Replay {
+    /// Not replayed: the key may be forgotten, or the payment is in review.
+    Skipped,
+    /// The provider answered from what it stored under the key without
+    /// executing anything (a stored error): the request is over, and the
+    /// consistent read stands. The attempt as re-read after the replay
+    /// was recorded as a send.
+    Over(AttemptRow),
+    /// The answer proves an outcome, a conflict, or nothing yet.
+    Answered(Answered, AttemptRow),
 }
 
 /// The intent name an attempt's reference was made of.
@@ -434,37 +474,71 @@ impl<P: Provider> Reconciler<P> {
     }
 
     /// Everything the provider says about an attempt, asked with no
-    /// transaction open: the search (or GET) plus what a stale worker kept
-    /// of the provider's answer to this attempt's own key.
+    /// transaction open: a strongly consistent read where the provider
+    /// offers one (GET by id; the list by creation time over the attempt's
+    /// window; the list of the charge's refunds), else its search, plus
+    /// what a stale worker kept of the provider's answer to this attempt's
+    /// own key.
     async fn ask(
         &self,
         attempt: &AttemptRow,
         operation: Operation,
         payment: &PaymentRow,
-    ) -> Result<Vec<ProviderObject>, QueryError> {
-        let mut found = match operation {
+    ) -> Result<Answer, QueryError> {
+        let by_id = |id: &str| {
+            let id = id.to_owned();
+            async move {
+                self.provider.get_charge(&id).await.map(|c| Answer {
+                    found: c.into_iter().collect(),
+                    consistent: Ok(()),
+                })
+            }
+        };
+        let mut answer = match operation {
             Operation::Authorize => match &attempt.provider_ref {
-                Some(id) => self
-                    .provider
-                    .get_charge(id)
-                    .await
-                    .map(|c| c.into_iter().collect())?,
-                None => self.provider.search_charges(&attempt.reference).await?,
+                Some(id) => by_id(id).await?,
+                None => {
+                    let window = self.window(attempt);
+                    match self.provider.list_charges(&attempt.reference, window).await {
+                        Ok(found) => Answer {
+                            found,
+                            consistent: Ok(()),
+                        },
+                        // The search may still find the charge: evidence
+                        // like any other, never proof that there is none.
+                        Err(listing) => Answer {
+                            found: self.provider.search_charges(&attempt.reference).await?,
+                            consistent: Err(listing.to_string()),
+                        },
+                    }
+                }
             },
             Operation::Capture | Operation::Cancel => match &payment.provider_ref {
-                Some(id) => self
-                    .provider
-                    .get_charge(id)
-                    .await
-                    .map(|c| c.into_iter().collect())?,
-                None => Vec::new(),
+                Some(id) => by_id(id).await?,
+                None => Answer {
+                    found: Vec::new(),
+                    consistent: Err("no charge is known to ask about".into()),
+                },
             },
-            // The refunded charge is the payment's: a provider that cannot
-            // search refunds (Stripe) lists that charge's refunds.
             Operation::Refund => {
-                self.provider
-                    .search_refunds(&attempt.reference, payment.provider_ref.as_deref())
-                    .await?
+                let charge = payment.provider_ref.as_deref();
+                let listed = match charge {
+                    Some(charge) => self.provider.list_refunds(&attempt.reference, charge).await,
+                    None => Err(QueryError("no charge is known to list refunds of".into())),
+                };
+                match listed {
+                    Ok(found) => Answer {
+                        found,
+                        consistent: Ok(()),
+                    },
+                    Err(listing) => Answer {
+                        found: self
+                            .provider
+                            .search_refunds(&attempt.reference, charge)
+                            .await?,
+                        consistent: Err(listing.to_string()),
+                    },
+                }
             }
         };
         let observed = self
@@ -476,7 +550,7 @@ impl<P: Provider> Reconciler<P> {
             let Ok(object) = serde_json::from_str::<ProviderObject>(&detail) else {
                 continue;
             };
-            if found.iter().any(|o| o.id == object.id) {
+            if answer.found.iter().any(|o| o.id == object.id) {
                 continue;
             }
             // A charge's status now beats what the stale worker heard.
@@ -484,9 +558,90 @@ impl<P: Provider> Reconciler<P> {
                 Operation::Refund => None,
                 _ => self.provider.get_charge(&object.id).await.ok().flatten(),
             };
-            found.push(fresh.unwrap_or(object));
+            answer.found.push(fresh.unwrap_or(object));
         }
-        Ok(found)
+        Ok(answer)
+    }
+
+    /// The creation times a list must cover to find anything the attempt
+    /// made (the provider's whole seconds, widened outwards): from its first
+    /// send less the skew allowance to the moment its last send could no
+    /// longer reach the provider (last send, plus the request timeout, plus
+    /// the allowance). "No effect" is judged only from a list asked after
+    /// that moment (see [`Reconciler::judge`]), so the bound hides nothing
+    /// the attempt's sends could make, and keeps the list to the attempt's
+    /// own window however late the reconciler asks: a backlog of hours on
+    /// a busy account pages through minutes of objects, not hours.
+    fn window(&self, attempt: &AttemptRow) -> Window {
+        let first = attempt
+            .first_send_at
+            .map(|t| t.0)
+            .unwrap_or(attempt.created_at.0);
+        let skew = to_chrono(self.config.clock_skew);
+        Window {
+            from: (first - skew).timestamp(),
+            to: Some((self.closed(attempt) + chrono::TimeDelta::seconds(1)).timestamp()),
+        }
+    }
+
+    /// When the attempt's last send can no longer reach the provider: the
+    /// last send (a replay counts as one), plus the request timeout, plus
+    /// the skew allowance.
+    fn closed(&self, attempt: &AttemptRow) -> DateTime<Utc> {
+        let last = attempt
+            .last_send_at
+            .map(|t| t.0)
+            .unwrap_or(attempt.created_at.0);
+        last + to_chrono(self.config.request_timeout) + to_chrono(self.config.clock_skew)
+    }
+
+    /// The ladder's last rung before "no effect": while the provider still
+    /// keeps the attempt's key, the attempt's own call is replayed under
+    /// it. A request still executing answers "in progress" (so a held or
+    /// slow request is never taken for absence); one that never reached
+    /// the provider executes now, once; one that ended answers what the
+    /// provider stored. The replay is recorded as a send first (the
+    /// attempt's last send moves, so a later proof covers it too).
+    async fn replay(
+        &self,
+        attempt: &AttemptRow,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
+        dry_run: bool,
+    ) -> Result<Replay, ReconcileError> {
+        let Some(key_window) = self.config.key_window else {
+            return Ok(Replay::Skipped);
+        };
+        let now = self.clock.now();
+        let first = attempt
+            .first_send_at
+            .map(|t| t.0)
+            .unwrap_or(attempt.created_at.0);
+        let in_review = payment.status == PaymentStatus::NeedsReview
+            || refund.is_some_and(|r| r.status == RefundStatus::NeedsReview);
+        let Some(call) = Call::of(attempt, payment, refund) else {
+            return Ok(Replay::Skipped);
+        };
+        if dry_run || in_review || now >= first + to_chrono(key_window) {
+            return Ok(Replay::Skipped);
+        }
+        let id = AttemptId::from_uuid(attempt.id.0);
+        let Some(sent) = self.store.record_replay(id, now).await? else {
+            // Decided meanwhile by someone else.
+            return Ok(Replay::Answered(
+                Answered::Unknown("the attempt was settled meanwhile".into()),
+                attempt.clone(),
+            ));
+        };
+        let Sent { outcome, call } = self
+            .provider
+            .send(&attempt.provider_key, call.mutation())
+            .await;
+        let stored = call.is_some_and(|c| c.replayed);
+        Ok(match judge_answer(&sent, payment, refund, outcome) {
+            Answered::Unknown(_) if stored => Replay::Over(sent),
+            answered => Replay::Answered(answered, sent),
+        })
     }
 
     /// In span `reconcile.examine`, linked to the trace of the request that
@@ -601,7 +756,25 @@ impl<P: Provider> Reconciler<P> {
             }
             Finding::Unknown(reason) => Verdict::StillUnknown { reason },
             Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
-            Finding::NoEffect => self.no_effect(&ctx, operation).await?,
+            Finding::NoEffect => {
+                match self
+                    .replay(attempt, &payment, refund.as_ref(), dry_run)
+                    .await?
+                {
+                    Replay::Skipped => self.no_effect(&ctx, operation).await?,
+                    Replay::Over(sent) => {
+                        let ctx = Ctx {
+                            attempt: &sent,
+                            ..ctx
+                        };
+                        self.no_effect(&ctx, operation).await?
+                    }
+                    Replay::Answered(answered, sent) => {
+                        self.replayed(&ctx, &sent, answered, operation, &payment, refund.as_ref())
+                            .await?
+                    }
+                }
+            }
             Finding::Conflict(kind, detail) => self.conflict(&ctx, kind, &detail).await?,
         };
         tracing::Span::current().record("verdict", verdict.name());
@@ -634,11 +807,11 @@ impl<P: Provider> Reconciler<P> {
         operation: Operation,
         payment: &PaymentRow,
         refund: Option<&RefundRow>,
-        answer: Result<Vec<ProviderObject>, QueryError>,
+        answer: Result<Answer, QueryError>,
         asked_at: DateTime<Utc>,
     ) -> Finding {
-        let found = match answer {
-            Ok(found) => found,
+        let Answer { found, consistent } = match answer {
+            Ok(answer) => answer,
             Err(e) => {
                 return Finding::Unknown(format!(
                     "the provider query failed, which proves nothing: {e}"
@@ -691,25 +864,66 @@ impl<P: Provider> Reconciler<P> {
             return Finding::Unknown("the provider reports it in progress".into());
         }
         // Nothing found. That is proof of no effect only for an attempt the
-        // worker no longer sends, and only once the provider's search has
-        // had time to see its last send (which may have reached the
-        // provider until the request timed out).
+        // worker no longer sends, only from a strongly consistent read (a
+        // search that finds nothing proves nothing, however long ago the
+        // send was), and only once its last send can no longer reach the
+        // provider (request timeout plus the skew allowance): the read was
+        // asked after that, so it covers everything the send could make.
         if attempt.state != AttemptState::Reconciling {
             return Finding::Unknown("not found; the worker still owns this attempt".into());
         }
-        let last = attempt
-            .last_send_at
-            .map(|t| t.0)
-            .unwrap_or(attempt.created_at.0);
-        let visible_from =
-            last + to_chrono(self.config.request_timeout) + to_chrono(self.config.search_lag);
-        if asked_at < visible_from {
+        if let Err(why) = consistent {
             return Finding::Unknown(format!(
-                "not found, but the provider's search lag ({} s) has not passed since the last send could have reached it",
-                self.config.search_lag.as_secs()
+                "not found by the search, which proves nothing, and no consistent read was possible: {why}"
             ));
         }
+        if asked_at < self.closed(attempt) {
+            return Finding::Unknown(
+                "not found, but the last send could still reach the provider when it was asked"
+                    .into(),
+            );
+        }
         Finding::NoEffect
+    }
+
+    /// What the replay of the attempt's key proved, applied like any other
+    /// finding: a proof is adopted, a conflict stops the line, nothing yet
+    /// waits (and escalates at the horizon).
+    async fn replayed(
+        &self,
+        ctx: &Ctx<'_>,
+        sent: &AttemptRow,
+        answered: Answered,
+        operation: Operation,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
+    ) -> Result<Verdict, ReconcileError> {
+        let (said, reason) = match &answered {
+            Answered::Proof(_, said) | Answered::Conflict(_, said) => (said.clone(), None),
+            Answered::NotSent(why) | Answered::Unknown(why) => (String::new(), Some(why.clone())),
+        };
+        let said = serde_json::json!({ "replayed_key": said, "before": ctx.said });
+        let ctx = Ctx {
+            attempt: sent,
+            said: &said,
+            ..*ctx
+        };
+        match answered {
+            Answered::Proof(proof, _) => self.adopt(&ctx, &proof).await,
+            Answered::Conflict(why, _) => self.conflict(&ctx, ConflictKind::Mismatch, &why).await,
+            Answered::NotSent(_) | Answered::Unknown(_) => {
+                let reason = format!(
+                    "not found by the consistent read, but the replay of its key proves nothing yet: {}",
+                    reason.unwrap_or_default()
+                );
+                if self.past_horizon(sent, ctx.now) {
+                    self.escalate(&ctx, operation, payment, refund, &reason)
+                        .await
+                } else {
+                    Ok(Verdict::StillUnknown { reason })
+                }
+            }
+        }
     }
 
     fn past_horizon(&self, attempt: &AttemptRow, now: DateTime<Utc>) -> bool {
@@ -982,7 +1196,7 @@ impl<P: Provider> Reconciler<P> {
             before.as_str(),
             after.as_str(),
             name,
-            Some("not found after the search lag".into()),
+            Some("not found by a consistent read covering the attempt's window".into()),
         );
         tx.record_decision(&d, now).await?;
         finish(tx, dry_run).await?;

@@ -156,7 +156,11 @@ fn charge_fits(payment: &PaymentRow, object: &ProviderObject) -> Fit {
             "an automatic-capture charge reported {}",
             object.status
         )),
-        (_, other) => Fit::NotOurs(format!("charge status {other} proves nothing yet")),
+        // Under the attempt's identity and terms, in a status that is not
+        // final (Stripe's `processing`, a status cobro does not know): the
+        // attempt's own charge, in progress. `proof_from` proves nothing
+        // from it, and it is never "not found" (section 8).
+        _ => Fit::Ours,
     }
 }
 
@@ -368,6 +372,31 @@ mod tests {
         let mut bare = charge(&a, &p, "captured");
         bare.amount = None;
         assert!(matches!(judge(&a, &p, &bare), Fit::NotOurs(_)));
+    }
+
+    #[test]
+    fn a_charge_under_our_identity_in_a_status_that_is_not_final_is_ours_and_in_progress() {
+        for capture in ["automatic", "manual"] {
+            let p = payment(capture);
+            let a = attempt(&p);
+            for status in [
+                "processing",
+                "requires_action",
+                "a_status_stripe_adds_later",
+            ] {
+                let object = charge(&a, &p, status);
+                assert_eq!(
+                    judge(&a, &p, &object),
+                    Fit::Ours,
+                    "{capture} {status}: the attempt's own charge, never absent"
+                );
+                assert_eq!(
+                    proof_from(Operation::Authorize, &object),
+                    None,
+                    "{status} proves no outcome yet"
+                );
+            }
+        }
     }
 
     #[test]

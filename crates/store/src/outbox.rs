@@ -510,6 +510,33 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Records the reconciler's replay of an attempt's own key as a send,
+    /// before it is made: only while the attempt is `reconciling` and its
+    /// payment (and refund) not in `needs_review`. Returns the attempt as
+    /// it now is, or `None` when it was settled (or put in review)
+    /// meanwhile and must not be replayed.
+    pub async fn record_replay(
+        &self,
+        id: AttemptId,
+        now: DateTime<Utc>,
+    ) -> Result<Option<AttemptRow>> {
+        let sql = format!(
+            "UPDATE attempts SET send_count = send_count + 1, \
+            first_send_at = COALESCE(first_send_at, $2), last_send_at = $2, updated_at = $2 \
+            WHERE id = $1 AND state = 'reconciling' \
+            AND COALESCE((SELECT p.status FROM payments p WHERE p.id = attempts.payment_id), '') \
+              <> 'needs_review' \
+            AND COALESCE((SELECT r.status FROM refunds r WHERE r.id = attempts.refund_id), '') \
+              <> 'needs_review' \
+            RETURNING {ATTEMPT_COLUMNS}"
+        );
+        Ok(on_write_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(DbTime(now))
+            .fetch_optional(pool)
+            .await?))
+    }
+
     /// Records one send of a claimed attempt, fenced by the token: the send
     /// count and the first/last send times drive the retention window. It
     /// is the last gate before the provider call, so it also refuses an

@@ -7,12 +7,10 @@
 
 use crate::retry::{RetryBudget, backoff};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, AttemptState, CaptureMethod, Clock, Operation, PaymentId, RefundId};
-use cobro_provider::{
-    AuthorizeRequest, CallInfo, Mutation, Outcome, Provider, ProviderObject, RefundRequest, Sent,
-};
-use cobro_settle::evidence::{Fit, charge_now, fit, identity, proof_from};
-use cobro_settle::{Proof, Source, apply_proof, hand_to_reconciler, stop_the_line};
+use cobro_core::{AttemptId, AttemptState, Clock, Operation, PaymentId, RefundId};
+use cobro_provider::{CallInfo, Outcome, Provider, Sent};
+use cobro_settle::call::{Answered, Call, judge_answer};
+use cobro_settle::{Source, apply_proof, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{
     Claim, PaymentRow, ProviderScope, RefundRow, SendMark, Store, StoreError, UnreadableClaim,
@@ -150,27 +148,10 @@ fn to_chrono(d: Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-/// A call ready to be made.
-enum Call {
-    Authorize(AuthorizeRequest),
-    Capture(String),
-    Void(String),
-    Refund(RefundRequest),
-}
-
 /// What the answer will be checked against.
 struct Asked {
-    operation: Operation,
     payment: PaymentRow,
     refund: Option<RefundRow>,
-}
-
-/// What an answer proves about the attempt, after checking it is its own.
-enum Verdict {
-    Proof(Proof, String),
-    Conflict(String, String),
-    NotSent(String),
-    Unknown(String),
 }
 
 impl<P: Provider> Worker<P> {
@@ -480,112 +461,16 @@ impl<P: Provider> Worker<P> {
             }
             None => None,
         };
-        let metadata = identity(attempt, &payment);
-        let charge = payment.provider_ref.clone();
-        let call = match operation {
-            Operation::Authorize => Some(Call::Authorize(AuthorizeRequest {
-                amount: payment.amount,
-                currency: payment.currency.code().to_owned(),
-                payment_method: payment.payment_method.clone(),
-                capture: payment.capture_method == CaptureMethod::Automatic,
-                reference: attempt.reference.clone(),
-                metadata,
-            })),
-            Operation::Capture => charge.map(Call::Capture),
-            Operation::Cancel => charge.map(Call::Void),
-            Operation::Refund => charge.map(|charge| {
-                Call::Refund(RefundRequest {
-                    charge,
-                    amount: refund.as_ref().map(|r| r.amount).unwrap_or_default(),
-                    reference: attempt.reference.clone(),
-                    metadata,
-                })
-            }),
-        };
-        let asked = Asked {
-            operation,
-            payment,
-            refund,
-        };
+        let call = Call::of(attempt, &payment, refund.as_ref());
+        let asked = Asked { payment, refund };
         Ok(match call {
             Some(call) => Ok((call, asked)),
             None => Err(("no provider charge is known".to_owned(), asked)),
         })
     }
 
-    /// What an answer proves, checked against what was asked: an object
-    /// that is not provably this attempt's is never adopted.
-    fn judge(&self, claim: &Claim, asked: &Asked, outcome: Outcome) -> Verdict {
-        let said = |object: &ProviderObject| serde_json::to_string(object).unwrap_or_default();
-        match outcome {
-            Outcome::Succeeded(object) => {
-                let fits = fit(
-                    asked.operation,
-                    &claim.attempt,
-                    &asked.payment,
-                    asked.refund.as_ref(),
-                    &object,
-                );
-                match fits {
-                    Fit::Ours => match proof_from(asked.operation, &object) {
-                        Some(proof) => Verdict::Proof(proof, said(&object)),
-                        None => Verdict::Unknown(format!(
-                            "the provider answered {} (in progress)",
-                            object.status
-                        )),
-                    },
-                    // Worded as the reconciler words it, so a finding is
-                    // kept once whoever makes it.
-                    Fit::Mismatch(why) => {
-                        Verdict::Conflict(format!("{}: {why}", object.id), said(&object))
-                    }
-                    Fit::NotOurs(why) => {
-                        Verdict::Unknown(format!("an answer that proves nothing: {why}"))
-                    }
-                }
-            }
-            Outcome::Declined {
-                code,
-                message,
-                object,
-            } => Verdict::Proof(
-                Proof::Declined { code, message },
-                object.as_ref().map(said).unwrap_or_default(),
-            ),
-            Outcome::Failed {
-                code,
-                message,
-                object,
-            } => {
-                // The charge sent with a refusal is the truth only when it
-                // is this payment's charge.
-                let charge = object
-                    .as_ref()
-                    .filter(|o| asked.payment.provider_ref.as_deref() == Some(o.id.as_str()))
-                    .and_then(charge_now);
-                let text = object.as_ref().map(said).unwrap_or_default();
-                Verdict::Proof(
-                    Proof::Failed {
-                        code,
-                        message,
-                        charge,
-                    },
-                    text,
-                )
-            }
-            Outcome::NotSent(reason) => Verdict::NotSent(reason),
-            Outcome::Unknown(reason) => Verdict::Unknown(reason),
-        }
-    }
-
     async fn send(&self, call: Call, key: &str) -> Sent {
-        let mutation = match &call {
-            Call::Authorize(r) => Mutation::Authorize(r),
-            Call::Capture(charge) => Mutation::Capture(charge),
-            Call::Void(charge) => Mutation::Void(charge),
-            Call::Refund(r) => Mutation::Refund(r),
-        };
-        self.provider.send(key, mutation).await
+        self.provider.send(key, call.mutation()).await
     }
 
     /// Records an outcome in one transaction fenced by the claim's token,
@@ -605,12 +490,17 @@ impl<P: Provider> Worker<P> {
     ) -> Result<Step, WorkerError> {
         let now = self.clock.now();
         let class = outcome.class();
-        let (proof, said) = match self.judge(claim, asked, outcome) {
-            Verdict::Proof(proof, said) => (proof, said),
-            Verdict::Conflict(why, said) => {
+        let (proof, said) = match judge_answer(
+            &claim.attempt,
+            &asked.payment,
+            asked.refund.as_ref(),
+            outcome,
+        ) {
+            Answered::Proof(proof, said) => (proof, said),
+            Answered::Conflict(why, said) => {
                 return self.conflict(claim, asked, &why, &said, call).await;
             }
-            Verdict::NotSent(reason) => {
+            Answered::NotSent(reason) => {
                 let due = now + self.retry_delay(claim);
                 return self.reschedule(claim, due, &reason, call).await.map(|ok| {
                     if ok {
@@ -620,11 +510,11 @@ impl<P: Provider> Worker<P> {
                     }
                 });
             }
-            Verdict::Unknown(reason) if call.and_then(|c| c.should_retry) == Some(false) => {
+            Answered::Unknown(reason) if call.and_then(|c| c.should_retry) == Some(false) => {
                 let reason = format!("{reason} (the provider says a retry would not help)");
                 return self.hand_over(claim, &reason, call).await;
             }
-            Verdict::Unknown(reason) => {
+            Answered::Unknown(reason) => {
                 return self.record_unknown(claim, &reason, now, call).await;
             }
         };

@@ -74,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
         webhook_dialect: args.webhook_dialect,
         webhook_retry_base: args.webhook_retry_base,
         webhook_concurrency: args.webhook_concurrency.into(),
+        clock_start: None,
     };
     let running = fake_provider::start_on(SocketAddr::new(args.host, args.port), config).await?;
     println!("fake-provider listening on {}", running.url());

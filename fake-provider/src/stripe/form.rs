@@ -17,7 +17,7 @@ use axum::http::header::CONTENT_TYPE;
 use serde_json::Value;
 
 use super::error::StripeError;
-use crate::model::{METADATA_MAX_KEY_CHARS, METADATA_MAX_KEYS, METADATA_MAX_VALUE_CHARS};
+use crate::model::{Created, METADATA_MAX_KEY_CHARS, METADATA_MAX_KEYS, METADATA_MAX_VALUE_CHARS};
 
 /// The form content type, the only body Stripe takes.
 const FORM: &str = "application/x-www-form-urlencoded";
@@ -123,6 +123,52 @@ impl Form {
             return Err(StripeError::invalid_integer(name, message));
         }
         Ok(Some(value))
+    }
+
+    /// `created`, as Stripe's lists take it: a unix time (`created=N`,
+    /// exactly that second) or a range of `created[gt]`, `created[gte]`,
+    /// `created[lt]`, `created[lte]` (any of them), as inclusive bounds in
+    /// whole seconds.
+    pub(crate) fn created(&mut self) -> Result<Created, StripeError> {
+        let integer = |param: &str, value: &Value| match value {
+            Value::String(text) if text.is_empty() => Err(StripeError::empty_string(param)),
+            Value::String(text) => text.parse::<i64>().map_err(|_| {
+                StripeError::invalid_integer(param, format!("Invalid integer: {text}"))
+            }),
+            _ => Err(StripeError::invalid(
+                param,
+                format!("Invalid {param}: expected a plain value."),
+            )),
+        };
+        let mut created = Created::default();
+        match self.fields.remove("created") {
+            None => {}
+            Some(Value::Object(bounds)) => {
+                for (name, value) in &bounds {
+                    let param = format!("created[{name}]");
+                    let seconds = integer(&param, value)?;
+                    let (gte, lte) = match name.as_str() {
+                        "gt" => (Some(seconds.saturating_add(1)), None),
+                        "gte" => (Some(seconds), None),
+                        "lt" => (None, Some(seconds.saturating_sub(1))),
+                        "lte" => (None, Some(seconds)),
+                        _ => return Err(StripeError::unknown_param(&param)),
+                    };
+                    // Several lower (upper) bounds: the tightest holds.
+                    created.gte = created.gte.max(gte);
+                    created.lte = match (created.lte, lte) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+            Some(value) => {
+                let seconds = integer("created", &value)?;
+                created.gte = Some(seconds);
+                created.lte = Some(seconds);
+            }
+        }
+        Ok(created)
     }
 
     /// `true` or `false`, if given.

@@ -43,7 +43,9 @@ use search::Query;
 
 use crate::config::WebhookDialect;
 use crate::faults::Operation;
-use crate::model::{ChargeParams, ChargeStatus, Decline, RefundParams, StoredResponse};
+use crate::model::{
+    Charge, ChargeParams, ChargeStatus, Created, Decline, RefundParams, StoredResponse,
+};
 use crate::pipeline::{Call, Dialect, Outcome, Subject, execute};
 use crate::state::{Ctx, Refused, Shared, State as ProviderState, Store, new_stored, resource};
 
@@ -65,7 +67,7 @@ type AppState = State<Arc<Shared>>;
 /// `api`.
 pub(crate) fn routes() -> Router<Arc<Shared>> {
     Router::new()
-        .route("/v1/payment_intents", post(create_intent))
+        .route("/v1/payment_intents", post(create_intent).get(list_intents))
         .route("/v1/payment_intents/search", get(search_intents))
         .route("/v1/payment_intents/{id}", get(get_intent))
         .route("/v1/payment_intents/{id}/capture", post(capture_intent))
@@ -433,6 +435,7 @@ fn create_intent_effect(
         "succeeded" => Some("payment_intent.succeeded"),
         "requires_payment_method" if charge.is_some() => Some("payment_intent.payment_failed"),
         "requires_action" => Some("payment_intent.requires_action"),
+        "processing" => Some("payment_intent.processing"),
         _ => None,
     };
     if let Some(kind) = event {
@@ -469,6 +472,39 @@ fn emit(
     };
     state.emit(kind, reference, WebhookDialect::Stripe, |id| {
         event_body(id, kind, ctx.now, object, cause)
+    });
+}
+
+/// A `processing` charge became final (see [`ProviderState::settle_due`]):
+/// if a PaymentIntent's confirmation made it, its event goes out as Stripe
+/// sends one when an asynchronous payment finishes, caused by no request.
+pub(crate) fn settled(state: &mut ProviderState, charge: &Charge, caller: &str, at: DateTime<Utc>) {
+    if !state.emits(WebhookDialect::Stripe) {
+        return;
+    }
+    let Some(intent) = state.stripe.intent_of_charge(&charge.id).map(str::to_owned) else {
+        return;
+    };
+    let Some(json) = intent_view(state, &intent, caller) else {
+        return;
+    };
+    let kind = match json["status"].as_str().unwrap_or_default() {
+        "requires_capture" => "payment_intent.amount_capturable_updated",
+        "succeeded" => "payment_intent.succeeded",
+        "requires_payment_method" => "payment_intent.payment_failed",
+        _ => return,
+    };
+    let reference = state
+        .stripe
+        .intent_reference(&intent, caller)
+        .unwrap_or_default()
+        .to_owned();
+    let cause = Cause {
+        request_id: None,
+        idempotency_key: None,
+    };
+    state.emit(kind, &reference, WebhookDialect::Stripe, |id| {
+        event_body(id, kind, at, &json, cause)
     });
 }
 
@@ -767,6 +803,75 @@ async fn search_intents(
     .await
 }
 
+/// `GET /v1/payment_intents?created[...]=...&limit=N&starting_after=pi_...`.
+struct IntentListParams {
+    created: Created,
+    limit: usize,
+    starting_after: Option<String>,
+}
+
+impl IntentListParams {
+    fn read(raw: Option<&str>) -> Result<Self, StripeError> {
+        let mut form = Form::parse(raw.unwrap_or_default().as_bytes())?;
+        form.only(&["created", "limit", "starting_after"])?;
+        Ok(Self {
+            created: form.created()?,
+            limit: limit(&mut form)?,
+            starting_after: form.non_empty("starting_after")?,
+        })
+    }
+}
+
+/// Stripe's PaymentIntent list: the caller's PaymentIntents, newest first,
+/// strongly consistent (what search lag hides from search is listed).
+async fn list_intents(
+    State(shared): AppState,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let call = match Call::read(Dialect::Stripe, Operation::List, &headers) {
+        Ok(call) => call,
+        Err(refusal) => return *refusal,
+    };
+    let params = match IntentListParams::read(raw.as_deref()) {
+        Ok(params) => params,
+        Err(error) => return call.refuse(error.into_stored()),
+    };
+    execute(&shared, call, Subject::Reference(None), |state, ctx| {
+        let page = state.stripe.intents.page(
+            ctx.caller,
+            |_| true,
+            params.starting_after.as_deref(),
+            |intent| params.created.contains(intent.created),
+            params.limit,
+        );
+        let Some(page) = page else {
+            let after = params.starting_after.as_deref().unwrap_or_default();
+            return Outcome::Executed(unknown_cursor("payment_intent", after));
+        };
+        let data: Vec<Value> = page
+            .data
+            .iter()
+            .filter_map(|intent| intent_view(state, &intent.id, ctx.caller))
+            .collect();
+        Outcome::Executed(ok(&json!({
+            "object": "list",
+            "data": data,
+            "has_more": page.has_more,
+            "url": "/v1/payment_intents",
+        })))
+    })
+    .await
+}
+
+/// A `starting_after` that is not an object of the list: 400
+/// `resource_missing` naming it, as Stripe answers.
+fn unknown_cursor(what: &str, id: &str) -> StoredResponse {
+    StripeError::no_such(what, id, "starting_after")
+        .into_bad_request()
+        .into_stored()
+}
+
 // ---------------------------------------------------------------------------
 // Refunds
 
@@ -998,13 +1103,14 @@ impl ListParams {
 }
 
 /// The refund list in the Stripe dialect: strongly consistent (no search
-/// lag; Stripe has no refund search), newest first.
+/// lag; Stripe has no refund search), newest first. Fault operation
+/// `list`.
 pub(crate) async fn list_refunds(
     shared: &Shared,
     headers: &HeaderMap,
     raw: Option<String>,
 ) -> Response {
-    let call = match Call::read(Dialect::Stripe, Operation::Search, headers) {
+    let call = match Call::read(Dialect::Stripe, Operation::List, headers) {
         Ok(call) => call,
         Err(refusal) => return *refusal,
     };
@@ -1024,29 +1130,30 @@ pub(crate) async fn list_refunds(
             Some(Err(error)) if error_is_not_refundable(&error) => Some(String::new()),
             Some(Err(error)) => return Outcome::Executed(error.into_stored()),
         };
-        let mut refunds = state.refunds.of_caller(ctx.caller).filter(|refund| {
-            charge
-                .as_ref()
-                .is_none_or(|charge| &refund.charge == charge)
-        });
-        if let Some(after) = &params.starting_after {
-            for refund in refunds.by_ref() {
-                if &refund.id == after {
-                    break;
-                }
-            }
-        }
-        let found: Vec<_> = refunds.take(params.limit + 1).collect();
-        let has_more = found.len() > params.limit;
-        let data: Vec<Value> = found
+        let page = state.refunds.page(
+            ctx.caller,
+            |refund| {
+                charge
+                    .as_ref()
+                    .is_none_or(|charge| &refund.charge == charge)
+            },
+            params.starting_after.as_deref(),
+            |_| true,
+            params.limit,
+        );
+        let Some(page) = page else {
+            let after = params.starting_after.as_deref().unwrap_or_default();
+            return Outcome::Executed(unknown_cursor("refund", after));
+        };
+        let data: Vec<Value> = page
+            .data
             .iter()
-            .take(params.limit)
             .filter_map(|refund| refund_view(state, &refund.id, ctx.caller))
             .collect();
         Outcome::Executed(ok(&json!({
             "object": "list",
             "data": data,
-            "has_more": has_more,
+            "has_more": page.has_more,
             "url": "/v1/refunds",
         })))
     })

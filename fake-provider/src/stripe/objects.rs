@@ -15,6 +15,7 @@ pub(crate) fn intent_status(intent: &Intent, charge: Option<&Charge>) -> &'stati
         return "canceled";
     }
     match charge.map(|charge| charge.status) {
+        Some(ChargeStatus::Processing) => "processing",
         Some(ChargeStatus::Authorized) => "requires_capture",
         Some(ChargeStatus::Captured) => "succeeded",
         Some(ChargeStatus::Declined) => "requires_payment_method",
@@ -77,9 +78,15 @@ pub(crate) fn intent_json(intent: &Intent, charge: Option<&Charge>) -> Value {
 }
 
 /// A Charge (as `charge.refunded` carries it). Stripe's charge `status` is
-/// `succeeded` once authorized, captured or not; `captured` tells which.
+/// `succeeded` once authorized, captured or not (`captured` tells which),
+/// `pending` while `processing`, `failed` when declined.
 pub(crate) fn charge_json(charge: &Charge, payment_intent: Option<&str>) -> Value {
     let declined = charge.status == ChargeStatus::Declined;
+    let status = match charge.status {
+        ChargeStatus::Declined => "failed",
+        ChargeStatus::Processing => "pending",
+        _ => "succeeded",
+    };
     let decline = Decline::of(&charge.payment_method).filter(|_| declined);
     json!({
         "id": charge.id,
@@ -94,11 +101,11 @@ pub(crate) fn charge_json(charge: &Charge, payment_intent: Option<&str>) -> Valu
         "failure_message": decline.map(|decline| decline.message),
         "livemode": false,
         "metadata": charge.metadata,
-        "paid": !declined,
+        "paid": !declined && charge.status != ChargeStatus::Processing,
         "payment_intent": payment_intent,
         "payment_method": charge.payment_method,
         "refunded": charge.amount_captured > 0 && charge.amount_refunded >= charge.amount_captured,
-        "status": if declined { "failed" } else { "succeeded" },
+        "status": status,
     })
 }
 

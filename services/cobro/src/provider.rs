@@ -72,6 +72,7 @@ impl ProviderKind {
                 key_retention: Duration::from_secs(24 * 3600),
                 key_safety_margin: Duration::from_secs(3600),
                 search_lag: Duration::from_secs(60),
+                clock_skew: Duration::from_secs(10),
                 request_timeout: Duration::from_secs(10),
                 connect_timeout: Duration::from_secs(2),
                 idempotency_key_max_length: 255,
@@ -84,6 +85,7 @@ impl ProviderKind {
                 key_retention: Duration::from_secs(24 * 3600),
                 key_safety_margin: Duration::from_secs(3600),
                 search_lag: Duration::from_secs(60),
+                clock_skew: Duration::from_secs(10),
                 request_timeout: Duration::from_secs(30),
                 connect_timeout: Duration::from_secs(2),
                 idempotency_key_max_length: 255,
@@ -101,9 +103,14 @@ pub struct Contract {
     pub key_retention: Duration,
     /// Kept before the end of the key window.
     pub key_safety_margin: Duration,
-    /// The search's consistency delay: "not found" proves no effect only
-    /// this long after the last send's answer could have arrived.
+    /// How far the provider's search may lag behind (documentation, shown
+    /// in the logs at start): no proof depends on it, since a search that
+    /// finds nothing never proves absence (docs/proof-of-absence.md).
     pub search_lag: Duration,
+    /// The clock skew allowed between cobro's hosts, its database and the
+    /// provider: the window a consistent list must cover is widened by it
+    /// on both sides.
+    pub clock_skew: Duration,
     /// A whole call; after it the outcome is unknown.
     pub request_timeout: Duration,
     /// A connection; a failure here proves nothing was sent.
@@ -207,6 +214,7 @@ impl Registry {
         contract.connect_timeout = settings.provider_connect_timeout;
         if let Some(reconcile) = reconcile {
             contract.search_lag = reconcile.provider_search_lag;
+            contract.clock_skew = reconcile.provider_clock_skew;
         }
         Self {
             providers: vec![ProviderSpec {
@@ -358,6 +366,7 @@ struct FileProvider {
     key_retention: Option<String>,
     key_safety_margin: Option<String>,
     search_lag: Option<String>,
+    clock_skew: Option<String>,
     request_timeout: Option<String>,
     connect_timeout: Option<String>,
     idempotency_key_max_length: Option<usize>,
@@ -382,7 +391,7 @@ impl FileProvider {
         let kind = ProviderKind::parse(&self.kind).with_context(|| {
             format!("unknown kind `{}`: expected `fake` or `stripe`", self.kind)
         })?;
-        let url = url::Url::parse(&self.base_url)
+        url::Url::parse(&self.base_url)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .with_context(|| format!("base_url `{}` is not an http(s) URL", self.base_url))?;
@@ -424,6 +433,7 @@ impl FileProvider {
                 &mut contract.key_safety_margin,
             ),
             ("search_lag", &self.search_lag, &mut contract.search_lag),
+            ("clock_skew", &self.clock_skew, &mut contract.clock_skew),
             (
                 "request_timeout",
                 &self.request_timeout,
@@ -454,21 +464,15 @@ impl FileProvider {
                 contract.idempotency_key_max_length
             );
         }
-        let loopback = match url.host() {
-            Some(url::Host::Domain(host)) => host == "localhost",
-            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-            None => false,
-        };
-        // Stripe documents its search as consistent within about a minute;
-        // a shorter lag would take "not found" as proof too early. Only a
-        // local emulator (loopback) may say otherwise.
-        if kind == ProviderKind::Stripe
-            && !loopback
-            && contract.search_lag < Duration::from_secs(60)
-        {
+        // A provider forgets a key after its retention: a resend later
+        // than that would make a new charge. Retention beyond what the
+        // kind documents is refused (the fake's is its own setting).
+        let documented = kind.documented().key_retention;
+        if kind == ProviderKind::Stripe && contract.key_retention > documented {
             bail!(
-                "search_lag must be at least 60s for Stripe (its Search API is eventually consistent)"
+                "key_retention {} is longer than the {} Stripe keeps idempotency keys: a resend past it would create a new PaymentIntent",
+                humantime::format_duration(contract.key_retention),
+                humantime::format_duration(documented)
             );
         }
         Ok(ProviderSpec {
@@ -791,11 +795,16 @@ mod tests {
 
     #[test]
     fn contracts_that_cobro_cannot_keep_are_refused() {
+        // Stripe forgets keys after 24 h: a longer window would resend
+        // under forgotten keys, each making a new PaymentIntent.
         let e = error(&TWO.replace(
             r#"webhook_secret_env = "STRIPE_WHSEC""#,
-            "search_lag = \"10s\"",
+            "key_retention = \"72h\"",
         ));
-        assert!(e.contains("at least 60s for Stripe"), "{e}");
+        assert!(e.contains("longer than the 1day Stripe keeps"), "{e}");
+        // The fake's retention is its own setting.
+        let fake = TWO.replace(r#"search_lag = "5s""#, "key_retention = \"72h\"");
+        assert!(parse(&fake).is_ok());
         let e = error(&TWO.replace(
             r#"search_lag = "5s""#,
             "key_retention = \"1h\"\nkey_safety_margin = \"2h\"",

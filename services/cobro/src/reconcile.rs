@@ -4,7 +4,9 @@
 
 use crate::database::{self, SchemaPolicy};
 use crate::output::{say, say_json};
-use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings, parse_duration};
+use crate::settings::{
+    GlobalSettings, KeyWindowSettings, ProviderSettings, ReconcileSettings, parse_duration,
+};
 use anyhow::{Context, bail};
 use clap::Args;
 use cobro_core::{PaymentId, SystemClock};
@@ -37,6 +39,10 @@ pub struct ReconcileArgs {
     pub json: bool,
     #[command(flatten)]
     pub provider: ProviderSettings,
+    /// The key window bounds the replay of an attempt's own key, the
+    /// ladder's last rung: this command sends too.
+    #[command(flatten)]
+    pub key_window: KeyWindowSettings,
     #[command(flatten)]
     pub settings: ReconcileSettings,
 }
@@ -56,7 +62,8 @@ pub(crate) fn parse_payment(id: &str) -> anyhow::Result<PaymentId> {
 /// candidate whose examination failed.
 pub async fn run(global: &GlobalSettings, args: &ReconcileArgs) -> anyhow::Result<()> {
     let settings = &args.settings;
-    let registry = crate::provider::Registry::load(&args.provider, None, Some(settings))?;
+    let registry =
+        crate::provider::Registry::load(&args.provider, Some(&args.key_window), Some(settings))?;
     let (store, _) = database::open(global, SchemaPolicy::Require).await?;
     let handle = crate::provider::connect(registry, false).await?;
     let actor = format!(

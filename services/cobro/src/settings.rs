@@ -261,8 +261,9 @@ pub struct SenderSettings {
     pub reconcile: ReconcileSettings,
 }
 
-/// The provider's idempotency key window, which bounds every resend: only
-/// the processes that send (`serve` and `worker`) take these.
+/// The provider's idempotency key window, which bounds every resend and
+/// every replay: only the commands that send (`serve`, `worker`, and
+/// `reconcile`, which replays an attempt's own key) take these.
 #[derive(Args, Clone, Debug)]
 pub struct KeyWindowSettings {
     /// How long the provider remembers an idempotency key. The worker never
@@ -280,10 +281,16 @@ pub struct KeyWindowSettings {
 /// How the reconciler decides (shared by `serve`'s schedule and `cobro reconcile`).
 #[derive(Args, Clone, Debug)]
 pub struct ReconcileSettings {
-    /// The provider's documented search consistency delay: "not found" is
-    /// proof of no effect only once this long has passed since the last send.
+    /// The provider's documented search consistency delay (shown at start;
+    /// no proof depends on it: a search that finds nothing proves nothing).
     #[arg(long, env = "COBRO_PROVIDER_SEARCH_LAG", default_value = "60s", value_parser = parse_duration)]
     pub provider_search_lag: Duration,
+
+    /// The clock skew allowed between cobro's hosts, its database and the
+    /// provider: the consistent list that proves no effect covers the
+    /// attempt's window widened by it on both sides.
+    #[arg(long, env = "COBRO_PROVIDER_CLOCK_SKEW", default_value = "10s", value_parser = parse_duration)]
+    pub provider_clock_skew: Duration,
 
     /// Unknown attempts not sent for this long, and captures, voids and
     /// refunds waiting this long, are examined too.
@@ -384,8 +391,8 @@ impl ReconcileSettings {
     /// (`reconciler:<pid>` or `operator:<user>`, for the audit trail).
     ///
     /// One reconciler per provider: it examines only the attempts sent to
-    /// `provider` (`scope`) and applies that provider's search lag and
-    /// request timeout to its "not found" rule.
+    /// `provider` (`scope`) and applies that provider's clock skew,
+    /// request timeout and key window to its "not found" rule.
     pub fn config(
         &self,
         provider: &crate::provider::ProviderSpec,
@@ -394,9 +401,13 @@ impl ReconcileSettings {
     ) -> ReconcilerConfig {
         ReconcilerConfig {
             actor,
-            search_lag: provider.contract.search_lag,
+            clock_skew: provider.contract.clock_skew,
             stuck_after: self.reconcile_stuck_after,
             request_timeout: provider.contract.request_timeout,
+            key_window: provider
+                .contract
+                .key_retention
+                .checked_sub(provider.contract.key_safety_margin),
             provider: Some(scope),
             escalate_after: self.reconcile_escalate_after,
             retry_on_no_effect: !self.reconcile_no_retry,

@@ -67,13 +67,20 @@ impl Setup {
     }
 
     /// Every search at the provider fails from now on: nothing can be proven.
+    /// Every lookup that could prove an outcome fails: the search and
+    /// the consistent list.
     fn fail_searches(&self) {
-        self.provider
-            .control()
-            .add_fault(fake_provider::FaultRule::new(
-                fake_provider::Operation::Search,
-                fake_provider::FaultAction::FailBeforeEffect,
-            ));
+        for operation in [
+            fake_provider::Operation::Search,
+            fake_provider::Operation::List,
+        ] {
+            self.provider
+                .control()
+                .add_fault(fake_provider::FaultRule::new(
+                    operation,
+                    fake_provider::FaultAction::FailBeforeEffect,
+                ));
+        }
     }
 
     /// `cobro reconcile` past the escalation horizon: exit 3, one payment
@@ -84,8 +91,9 @@ impl Setup {
             .env("COBRO_RECONCILE_ESCALATE_AFTER", "1m")
             .output()
             .expect("runs");
+        let summary = stdout_json(&escalate);
+        assert_eq!(summary["escalated"], 1, "{summary}");
         assert_eq!(escalate.status.code(), Some(3));
-        assert_eq!(stdout_json(&escalate)["escalated"], 1);
     }
 
     /// A payment whose authorisation the worker handed to reconciliation:
@@ -148,6 +156,17 @@ impl Setup {
         .expect("moved");
         tx.commit().await.expect("commit");
         if charged {
+            // The worker records each send before it makes it: first an
+            // hour ago, last now, when the charge is made; the consistent
+            // list covers that window, and the horizon counts from the
+            // first send.
+            for at in [now, Utc::now()] {
+                store
+                    .record_replay(AttemptId::from_uuid(attempt.id.0), at)
+                    .await
+                    .expect("send recorded")
+                    .expect("reconciling");
+            }
             let r = reqwest::Client::new()
                 .post(format!("{}/v1/charges", self.provider.url()))
                 .bearer_auth("sk_test_cobro")
@@ -520,6 +539,37 @@ async fn every_printing_command_prints_one_json_document_with_json() {
     )
     .await;
     assert_eq!(removed["removed"], true);
+}
+
+/// `cobro reconcile` replays an attempt's own key (the ladder's last rung)
+/// only inside the provider's key retention as configured: past it the
+/// provider may have forgotten the key, and the replay would charge anew.
+#[tokio::test(flavor = "multi_thread")]
+async fn reconcile_replays_a_key_only_inside_the_configured_key_retention() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    // Never charged; its key was first used an hour ago.
+    setup.uncertain_payment("o-forgotten", false).await;
+    let reconcile = |retention: &str| {
+        setup
+            .cobro(&["reconcile", "--json"])
+            .env("COBRO_PROVIDER_KEY_RETENTION", retention)
+            .env("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "5m")
+            .output()
+            .expect("runs")
+    };
+    // Keys kept 30 minutes: the list's "nothing" decides, the key is not
+    // replayed, and a new attempt (for the worker) is enabled.
+    let past = stdout_json(&reconcile("30m"));
+    assert_eq!(past["retried"], 1, "{past}");
+    assert_eq!(setup.provider.control().ledger().totals.charges, 0);
+
+    // Kept two hours: inside the window, the key is replayed first; the
+    // provider never saw it, so the replay executes it, once.
+    setup.uncertain_payment("o-kept", false).await;
+    let inside = stdout_json(&reconcile("2h"));
+    assert_eq!(inside["resolved"]["succeeded"], 1, "{inside}");
+    assert_eq!(setup.provider.control().ledger().totals.charges, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -202,6 +202,7 @@ fn the_runbook_and_the_readme_run_as_written_against_the_embedded_default() {
         for (operation, action) in [
             (Operation::Charge, FaultAction::DropResponseAfterEffect),
             (Operation::Search, FaultAction::FailBeforeEffect),
+            (Operation::List, FaultAction::FailBeforeEffect),
             (Operation::Get, FaultAction::FailBeforeEffect),
         ] {
             admin

@@ -218,6 +218,10 @@ fn rate_limited(_: Op, heard: &Heard) -> bool {
     status_of(heard) == Some(429)
 }
 
+fn rate_limited_400(_: Op, heard: &Heard) -> bool {
+    refused(heard).is_some_and(|(s, e, _)| s == 400 && e.has_code("rate_limit"))
+}
+
 fn unauthenticated(_: Op, heard: &Heard) -> bool {
     matches!(status_of(heard), Some(401 | 403))
 }
@@ -380,6 +384,14 @@ pub const TABLE: &[Row] = &[
         why: "Stripe's rate limiters run before its idempotency layer: nothing executed, nothing was saved under the key",
         test: "a_rate_limited_request_is_not_sent",
         matches: rate_limited,
+    },
+    Row {
+        id: "rate_limited_400",
+        when: "400 with code `rate_limit` (whatever its type)",
+        class: Class::NotSent,
+        why: "Stripe's older answer to rate limiting, which its libraries still read as a 429 (stripe-python: \"rate limits were previously coded as 400's with code 'rate_limit'\"): the same limiter, before the idempotency layer, so nothing executed; above `invalid_request`, which would call it definitive",
+        test: "a_legacy_400_rate_limit_is_not_sent",
+        matches: rate_limited_400,
     },
     Row {
         id: "unauthenticated",
@@ -825,6 +837,52 @@ mod tests {
             heard(429, None, Body::Malformed),
             "rate_limited",
             "not_sent",
+        );
+    }
+
+    #[test]
+    fn rate_limited_400_is_not_sent_like_a_429() {
+        for kind in ["invalid_request_error", "rate_limit_error", "api_error"] {
+            let e = error(&format!(
+                r#"{{"error":{{"code":"rate_limit","type":"{kind}","message":"Too many requests hit the API too quickly."}}}}"#
+            ));
+            let o = check(
+                Op::Authorize,
+                heard(400, None, Body::Error(e)),
+                "rate_limited_400",
+                "not_sent",
+            );
+            assert!(
+                matches!(&o, Outcome::NotSent(why) if why.starts_with("rate_limited_400: ")
+                    && why.ends_with("(request req_1)")),
+                "{o:?}"
+            );
+        }
+        // Refunds and follow-ups alike.
+        let e = error(r#"{"error":{"code":"rate_limit","type":"invalid_request_error"}}"#);
+        check(
+            Op::Refund,
+            heard(400, Some(true), Body::Error(e)),
+            "rate_limited_400",
+            "not_sent",
+        );
+        // Another 400 stays what it was; a 402 `rate_limit` is not Stripe's
+        // old answer.
+        let other = error(
+            r#"{"error":{"code":"parameter_invalid_integer","type":"invalid_request_error"}}"#,
+        );
+        check(
+            Op::Authorize,
+            heard(400, None, Body::Error(other)),
+            "invalid_request",
+            "failed",
+        );
+        let odd = error(r#"{"error":{"code":"rate_limit","type":"invalid_request_error"}}"#);
+        check(
+            Op::Authorize,
+            heard(402, None, Body::Error(odd)),
+            "invalid_request",
+            "failed",
         );
     }
 

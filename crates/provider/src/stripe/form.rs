@@ -11,6 +11,9 @@
 //! `serde_qs` has them, but would make the wire names a by-product of
 //! struct shapes and its own array and bracket conventions.)
 
+use crate::Outcome;
+use cobro_core::Currency;
+use cobro_core::money::stripe_wire_amount;
 use std::collections::BTreeMap;
 
 /// A form body (or query string) in the order it is sent.
@@ -61,6 +64,52 @@ impl Form {
             .extend_pairs(&self.0)
             .finish()
     }
+}
+
+/// A send answered before anything was sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unsent {
+    /// A definitive refusal: `Outcome::Failed` with this code and message
+    /// and no object.
+    Refused { code: &'static str, message: String },
+    /// What the body needs could not be read: `Outcome::NotSent`, retried
+    /// with the same key.
+    NotSent(String),
+}
+
+impl Unsent {
+    pub fn into_outcome(self) -> Outcome {
+        match self {
+            Unsent::Refused { code, message } => Outcome::Failed {
+                code: code.to_owned(),
+                message,
+                object: None,
+            },
+            Unsent::NotSent(why) => Outcome::NotSent(why),
+        }
+    }
+}
+
+/// The `amount` field: `minor` of cobro's minor units of `currency` (ISO,
+/// any case) as Stripe counts them, by the one currency table
+/// ([`stripe_wire_amount`]): ISK 5000 is `500000`, KWD 5120 is `5120`.
+/// `Err` is the definitive refusal of what Stripe cannot take (KWD 5124,
+/// whose last of three decimals is not 0; MGA 150, a fraction of an
+/// ariary) or of a currency cobro does not know: nothing is sent, and an
+/// amount is never rounded into another one.
+pub fn amount(currency: &str, minor: i64) -> Result<String, Unsent> {
+    let Ok(known) = Currency::parse(currency) else {
+        return Err(Unsent::Refused {
+            code: "currency_unknown",
+            message: format!("cobro does not know the currency {currency:?}: nothing was sent"),
+        });
+    };
+    stripe_wire_amount(known, minor)
+        .map(|wire| wire.to_string())
+        .map_err(|e| Unsent::Refused {
+            code: e.code(),
+            message: format!("{e}: nothing was sent"),
+        })
 }
 
 /// A string value of Stripe's Search query language, quoted: `'...'` with
@@ -136,6 +185,62 @@ mod tests {
         assert_eq!(
             decoded(&encoded),
             vec![("metadata[cobro_reference]".to_owned(), value.to_owned())]
+        );
+    }
+
+    #[test]
+    fn amounts_are_written_as_stripe_counts_their_currency() {
+        assert_eq!(amount("EUR", 1999), Ok("1999".to_owned()));
+        assert_eq!(amount("eur", 1999), Ok("1999".to_owned()));
+        assert_eq!(amount("JPY", 500), Ok("500".to_owned()));
+        assert_eq!(amount("ISK", 5000), Ok("500000".to_owned()));
+        assert_eq!(amount("UGX", 5000), Ok("500000".to_owned()));
+        assert_eq!(amount("HUF", 1045), Ok("1045".to_owned()));
+        assert_eq!(amount("TWD", 80045), Ok("80045".to_owned()));
+        for code in ["BHD", "JOD", "KWD", "OMR", "TND"] {
+            assert_eq!(amount(code, 5120), Ok("5120".to_owned()), "{code}");
+        }
+    }
+
+    #[test]
+    fn an_amount_stripe_cannot_take_is_a_definitive_failure_never_rounded() {
+        for code in ["BHD", "JOD", "KWD", "OMR", "TND"] {
+            let refused = amount(code, 5124).expect_err("refused, not rounded");
+            match refused.clone() {
+                Unsent::Refused {
+                    code: failure,
+                    message,
+                } => {
+                    assert_eq!(failure, "amount_not_accepted_by_stripe");
+                    assert!(message.contains(code), "{message}");
+                    assert!(message.contains("5124"), "{message}");
+                    assert!(message.ends_with("nothing was sent"), "{message}");
+                }
+                other => panic!("{code}: {other:?}"),
+            }
+            // Definitive, with no object: nothing exists at Stripe.
+            assert!(matches!(
+                refused.into_outcome(),
+                Outcome::Failed { object: None, .. }
+            ));
+        }
+        assert!(matches!(
+            amount("MGA", 150),
+            Err(Unsent::Refused {
+                code: "amount_not_accepted_by_stripe",
+                ..
+            })
+        ));
+        assert!(matches!(
+            amount("XYZ", 100),
+            Err(Unsent::Refused {
+                code: "currency_unknown",
+                ..
+            })
+        ));
+        assert_eq!(
+            Unsent::NotSent("why".into()).into_outcome(),
+            Outcome::NotSent("why".into())
         );
     }
 

@@ -26,6 +26,7 @@
 
 mod classify;
 mod form;
+mod list;
 mod objects;
 mod webhooks;
 
@@ -33,12 +34,13 @@ pub use classify::{Class, Row, TABLE as CLASSIFICATION};
 pub use webhooks::StripeWebhooks;
 
 use crate::http::{encoded, redact, traceparent};
+use crate::pages::{self, read_to_end};
 use crate::{
     AuthorizeRequest, CallInfo, Mutation, Outcome, Provider, ProviderObject, QueryError,
-    RefundRequest, Sent, metadata,
+    RefundRequest, Sent, Window, metadata,
 };
 use classify::{Answer, Body, Heard, Op};
-use form::Form;
+use form::{Form, Unsent};
 use objects::{ErrorBody, Page, PaymentIntent, Refund};
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use serde::de::DeserializeOwned;
@@ -106,6 +108,9 @@ pub struct StripeConfig {
     /// How many pages (of 100) a search or a refund listing reads at most;
     /// past it the query fails (proves nothing) instead of looping.
     pub max_pages: usize,
+    /// How many pages (of 100) a consistent list of PaymentIntents by
+    /// creation time reads at most; past it the list proves nothing.
+    pub list_max_pages: usize,
 }
 
 impl StripeConfig {
@@ -117,6 +122,7 @@ impl StripeConfig {
             request_timeout: Duration::from_secs(30),
             name: "stripe".to_owned(),
             max_pages: 10,
+            list_max_pages: 100,
         }
     }
 }
@@ -265,13 +271,12 @@ impl StripeProvider {
     /// merchant's dashboard. Best effort: the authorisation's outcome
     /// stands whatever the cancel answers.
     async fn authorize_and_tidy(&self, key: &str, request: &AuthorizeRequest) -> Sent {
+        let form = match authorize_form(request) {
+            Ok(form) => form,
+            Err(refused) => return not_sendable(refused),
+        };
         let (sent, row) = self
-            .post_classified(
-                Op::Authorize,
-                key,
-                "/v1/payment_intents",
-                authorize_form(request),
-            )
+            .post_classified(Op::Authorize, key, "/v1/payment_intents", form)
             .await;
         if row.id == classify::NEEDS_CUSTOMER
             && let Outcome::Failed {
@@ -443,53 +448,42 @@ impl StripeProvider {
         reference: &str,
     ) -> Result<Vec<ProviderObject>, QueryError> {
         let query = form::metadata_equals(metadata::REFERENCE, reference);
-        let mut found = Vec::new();
-        let mut page: Option<String> = None;
-        for _ in 0..self.config.max_pages {
-            let mut params = Form::new()
-                .field("query", query.as_str())
-                .field("limit", "100");
-            if let Some(cursor) = &page {
-                params = params.field("page", cursor.as_str());
-            }
-            let path = format!("/v1/payment_intents/search?{}", params.encode());
-            let list = match self.get::<Page<PaymentIntent>>(&path).await? {
-                Got::Found(list) => list,
-                // Search is not available everywhere (not in India): no
-                // answer about charges.
-                Got::Missing => return Err(QueryError("the search endpoint answered 404".into())),
-            };
-            found.extend(
-                list.data
-                    .into_iter()
-                    .filter(PaymentIntent::is_payment_intent)
-                    .map(PaymentIntent::into_object)
-                    .filter(|o| o.reference.as_deref() == Some(reference)),
-            );
-            match (list.has_more, list.next_page) {
-                (false, _) => return Ok(found),
-                (true, Some(next)) => page = Some(next),
-                (true, None) => {
-                    return Err(QueryError("a search page has more but no next_page".into()));
+        let query = query.as_str();
+        read_to_end(
+            self.config.max_pages,
+            "search results",
+            |cursor| async move {
+                let mut params = Form::new().field("query", query).field("limit", "100");
+                if let Some(cursor) = &cursor {
+                    params = params.field("page", cursor.as_str());
                 }
-            }
-        }
-        Err(QueryError(format!(
-            "more than {} pages of search results",
-            self.config.max_pages
-        )))
+                let path = format!("/v1/payment_intents/search?{}", params.encode());
+                let list = match self.get::<Page<PaymentIntent>>(&path).await? {
+                    Got::Found(list) => list,
+                    // Search is not available everywhere (not in India): no
+                    // answer about charges.
+                    Got::Missing => {
+                        return Err(QueryError("the search endpoint answered 404".into()));
+                    }
+                };
+                Ok(pages::Page {
+                    next: list.next_page,
+                    has_more: list.has_more,
+                    kept: PaymentIntent::referenced(list.data, reference),
+                })
+            },
+        )
+        .await
     }
 
     /// `GET /v1/refunds?payment_intent=...`, every page (Stripe has no
     /// refund search); only the refunds under `reference` are kept.
-    async fn list_refunds(
+    async fn refunds_of(
         &self,
         reference: &str,
         intent: &str,
     ) -> Result<Vec<ProviderObject>, QueryError> {
-        let mut found = Vec::new();
-        let mut after: Option<String> = None;
-        for _ in 0..self.config.max_pages {
+        read_to_end(self.config.max_pages, "refunds", |after| async move {
             let mut params = Form::new()
                 .field("payment_intent", intent)
                 .field("limit", "100");
@@ -507,25 +501,18 @@ impl StripeProvider {
                     ));
                 }
             };
-            after = list.data.last().map(|r| r.id.clone());
-            found.extend(
-                list.data
+            Ok(pages::Page {
+                next: list.data.last().map(|r| r.id.clone()),
+                has_more: list.has_more,
+                kept: list
+                    .data
                     .into_iter()
                     .filter(|r| r.is_refund() && r.reference().as_deref() == Some(reference))
-                    .map(Refund::into_object),
-            );
-            match (list.has_more, &after) {
-                (false, _) => return Ok(found),
-                (true, Some(_)) => {}
-                (true, None) => {
-                    return Err(QueryError("an empty refund page has more".into()));
-                }
-            }
-        }
-        Err(QueryError(format!(
-            "more than {} pages of refunds",
-            self.config.max_pages
-        )))
+                    .map(Refund::into_object)
+                    .collect(),
+            })
+        })
+        .await
     }
 }
 
@@ -579,12 +566,22 @@ fn read_body(op: Op, status: u16, bytes: &[u8]) -> Body {
     }
 }
 
-/// `POST /v1/payment_intents`: create and confirm in one request.
-fn authorize_form(request: &AuthorizeRequest) -> Form {
+/// What a send answers without sending: an amount Stripe cannot take,
+/// or a refund whose currency could not be read.
+fn not_sendable(unsent: Unsent) -> Sent {
+    Sent {
+        outcome: unsent.into_outcome(),
+        call: None,
+    }
+}
+
+/// `POST /v1/payment_intents`: create and confirm in one request. `Err`:
+/// an amount Stripe cannot take, never sent ([`form::amount`]).
+fn authorize_form(request: &AuthorizeRequest) -> Result<Form, Unsent> {
     let mut metadata = request.metadata.clone();
     metadata.insert(metadata::REFERENCE.to_owned(), request.reference.clone());
-    Form::new()
-        .field("amount", request.amount.to_string())
+    Ok(Form::new()
+        .field("amount", form::amount(&request.currency, request.amount)?)
         .field("currency", request.currency.to_ascii_lowercase())
         .field(
             "capture_method",
@@ -600,17 +597,42 @@ fn authorize_form(request: &AuthorizeRequest) -> Form {
         .field("confirm", "true")
         .field("payment_method", request.payment_method.as_str())
         .array("payment_method_types", &["card"])
-        .hash("metadata", &metadata)
+        .hash("metadata", &metadata))
 }
 
-/// `POST /v1/refunds`.
-fn refund_form(request: &RefundRequest) -> Form {
+/// `POST /v1/refunds`, its amount in `currency` (the refunded
+/// PaymentIntent's). `Err`: an amount Stripe cannot take, never sent.
+fn refund_form(request: &RefundRequest, currency: &str) -> Result<Form, Unsent> {
     let mut metadata = request.metadata.clone();
     metadata.insert(metadata::REFERENCE.to_owned(), request.reference.clone());
-    Form::new()
+    Ok(Form::new()
         .field("payment_intent", request.charge.as_str())
-        .field("amount", request.amount.to_string())
-        .hash("metadata", &metadata)
+        .field("amount", form::amount(currency, request.amount)?)
+        .hash("metadata", &metadata))
+}
+
+impl StripeProvider {
+    /// The currency of the PaymentIntent a refund is of: Stripe counts a
+    /// refund's `amount` in it (ISK 5000 is `500000`), and a
+    /// `RefundRequest` does not carry it. It is read first (`GET`, the
+    /// `get_charge` query); a read that fails sends nothing (`NotSent`,
+    /// retried with the same key). A resend reads the same currency, so
+    /// it sends the same body under the same key.
+    async fn refund_currency(&self, request: &RefundRequest) -> Result<String, Unsent> {
+        let not_sent = |why: String| {
+            Unsent::NotSent(format!("refund_currency: {why}: the refund was not sent"))
+        };
+        match self.get_charge(&request.charge).await {
+            Ok(Some(intent)) => intent
+                .currency
+                .ok_or_else(|| not_sent(format!("PaymentIntent {} has no currency", intent.id))),
+            Ok(None) => Err(not_sent(format!(
+                "Stripe does not know PaymentIntent {}",
+                request.charge
+            ))),
+            Err(e) => Err(not_sent(e.to_string())),
+        }
+    }
 }
 
 impl Provider for StripeProvider {
@@ -646,8 +668,14 @@ impl Provider for StripeProvider {
                 self.post(Op::Void, key, &path, Form::new()).await
             }
             Mutation::Refund(request) => {
-                self.post(Op::Refund, key, "/v1/refunds", refund_form(request))
+                let form = self
+                    .refund_currency(request)
                     .await
+                    .and_then(|currency| refund_form(request, &currency));
+                match form {
+                    Ok(form) => self.post(Op::Refund, key, "/v1/refunds", form).await,
+                    Err(unsent) => not_sendable(unsent),
+                }
             }
         }
     }
@@ -689,7 +717,35 @@ impl Provider for StripeProvider {
         };
         self.query(
             "search_refunds",
-            self.list_refunds(reference, intent),
+            self.refunds_of(reference, intent),
+            |found| !found.is_empty(),
+        )
+        .await
+    }
+
+    async fn list_charges(
+        &self,
+        reference: &str,
+        window: Window,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        self.query(
+            "list_charges",
+            self.list_payment_intents(reference, window),
+            |found| !found.is_empty(),
+        )
+        .await
+    }
+
+    /// A PaymentIntent's refunds are a list, which Stripe reads
+    /// consistently: the same read as [`Provider::search_refunds`].
+    async fn list_refunds(
+        &self,
+        reference: &str,
+        charge: &str,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        self.query(
+            "list_refunds",
+            self.refunds_of(reference, charge),
             |found| !found.is_empty(),
         )
         .await
@@ -770,7 +826,7 @@ mod tests {
             reference: "o-1:authorize-v1/a".into(),
             metadata: BTreeMap::from([(metadata::ATTEMPT.to_owned(), "a".to_owned())]),
         };
-        let form = authorize_form(&request);
+        let form = authorize_form(&request).expect("EUR 19.99 is sent");
         let pairs: Vec<(&str, &str)> = form
             .pairs()
             .iter()

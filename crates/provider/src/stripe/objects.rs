@@ -5,6 +5,13 @@
 //! every provider and `cobro_settle::fit` compares like with like:
 //! - currency upper-case (Stripe answers `eur`; cobro sends, stores and
 //!   compares ISO `EUR`);
+//! - amounts (`amount`, `amount_received`, a refund's `amount`) in cobro's
+//!   minor units of that currency, by the one currency table
+//!   ([`cobro_core::money::minor_from_stripe_wire`]): Stripe's ISK
+//!   `500000` is cobro's ISK 5000. An amount that is not a whole number of
+//!   cobro's minor units (fractional krónur), or of a currency cobro does
+//!   not know, is absent: it is not what cobro sent, and `fit` never
+//!   adopts a charge without an amount;
 //! - `capture_method` `automatic_async` is `automatic` (both capture on
 //!   confirmation; they differ only in when Stripe books the balance);
 //! - the PaymentIntent status in cobro's words, by [`payment_intent_status`];
@@ -136,6 +143,13 @@ fn currency(code: Option<String>) -> Option<String> {
     code.map(|c| c.to_ascii_uppercase())
 }
 
+/// Stripe's `amount` of `currency` in cobro's minor units (see the module
+/// doc); `None` when it cannot be stated in them.
+pub fn cobro_amount(currency: Option<&str>, wire: Option<i64>) -> Option<i64> {
+    let currency = cobro_core::Currency::parse(currency?).ok()?;
+    cobro_core::money::minor_from_stripe_wire(currency, wire?).ok()
+}
+
 fn capture_method(method: Option<String>) -> Option<String> {
     method.map(|m| match m.as_str() {
         "automatic_async" => "automatic".to_owned(),
@@ -155,6 +169,16 @@ impl PaymentIntent {
         self.object.as_deref().is_none_or(|o| o == "payment_intent")
     }
 
+    /// The PaymentIntents of a page that carry `reference` as cobro's
+    /// reference, as cobro's objects.
+    pub fn referenced(page: Vec<PaymentIntent>, reference: &str) -> Vec<ProviderObject> {
+        page.into_iter()
+            .filter(PaymentIntent::is_payment_intent)
+            .map(PaymentIntent::into_object)
+            .filter(|o| o.reference.as_deref() == Some(reference))
+            .collect()
+    }
+
     pub fn cobro_status(&self) -> ProviderStatus {
         payment_intent_status(&self.status, self.last_payment_error.is_some())
     }
@@ -162,12 +186,13 @@ impl PaymentIntent {
     pub fn into_object(self) -> ProviderObject {
         let status = self.cobro_status();
         let metadata = self.metadata.unwrap_or_default();
+        let code = self.currency.as_deref();
         ProviderObject {
             id: self.id,
             status,
             reference: reference(&metadata),
-            amount: self.amount,
-            amount_captured: self.amount_received,
+            amount: cobro_amount(code, self.amount),
+            amount_captured: cobro_amount(code, self.amount_received),
             sequence: None,
             currency: currency(self.currency),
             capture_method: capture_method(self.capture_method),
@@ -192,7 +217,7 @@ impl Refund {
             id: self.id,
             status: refund_status(self.status.as_deref()),
             reference: reference(&metadata),
-            amount: self.amount,
+            amount: cobro_amount(self.currency.as_deref(), self.amount),
             amount_captured: None,
             sequence: None,
             currency: currency(self.currency),
@@ -263,6 +288,52 @@ mod tests {
             object.metadata.get("cobro_attempt").map(String::as_str),
             Some("a")
         );
+    }
+
+    fn intent_in(currency: &str, amount: i64, received: i64) -> PaymentIntent {
+        let mut pi = intent("succeeded", false);
+        pi.currency = Some(currency.to_owned());
+        pi.amount = Some(amount);
+        pi.amount_received = Some(received);
+        pi
+    }
+
+    #[test]
+    fn isk_amounts_are_read_back_in_whole_kronur() {
+        let object = intent_in("isk", 500_000, 500_000).into_object();
+        assert_eq!(object.currency.as_deref(), Some("ISK"));
+        assert_eq!(object.amount, Some(5000));
+        assert_eq!(object.amount_captured, Some(5000));
+        let refund: Refund = serde_json::from_str(
+            r#"{"id":"re_1","object":"refund","amount":120000,"currency":"isk",
+                "payment_intent":"pi_1","status":"succeeded"}"#,
+        )
+        .expect("a refund");
+        assert_eq!(refund.into_object().amount, Some(1200));
+    }
+
+    #[test]
+    fn amounts_of_the_other_rules_are_read_back_by_the_same_table() {
+        let read = |currency: &str, wire: i64| intent_in(currency, wire, 0).into_object().amount;
+        assert_eq!(read("jpy", 500), Some(500));
+        assert_eq!(read("ugx", 3_700_000), Some(37_000));
+        assert_eq!(read("huf", 1045), Some(1045));
+        assert_eq!(read("kwd", 5120), Some(5120));
+        assert_eq!(read("mga", 5000), Some(500_000));
+    }
+
+    #[test]
+    fn an_amount_cobro_cannot_state_in_its_minor_units_is_absent() {
+        // Fractional krónur: never what cobro sent.
+        let object = intent_in("isk", 500_050, 0).into_object();
+        assert_eq!(object.amount, None);
+        assert_eq!(object.amount_captured, Some(0));
+        // A currency cobro does not know has no minor units of cobro's.
+        let object = intent_in("xyz", 1999, 1999).into_object();
+        assert_eq!(object.currency.as_deref(), Some("XYZ"));
+        assert_eq!((object.amount, object.amount_captured), (None, None));
+        assert_eq!(cobro_amount(None, Some(5)), None);
+        assert_eq!(cobro_amount(Some("eur"), None), None);
     }
 
     #[test]

@@ -8,7 +8,25 @@
 //! in constant time by `hmac`'s `verify_slice`; `v0` (Stripe's test-mode
 //! scheme) and other schemes are ignored; `t` must be within the tolerance
 //! (default [`StripeWebhooks::DEFAULT_TOLERANCE`], 300 s, Stripe's own) of
-//! cobro's clock, either way (Stripe's libraries only refuse old ones).
+//! cobro's clock, either way.
+//!
+//! Either way is stricter than Stripe's libraries, which refuse only an
+//! old `t` (stripe-python's `verify_header`: `timestamp < time.time() -
+//! tolerance`; stripe-node: `timestampAge > tolerance`) and accept any
+//! future one. cobro keeps the bound ahead too, on purpose:
+//! - a `t` ahead of cobro's clock by more than the tolerance means one of
+//!   the two clocks is wrong by over five minutes (Stripe's senders keep
+//!   theirs; Stripe asks receivers to keep theirs by NTP), and an
+//!   unbounded `t` would keep a captured delivery replayable for as long
+//!   as the skew plus the tolerance;
+//! - refusing costs no event: Stripe retries a refused delivery (for up to
+//!   three days in live mode, three times over a few hours in a sandbox)
+//!   and "generate[s] a new signature and timestamp for the new delivery
+//!   attempt", so a short skew only delays it.
+//!
+//! The refusal says which side was out (`timestamp ahead of cobro's clock
+//! beyond the tolerance`: cobro's clock is behind, or the header is
+//! forged), for the operator who reads the log line.
 //!
 //! ## Events
 //! | type | kind |
@@ -49,7 +67,7 @@
 //! captured payments only), so it never hides a PaymentIntent event cobro
 //! still needs.
 
-use super::objects::{PaymentIntent, Refund};
+use super::objects::{PaymentIntent, Refund, cobro_amount};
 use crate::webhook::{
     EventKind, FieldProblem, ProviderEvent, WebhookScheme, verify_signature_header,
 };
@@ -181,7 +199,11 @@ impl StripeObject {
                     id: text("id").unwrap_or_default(),
                     status: ProviderStatus::Other(status),
                     reference: None,
-                    amount: map.get("amount").and_then(Value::as_i64),
+                    // In cobro's minor units, as every object's.
+                    amount: cobro_amount(
+                        text("currency").as_deref(),
+                        map.get("amount").and_then(Value::as_i64),
+                    ),
                     amount_captured: None,
                     sequence: None,
                     currency: text("currency").map(|c| c.to_ascii_uppercase()),
@@ -194,7 +216,26 @@ impl StripeObject {
     }
 }
 
+/// The refusal of a `t` older than the tolerance (cobro's shared wording).
+const TOO_OLD: &str = "timestamp outside the tolerance";
+/// The refusal of a `t` ahead of cobro's clock by more than the tolerance.
+const AHEAD: &str = "timestamp ahead of cobro's clock beyond the tolerance";
+
+/// The `t` of a `Stripe-Signature` header, when there is one to read.
+fn signed_at(headers: &HeaderMap) -> Option<i64> {
+    let header = headers
+        .get(StripeWebhooks::SIGNATURE_HEADER)?
+        .to_str()
+        .ok()?;
+    header
+        .split(',')
+        .find_map(|part| part.trim().strip_prefix("t="))
+        .and_then(|t| t.parse().ok())
+}
+
 impl WebhookScheme for StripeWebhooks {
+    /// `Stripe-Signature`, with `t` bounded both ways (see the module doc:
+    /// stricter than Stripe's libraries, which accept any future `t`).
     fn verify(
         &self,
         headers: &HeaderMap,
@@ -211,6 +252,10 @@ impl WebhookScheme for StripeWebhooks {
             now,
             tolerance,
         )
+        .map_err(|why| match why {
+            TOO_OLD if signed_at(headers).is_some_and(|t| t > now) => AHEAD,
+            other => other,
+        })
     }
 
     fn parse(&self, body: &[u8]) -> Result<ProviderEvent, Vec<FieldProblem>> {
@@ -290,6 +335,7 @@ impl WebhookScheme for StripeWebhooks {
 mod tests {
     use super::*;
     use reqwest::header::HeaderValue;
+    use serde_json::json;
     use std::collections::BTreeMap;
 
     const NOW: i64 = 1_800_000_000;
@@ -371,15 +417,31 @@ mod tests {
     }
 
     #[test]
-    fn an_expired_or_future_timestamp_is_refused() {
-        assert_eq!(
-            check(&v1(SECRET, NOW - 301, BODY)),
-            Err("timestamp outside the tolerance")
-        );
-        assert_eq!(
-            check(&v1(SECRET, NOW + 301, BODY)),
-            Err("timestamp outside the tolerance")
-        );
+    fn an_expired_timestamp_is_refused() {
+        assert_eq!(check(&v1(SECRET, NOW - 301, BODY)), Err(TOO_OLD));
+        assert_eq!(check(&v1(SECRET, NOW - 86_400, BODY)), Err(TOO_OLD));
+    }
+
+    /// Stripe's libraries accept any `t` in the future; cobro accepts one
+    /// within the tolerance (a sender's clock slightly ahead) and refuses
+    /// one beyond it, saying it was ahead (module doc: why).
+    #[test]
+    fn a_future_timestamp_is_accepted_within_the_tolerance_and_refused_beyond_it() {
+        assert_eq!(check(&v1(SECRET, NOW + 1, BODY)), Ok(()));
+        assert_eq!(check(&v1(SECRET, NOW + 300, BODY)), Ok(()), "at the edge");
+        assert_eq!(check(&v1(SECRET, NOW + 301, BODY)), Err(AHEAD));
+        assert_eq!(check(&v1(SECRET, NOW + 86_400, BODY)), Err(AHEAD));
+        // Unsigned or forged, a far-future header is refused all the same.
+        let forged = format!("t={},v1={}", NOW + 86_400, "00".repeat(32));
+        assert_eq!(check(&forged), Err(AHEAD));
+        // A smaller tolerance bounds both sides alike.
+        let tight = Duration::from_secs(10);
+        let at = |t: i64| {
+            StripeWebhooks.verify(&headers(&v1(SECRET, t, BODY)), BODY, &[SECRET], NOW, tight)
+        };
+        assert_eq!(at(NOW + 10), Ok(()));
+        assert_eq!(at(NOW + 11), Err(AHEAD));
+        assert_eq!(at(NOW - 11), Err(TOO_OLD));
     }
 
     #[test]
@@ -525,6 +587,29 @@ mod tests {
             assert_eq!(e.object.charge.as_deref(), Some("pi_1"));
             assert_eq!(e.object.amount, Some(500));
         }
+    }
+
+    #[test]
+    fn event_amounts_are_read_in_cobros_minor_units() {
+        let mut isk = intent("succeeded");
+        isk["currency"] = json!("isk");
+        isk["amount"] = json!(500_000);
+        isk["amount_received"] = json!(500_000);
+        let e = parse(&event("evt_1", "payment_intent.succeeded", NOW, isk));
+        assert_eq!(e.object.currency.as_deref(), Some("ISK"));
+        assert_eq!(e.object.amount, Some(5000));
+        assert_eq!(e.object.amount_captured, Some(5000));
+        let mut refund = refund("succeeded");
+        refund["currency"] = json!("isk");
+        refund["amount"] = json!(120_000);
+        let e = parse(&event("evt_2", "refund.created", NOW, refund));
+        assert_eq!(e.object.amount, Some(1200));
+        let charge = json!({
+            "id": "ch_1", "object": "charge", "amount": 500_000, "currency": "isk",
+            "payment_intent": "pi_1", "status": "succeeded",
+        });
+        let e = parse(&event("evt_3", "charge.refunded", NOW, charge));
+        assert_eq!(e.object.amount, Some(5000));
     }
 
     #[test]

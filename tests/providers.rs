@@ -646,6 +646,11 @@ async fn a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_
 /// was charged, and a resend of the authorisation would replay both.
 async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe(backend: Backend) {
     let world = World::new(backend).await;
+    world.align_clocks();
+    world.provider.control().set_webhook(Some(WebhookTarget {
+        url: format!("{}/v1/webhooks/stripe", world.app.url),
+        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
+    }));
     let mut body = payment_body("o-1");
     body["payment_method"] = json!("pm_card_authenticationRequired");
     let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
@@ -702,6 +707,32 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
     );
     assert!(ledger.charges.is_empty());
     assert!(ledger.payment_intents.is_empty());
+    // Its `payment_intent.canceled` (never charged: no money was held)
+    // agrees with the failed payment: no conflict, nothing in review.
+    wait_for(
+        "the fake saw payment_intent.canceled acknowledged",
+        Duration::from_secs(10),
+        async || {
+            let deliveries = world.provider.control().webhook_deliveries();
+            deliveries
+                .iter()
+                .any(|d| d.event_type == "payment_intent.canceled" && d.status == Some(200))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        world.payment(true, &stripe_id).await.status.to_string(),
+        "failed"
+    );
+    let conflicts = world
+        .app
+        .db
+        .store
+        .conflicts_of_payment_any_account(stripe_id.parse().expect("payment id"))
+        .await
+        .expect("conflicts");
+    assert!(conflicts.is_empty(), "{conflicts:?}");
 }
 
 on_both_backends!(

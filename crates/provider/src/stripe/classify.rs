@@ -993,7 +993,7 @@ mod tests {
     fn invalid_request_failed_with_the_payment_intent_as_it_is() {
         let e = error(
             r#"{"error":{"code":"payment_intent_unexpected_state","type":"invalid_request_error",
-                "payment_intent":{"id":"pi_1","object":"payment_intent","status":"canceled","amount":5,"currency":"eur"}}}"#,
+                "payment_intent":{"id":"pi_1","object":"payment_intent","status":"canceled","amount":5,"currency":"eur","latest_charge":"ch_1"}}}"#,
         );
         let o = check(
             Op::Capture,

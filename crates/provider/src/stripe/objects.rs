@@ -44,6 +44,11 @@ pub struct PaymentIntent {
     /// in `requires_payment_method`).
     #[serde(default)]
     pub last_payment_error: Option<StripeError>,
+    /// The latest charge (an id, or the object when expanded); null until
+    /// a charge is made, so a PaymentIntent without one was never
+    /// authorised.
+    #[serde(default)]
+    pub latest_charge: Option<serde_json::Value>,
 }
 
 /// A Refund (`re_...`).
@@ -114,11 +119,20 @@ pub struct Page<T> {
 }
 
 /// A PaymentIntent status in cobro's words.
-pub fn payment_intent_status(status: &str, failed: bool) -> ProviderStatus {
+///
+/// `failed`: the last confirmation failed; `charged`: a charge was made.
+/// A `canceled` PaymentIntent was voided (an authorisation released) only
+/// when it was charged and that charge did not fail. Canceled before any
+/// charge (waiting for a payment method or for the customer's
+/// authentication) or after a declined one, it never held money: it is a
+/// decline, no effect, and its `payment_intent.canceled` event agrees with
+/// a payment cobro already failed instead of contradicting it.
+pub fn payment_intent_status(status: &str, failed: bool, charged: bool) -> ProviderStatus {
     match status {
         "requires_capture" => ProviderStatus::Authorized,
         "succeeded" => ProviderStatus::Captured,
-        "canceled" => ProviderStatus::Voided,
+        "canceled" if charged && !failed => ProviderStatus::Voided,
+        "canceled" => ProviderStatus::Declined,
         // A confirmation that failed leaves the PaymentIntent waiting for
         // another payment method; cobro never gives it one.
         "requires_payment_method" if failed => ProviderStatus::Declined,
@@ -180,7 +194,8 @@ impl PaymentIntent {
     }
 
     pub fn cobro_status(&self) -> ProviderStatus {
-        payment_intent_status(&self.status, self.last_payment_error.is_some())
+        let charged = self.latest_charge.as_ref().is_some_and(|c| !c.is_null());
+        payment_intent_status(&self.status, self.last_payment_error.is_some(), charged)
     }
 
     pub fn into_object(self) -> ProviderObject {
@@ -243,6 +258,7 @@ mod tests {
         serde_json::from_str(&format!(
             r#"{{"id":"pi_1","object":"payment_intent","status":"{status}","amount":1999,"amount_received":0,
                "currency":"eur","capture_method":"automatic_async",
+               "latest_charge":"ch_1",
                "metadata":{{"cobro_reference":"o-1:authorize-v1/a","cobro_attempt":"a"}}{error}}}"#
         ))
         .expect("a PaymentIntent")
@@ -255,6 +271,7 @@ mod tests {
             ("requires_capture", false, S::Authorized),
             ("succeeded", false, S::Captured),
             ("canceled", false, S::Voided),
+            ("canceled", true, S::Declined),
             ("requires_payment_method", true, S::Declined),
             (
                 "requires_payment_method",
@@ -273,6 +290,18 @@ mod tests {
         for (status, failed, expected) in cases {
             assert_eq!(intent(status, failed).cobro_status(), expected, "{status}");
         }
+    }
+
+    #[test]
+    fn a_payment_intent_canceled_before_any_charge_never_held_money() {
+        for latest_charge in [None, Some(serde_json::Value::Null)] {
+            let mut never_charged = intent("canceled", false);
+            never_charged.latest_charge = latest_charge;
+            assert_eq!(never_charged.cobro_status(), ProviderStatus::Declined);
+        }
+        let mut expanded = intent("canceled", false);
+        expanded.latest_charge = Some(serde_json::json!({"id": "ch_1", "object": "charge"}));
+        assert_eq!(expanded.cobro_status(), ProviderStatus::Voided);
     }
 
     #[test]

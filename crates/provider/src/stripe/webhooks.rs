@@ -34,7 +34,7 @@
 //! | `payment_intent.amount_capturable_updated` | `Authorized` |
 //! | `payment_intent.succeeded` | `Captured` |
 //! | `payment_intent.payment_failed` | `Declined` |
-//! | `payment_intent.canceled` | `Voided` |
+//! | `payment_intent.canceled` | `Voided` if it was charged and the charge did not fail; else `Declined` (it never held money) |
 //! | `refund.created`, `refund.updated`, `refund.failed`, `charge.refund.updated` | by the refund's status: `succeeded` `RefundSucceeded`; `failed`, `canceled` `RefundFailed`; `pending`, `requires_action` `Other` (nothing yet) |
 //! | `charge.refunded` and every other type | `Other` |
 //!
@@ -98,7 +98,13 @@ impl StripeWebhooks {
             ("payment_intent.payment_failed", StripeObject::PaymentIntent(_)) => {
                 EventKind::Declined
             }
-            ("payment_intent.canceled", StripeObject::PaymentIntent(_)) => EventKind::Voided,
+            // Voided only if it ever held money (`payment_intent_status`).
+            ("payment_intent.canceled", StripeObject::PaymentIntent(intent)) => {
+                match intent.cobro_status() {
+                    ProviderStatus::Voided => EventKind::Voided,
+                    _ => EventKind::Declined,
+                }
+            }
             (
                 "refund.created" | "refund.updated" | "refund.failed" | "charge.refund.updated",
                 StripeObject::Refund(r),
@@ -563,6 +569,24 @@ mod tests {
             assert_eq!(e.object.currency.as_deref(), Some("EUR"));
             assert_eq!(e.object.amount, Some(1999));
             assert_eq!(e.object.capture_method.as_deref(), Some("manual"));
+        }
+    }
+
+    /// Canceled while it waited for the customer (never charged), or
+    /// after its one charge was declined: it never held money, so its
+    /// cancel is a decline, not a void that would contradict a payment
+    /// cobro failed.
+    #[test]
+    fn a_payment_intent_canceled_without_holding_money_is_a_decline() {
+        let mut never_charged = intent("requires_action");
+        never_charged["status"] = "canceled".into();
+        never_charged["latest_charge"] = Value::Null;
+        let mut declined = intent("requires_payment_method");
+        declined["status"] = "canceled".into();
+        for object in [never_charged, declined] {
+            let e = parse(&event("evt_c", "payment_intent.canceled", NOW, object));
+            assert_eq!(e.kind, EventKind::Declined);
+            assert_eq!(e.object.status, ProviderStatus::Declined);
         }
     }
 

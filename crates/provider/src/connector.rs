@@ -4,8 +4,8 @@
 //! ([`StripeProvider`], also the fake's Stripe dialect and localstripe).
 
 use crate::{
-    AuthorizeRequest, HttpProvider, Mutation, Outcome, Provider, ProviderObject, QueryError,
-    RefundRequest, Sent, StripeProvider, Window,
+    AuthorizeRequest, Credentials, HttpProvider, Mutation, Outcome, Provider, ProviderObject,
+    QueryError, RefundRequest, Sent, StripeProvider, Window,
 };
 
 /// A configured provider of any kind; every call goes to the one inside.
@@ -82,5 +82,8 @@ impl Provider for Connector {
         charge: &str,
     ) -> Result<Vec<ProviderObject>, QueryError> {
         each!(self, p => p.list_refunds(reference, charge).await)
+    }
+    async fn check_credentials(&self) -> Credentials {
+        each!(self, p => p.check_credentials().await)
     }
 }

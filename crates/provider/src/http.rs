@@ -3,7 +3,8 @@
 
 use crate::pages::{Page, read_to_end};
 use crate::{
-    AuthorizeRequest, Outcome, Provider, ProviderObject, QueryError, RefundRequest, Window,
+    AuthorizeRequest, Credentials, Outcome, Provider, ProviderObject, QueryError, RefundRequest,
+    Window,
 };
 use reqwest::StatusCode;
 use serde::Deserialize;
@@ -437,6 +438,23 @@ impl Provider for HttpProvider {
         let filter = format!("charge={}", encoded(charge));
         self.list("list_refunds", "/v1/refunds", &filter, reference)
             .await
+    }
+
+    /// `GET /v1/charges?created[gte]=0&limit=1`: the consistent list, as
+    /// little of it as can be asked.
+    async fn check_credentials(&self) -> Credentials {
+        let answer = self
+            .client
+            .get(self.url("/v1/charges?created%5Bgte%5D=0&limit=1"))
+            .bearer_auth(&self.config.api_key)
+            .send()
+            .await;
+        match answer {
+            Ok(response) => Credentials::from_status(response.status().as_u16(), |status| {
+                format!("the provider refused cobro's API key ({status})")
+            }),
+            Err(e) => Credentials::Unknown(redact(&e)),
+        }
     }
 }
 

@@ -371,4 +371,37 @@ pub trait Provider: Send + Sync + 'static {
             ))
         }
     }
+    /// Asks once (at start-up) whether the provider accepts cobro's
+    /// credentials, by the read proof of absence needs (the consistent
+    /// list). The default knows nothing.
+    fn check_credentials(&self) -> impl Future<Output = Credentials> + Send {
+        async { Credentials::Unknown("this provider offers no check".into()) }
+    }
+}
+
+/// What a provider said of cobro's credentials ([`Provider::check_credentials`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Credentials {
+    /// The read was answered.
+    Accepted,
+    /// 401 or 403: the key is wrong, revoked, of the other mode, or lacks a
+    /// permission. Every call would be refused for as long as it lasts, so
+    /// a process that would send refuses to start instead.
+    Refused(String),
+    /// Nothing learnt (the provider unreachable, a 5xx, a 429): no reason
+    /// not to start; sends wait as in any outage.
+    Unknown(String),
+}
+
+impl Credentials {
+    /// From the status of the check's read: 2xx accepted, 401/403 refused
+    /// (`why` says what a refusal means for this provider), anything else
+    /// unknown.
+    pub(crate) fn from_status(status: u16, why: impl FnOnce(u16) -> String) -> Self {
+        match status {
+            200..=299 => Credentials::Accepted,
+            401 | 403 => Credentials::Refused(why(status)),
+            other => Credentials::Unknown(format!("the check answered {other}")),
+        }
+    }
 }

@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use cobro_provider::stripe::STRIPE_VERSION;
 use cobro_provider::{
-    AuthorizeRequest, CallInfo, Mutation, Outcome, Provider, ProviderStatus, RefundRequest, Sent,
-    StripeConfig, StripeProvider, StripeSecretKey,
+    AuthorizeRequest, CallInfo, Credentials, Mutation, Outcome, Provider, ProviderStatus,
+    RefundRequest, Sent, StripeConfig, StripeProvider, StripeSecretKey,
 };
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, VecDeque};
@@ -1302,4 +1302,60 @@ async fn a_refund_listing_for_a_payment_intent_stripe_does_not_know_proves_nothi
             .await
             .is_err()
     );
+}
+
+/// The start-up check reads one PaymentIntent of the list proof of absence
+/// needs: a 401 (wrong, revoked or other-mode key) and a 403 (a restricted
+/// key without the permission) refuse, each saying what to fix; a 200
+/// accepts; a 500 or a 429 says nothing either way.
+#[tokio::test]
+async fn the_credentials_check_reads_the_payment_intent_list_once() {
+    let list =
+        json!({"object": "list", "data": [], "has_more": false, "url": "/v1/payment_intents"});
+    let refused = |code: &str| {
+        error(
+            "invalid_request_error",
+            None,
+            &format!("{code}: the key was refused"),
+            json!({}),
+        )
+    };
+    let cases = [
+        (Reply::new(200, &list), "accepted"),
+        (Reply::new(401, &refused("401")), "401"),
+        (Reply::new(403, &refused("403")), "403"),
+        (
+            Reply::new(500, &error("api_error", None, "oops", json!({}))),
+            "unknown",
+        ),
+        (
+            Reply::new(
+                429,
+                &error(
+                    "invalid_request_error",
+                    Some("rate_limit"),
+                    "slow down",
+                    json!({}),
+                ),
+            ),
+            "unknown",
+        ),
+    ];
+    for (reply, expected) in cases {
+        let (provider, script) = stripe(vec![reply]).await;
+        let checked = provider.check_credentials().await;
+        match (&checked, expected) {
+            (Credentials::Accepted, "accepted") => {}
+            (Credentials::Refused(why), "401") => assert!(why.contains("(401)"), "{why}"),
+            (Credentials::Refused(why), "403") => {
+                assert!(why.contains("restricted key"), "{why}")
+            }
+            (Credentials::Unknown(_), "unknown") => {}
+            _ => panic!("{expected}: {checked:?}"),
+        }
+        let request = script.only();
+        assert_eq!(request.method, Method::GET);
+        assert_eq!(request.path, "/v1/payment_intents");
+        assert_eq!(request.query, [("limit".to_owned(), "1".to_owned())]);
+    }
 }

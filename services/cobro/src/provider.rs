@@ -20,8 +20,8 @@
 use crate::settings::{KeyWindowSettings, ProviderSettings, ReconcileSettings, parse_duration};
 use anyhow::{Context, bail};
 use cobro_provider::{
-    Connector, HttpProvider, HttpProviderConfig, StripeConfig, StripeProvider, StripeSecretKey,
-    WebhookSecret,
+    Connector, Credentials, HttpProvider, HttpProviderConfig, Provider, StripeConfig,
+    StripeProvider, StripeSecretKey, WebhookSecret,
 };
 use cobro_store::ProviderScope;
 use serde::Deserialize;
@@ -601,6 +601,7 @@ pub async fn connect(mut registry: Registry, embedded: bool) -> anyhow::Result<P
             idempotency_key_scope = %spec.contract.idempotency_key_scope,
             "provider configured"
         );
+        check_credentials(spec, &client).await?;
         clients.push((spec.clone(), client));
     }
     Ok(ProviderHandle {
@@ -608,6 +609,24 @@ pub async fn connect(mut registry: Registry, embedded: bool) -> anyhow::Result<P
         clients,
         embedded: running,
     })
+}
+
+/// Asks the provider once whether it accepts cobro's key: a refusal
+/// (401/403) stops the start with what to fix, instead of every send being
+/// refused until the key window closes; a provider that cannot be asked
+/// now (down, slow) is only a warning, as an outage later would be.
+async fn check_credentials(spec: &ProviderSpec, client: &Connector) -> anyhow::Result<()> {
+    match client.check_credentials().await {
+        Credentials::Accepted => Ok(()),
+        Credentials::Refused(why) => bail!(
+            "the provider `{}` refused cobro's credentials: {why}; fix its key (the providers file, or COBRO_PROVIDER_API_KEY) and start again",
+            spec.name
+        ),
+        Credentials::Unknown(why) => {
+            tracing::warn!(provider = %spec.name, why, "could not check the provider's credentials at start-up");
+            Ok(())
+        }
+    }
 }
 
 /// The client of one provider (whose URL is known).

@@ -709,3 +709,78 @@ async fn reconcile_draws_a_progress_bar_on_a_terminal_and_nothing_extra_when_pip
     );
     assert!(!String::from_utf8_lossy(&piped.stdout).contains(" attempts "));
 }
+
+/// A key the provider refuses (401: here a live key at the fake's Stripe,
+/// which takes only test keys) stops `cobro worker` and `cobro reconcile`
+/// at start-up with what to fix, instead of every send being refused
+/// until the key window closes; nothing is sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_provider_key_stops_the_start_with_what_to_fix() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    let file = setup.dir.path().join("providers.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+            default_provider = "stripe"
+
+            [[provider]]
+            name = "stripe"
+            kind = "stripe"
+            base_url = "{}"
+            secret_env = "STRIPE_KEY"
+            "#,
+            setup.provider.url()
+        ),
+    )
+    .expect("providers file");
+    for (command, key, refused) in [
+        (&["worker"][..], "sk_live_not_for_the_fake", true),
+        (
+            &["reconcile", "--json"][..],
+            "sk_live_not_for_the_fake",
+            true,
+        ),
+        (&["reconcile", "--json"][..], "sk_test_accepted", false),
+    ] {
+        let output = setup
+            .cobro(command)
+            .env_remove("COBRO_PROVIDER_URL")
+            .env_remove("COBRO_PROVIDER_API_KEY")
+            .env("COBRO_PROVIDERS_FILE", &file)
+            .env("STRIPE_KEY", key)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if refused {
+            assert_eq!(output.status.code(), Some(1), "{command:?}: {stderr}");
+            assert!(
+                stderr.contains("the provider `stripe` refused cobro's credentials")
+                    && stderr.contains("(401)"),
+                "{command:?}: {stderr}"
+            );
+            assert!(!stderr.contains(key), "the key is never printed: {stderr}");
+        } else {
+            assert_eq!(output.status.code(), Some(0), "{command:?}: {stderr}");
+        }
+    }
+    let checks = setup
+        .provider
+        .control()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path == "/v1/payment_intents")
+        .count();
+    assert_eq!(checks, 3, "one check per start");
+    assert!(
+        setup
+            .provider
+            .control()
+            .requests()
+            .iter()
+            .all(|r| r.method == "GET"),
+        "nothing sent"
+    );
+    assert_eq!(setup.provider.control().ledger().totals.charges, 0);
+}

@@ -36,8 +36,8 @@ pub use webhooks::StripeWebhooks;
 use crate::http::{encoded, redact, traceparent};
 use crate::pages::{self, read_to_end};
 use crate::{
-    AuthorizeRequest, CallInfo, Mutation, Outcome, Provider, ProviderObject, QueryError,
-    RefundRequest, Sent, Window, metadata,
+    AuthorizeRequest, CallInfo, Credentials, Mutation, Outcome, Provider, ProviderObject,
+    QueryError, RefundRequest, Sent, Window, metadata,
 };
 use classify::{Answer, Body, Heard, Op};
 use form::{Form, Unsent};
@@ -721,6 +721,25 @@ impl Provider for StripeProvider {
             |found| !found.is_empty(),
         )
         .await
+    }
+
+    /// `GET /v1/payment_intents?limit=1`: the list proof of absence reads.
+    /// 401: the key is wrong, revoked or of the other mode; 403: a
+    /// restricted key without the permission.
+    async fn check_credentials(&self) -> Credentials {
+        let answer = self
+            .request(self.client.get(self.url("/v1/payment_intents?limit=1")))
+            .send()
+            .await;
+        match answer {
+            Ok(response) => Credentials::from_status(response.status().as_u16(), |status| {
+                match status {
+                401 => "Stripe refused the API key (401): a wrong, revoked or rolled key, or one of the other mode".to_owned(),
+                _ => "Stripe refused the API key the read of PaymentIntents (403): a restricted key needs write access to PaymentIntents and Refunds".to_owned(),
+            }
+            }),
+            Err(e) => Credentials::Unknown(redact(&e)),
+        }
     }
 
     async fn list_charges(

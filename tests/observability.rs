@@ -1011,7 +1011,7 @@ async fn the_sampler_comes_from_otel_traces_sampler() {
         .control()
         .requests()
         .into_iter()
-        .find(|r| r.path == "/v1/charges")
+        .find(|r| r.method == "POST" && r.path == "/v1/charges")
         .expect("the charge");
     assert!(
         charge.traceparent.is_some_and(|t| t.ends_with("-00")),

@@ -10,7 +10,7 @@
 //! the order reference and the idempotency key.
 
 use cobro::provider::{ProviderHandle, Registry};
-use cobro_core::{AccountId, Clock};
+use cobro_core::{AccountId, Clock, PaymentId};
 use cobro_provider::Connector;
 use cobro_test_support::{Backend, TestApp, on_both_backends, payment_body, t0, wait_for};
 use cobro_worker::{Step, Worker};
@@ -735,7 +735,221 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
     assert!(conflicts.is_empty(), "{conflicts:?}");
 }
 
+/// Stripe cancels a PaymentIntent left uncaptured for seven days
+/// (`cancellation_reason: automatic`; the fake's Stripe does it as its
+/// clock passes). Its `payment_intent.canceled` moves the authorized
+/// payment to `canceled`, with the merchant's `payment.canceled` event and
+/// a `provider_voided` decision, instead of leaving it `authorized`
+/// forever; a capture asked for afterwards is refused by cobro and never
+/// reaches Stripe.
+async fn a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment(backend: Backend) {
+    let world = World::new(backend).await;
+    world.provider.control().set_webhook(Some(WebhookTarget {
+        url: format!("{}/v1/webhooks/stripe", world.app.url),
+        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
+    }));
+    let mut body = payment_body("o-1");
+    body["capture_method"] = json!("manual");
+    let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    let stripe_id = id(&on_stripe);
+    let payment_id: PaymentId = stripe_id.parse().expect("payment id");
+    // The authorisation's own event first, so the cancel is the news.
+    wait_for(
+        "the fake saw payment_intent.amount_capturable_updated acknowledged",
+        Duration::from_secs(10),
+        async || {
+            let deliveries = world.provider.control().webhook_deliveries();
+            deliveries
+                .iter()
+                .any(|d| {
+                    d.event_type == "payment_intent.amount_capturable_updated"
+                        && d.status == Some(200)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    // Seven days pass on both clocks (cobro's first: the event is never
+    // signed ahead of it).
+    let week = Duration::from_secs(7 * 24 * 3600 + 60);
+    world
+        .app
+        .clock
+        .advance(chrono::Duration::from_std(week).expect("week"));
+    world.provider.control().advance_clock(week);
+    wait_for(
+        "the payment is canceled",
+        Duration::from_secs(20),
+        async || {
+            let p = world.payment(true, &stripe_id).await;
+            (p.status.to_string() == "canceled").then_some(())
+        },
+    )
+    .await;
+    let store = &world.app.db.store;
+    let events: Vec<String> = store
+        .events_of_payment_any_account(payment_id)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("payment.canceled"),
+        "{events:?}"
+    );
+    let decisions = store
+        .decisions_of_payment_any_account(payment_id)
+        .await
+        .expect("decisions");
+    assert_eq!(
+        decisions.last().map(|d| d.decision),
+        Some(cobro_core::Decision::ProviderVoided),
+        "{decisions:?}"
+    );
+    let conflicts = store
+        .conflicts_of_payment_any_account(payment_id)
+        .await
+        .expect("conflicts");
+    assert!(conflicts.is_empty(), "{conflicts:?}");
+    // Nothing left to capture: refused here, never sent.
+    let refused = world
+        .app
+        .post_as(
+            &world.stripe_token,
+            &format!("/v1/payments/{stripe_id}/capture"),
+            Some("cap-1"),
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("send");
+    assert!(refused.status().is_client_error(), "{}", refused.status());
+    assert_eq!(world.drain("stripe").await, vec![]);
+    let ledger = world.ledger();
+    assert_eq!(
+        (
+            ledger.totals.charges,
+            ledger.totals.voids,
+            ledger.totals.captures
+        ),
+        (1, 1, 0),
+        "{ledger:?}"
+    );
+}
+
+/// A refund Stripe reports `failed` after it had succeeded (`refund.failed`:
+/// the card's account was closed, say; the fake fails it on demand). cobro's
+/// refund becomes `failed`, its amount refundable again (the payment back
+/// to `captured`), the merchant gets `refund.failed`, and a new refund of
+/// the whole amount is made, once.
+async fn a_refund_stripe_fails_after_it_succeeded_is_failed_and_refundable_again(backend: Backend) {
+    let world = World::new(backend).await;
+    world.provider.control().set_webhook(Some(WebhookTarget {
+        url: format!("{}/v1/webhooks/stripe", world.app.url),
+        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
+    }));
+    let mut body = payment_body("o-1");
+    body["amount"] = json!(1000);
+    let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
+    world.drain("stripe").await;
+    let stripe_id = id(&on_stripe);
+    let payment_id: PaymentId = stripe_id.parse().expect("payment id");
+    let refunds = format!("/v1/payments/{stripe_id}/refunds");
+    world
+        .post(true, &refunds, "ref-1", &json!({"amount": 400}))
+        .await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    let payment = world.payment(true, &stripe_id).await;
+    assert_eq!(
+        (payment.status.to_string(), payment.amount_refunded),
+        ("partially_refunded".to_owned(), 400)
+    );
+    let charge = world
+        .ledger()
+        .charge_of_payment_intent(payment.provider_ref.as_deref().expect("intent"))
+        .expect("charge")
+        .id
+        .clone();
+    let refund = world.ledger().refunds_of_charge(&charge)[0].id.clone();
+
+    assert!(world.provider.control().fail_refund(&refund));
+    let payment = wait_for(
+        "the refund failed and its amount is refundable again",
+        Duration::from_secs(20),
+        async || {
+            let p = world.payment(true, &stripe_id).await;
+            (p.status.to_string() == "captured").then_some(p)
+        },
+    )
+    .await;
+    assert_eq!(
+        (payment.amount_refunded, payment.amount_refund_reserved),
+        (0, 0)
+    );
+    let store = &world.app.db.store;
+    let events: Vec<String> = store
+        .events_of_payment_any_account(payment_id)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert!(
+        events.ends_with(&["refund.failed".to_owned(), "payment.captured".to_owned()]),
+        "{events:?}"
+    );
+    let decisions = store
+        .decisions_of_payment_any_account(payment_id)
+        .await
+        .expect("decisions");
+    assert_eq!(
+        decisions.last().map(|d| d.decision),
+        Some(cobro_core::Decision::ProviderFailedRefund),
+        "{decisions:?}"
+    );
+    let conflicts = store
+        .conflicts_of_payment_any_account(payment_id)
+        .await
+        .expect("conflicts");
+    assert!(conflicts.is_empty(), "{conflicts:?}");
+
+    // The whole amount is refundable again: refunded once more, once.
+    world
+        .post(true, &refunds, "ref-2", &json!({"amount": 1000}))
+        .await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Recorded { class: "succeeded" }]
+    );
+    let payment = world.payment(true, &stripe_id).await;
+    assert_eq!(
+        (payment.status.to_string(), payment.amount_refunded),
+        ("refunded".to_owned(), 1000)
+    );
+    let ledger = world.ledger();
+    assert_eq!(
+        (ledger.totals.refunds, ledger.totals.refund_failures),
+        (2, 1),
+        "{ledger:?}"
+    );
+    let charge = ledger
+        .charge_of_payment_intent(payment.provider_ref.as_deref().expect("intent"))
+        .expect("charge");
+    assert_eq!(charge.amount_refunded, 1000);
+}
+
 on_both_backends!(
+    a_refund_stripe_fails_after_it_succeeded_is_failed_and_refundable_again,
+    a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment,
     each_account_is_charged_through_its_own_providers_api,
     a_capture_and_a_refund_of_a_stripe_payment_go_to_stripe,
     the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost,

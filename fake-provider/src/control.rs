@@ -62,13 +62,24 @@ impl Control {
         self.shared.lock().faults.clear();
     }
 
-    /// Moves virtual time forward; keys past retention are forgotten and
-    /// `processing` charges whose time has come become final.
+    /// Moves virtual time forward; keys past retention are forgotten,
+    /// `processing` charges whose time has come become final, and Stripe
+    /// PaymentIntents uncaptured for seven days are canceled
+    /// (`cancellation_reason: automatic`).
     pub fn advance_clock(&self, by: Duration) {
         let now = self.shared.clock.advance(by);
         let mut state = self.shared.lock();
         state.keys.forget_expired(now);
         state.settle_due(now);
+        crate::stripe::expire_uncaptured(&mut state, now);
+    }
+
+    /// Fails refund `id` after it succeeded, as a card network can days
+    /// later (the card's account was closed): see `State::fail_refund`.
+    /// `false` when there is no such succeeded refund.
+    pub fn fail_refund(&self, id: &str) -> bool {
+        let now = self.shared.clock.now();
+        self.shared.lock().fail_refund(id, now)
     }
 
     /// Current virtual time.

@@ -26,8 +26,12 @@ pub struct Effects {
     pub captures: u64,
     /// Voided authorisations.
     pub voids: u64,
-    /// Succeeded refunds.
+    /// Succeeded refunds (a refund that failed later still counts here).
     pub refunds: u64,
+    /// Refunds that failed after they succeeded: their money went back to
+    /// the merchant.
+    #[serde(default)]
+    pub refund_failures: u64,
 }
 
 /// A charge the provider made (declined ones included), in its current state.
@@ -223,6 +227,7 @@ pub(crate) enum Effect {
     Capture,
     Void,
     Refund,
+    RefundFailure,
 }
 
 impl Effects {
@@ -233,6 +238,7 @@ impl Effects {
             Effect::Capture => &mut self.captures,
             Effect::Void => &mut self.voids,
             Effect::Refund => &mut self.refunds,
+            Effect::RefundFailure => &mut self.refund_failures,
         };
         *counter += 1;
     }

@@ -109,19 +109,24 @@ pub struct Charge {
     pub sequence: u64,
 }
 
-/// Lifecycle of a refund; this provider's refunds succeed at once.
+/// Lifecycle of a refund: this provider's refunds succeed at once, and
+/// one may fail later ([`crate::Control::fail_refund`]), as a card
+/// network's can when the card's account was closed.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum RefundStatus {
     /// Money returned.
     Succeeded,
+    /// Failed after it succeeded: the money went back to the merchant.
+    Failed,
 }
 
 impl RefundStatus {
-    /// The wire name: `succeeded`.
+    /// The wire name: `succeeded` or `failed`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefundStatus::Succeeded => "succeeded",
+            RefundStatus::Failed => "failed",
         }
     }
 }

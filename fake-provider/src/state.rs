@@ -589,6 +589,55 @@ impl State {
         Ok(refund)
     }
 
+    /// Fails refund `id` (of any caller) after it succeeded: its amount is
+    /// no longer refunded on its charge (whose sequence moves), the ledger
+    /// counts a refund failure, and `refund.failed` is sent in either
+    /// dialect. `false` when there is no such refund, or it already failed.
+    pub(crate) fn fail_refund(&mut self, id: &str, now: DateTime<Utc>) -> bool {
+        let Some(caller) = self
+            .refunds
+            .all()
+            .find(|stored| stored.item.id == id && stored.item.status == RefundStatus::Succeeded)
+            .map(|stored| stored.caller.clone())
+        else {
+            return false;
+        };
+        let Some(charge) = self
+            .refunds
+            .get(id, &caller)
+            .map(|stored| stored.item.charge.clone())
+        else {
+            return false;
+        };
+        let Some(stored) = self.charges.get_mut(&charge, &caller) else {
+            return false;
+        };
+        stored.item.sequence += 1;
+        let sequence = stored.item.sequence;
+        let Some(refund) = self.refunds.get_mut(id, &caller) else {
+            return false;
+        };
+        refund.item.status = RefundStatus::Failed;
+        refund.item.sequence = sequence;
+        let refund = refund.item.clone();
+        if let Some(stored) = self.charges.get_mut(&charge, &caller) {
+            stored.item.amount_refunded -= refund.amount;
+        }
+        self.ledger
+            .record(Effect::RefundFailure, &refund.reference, None);
+        if self.emits(WebhookDialect::Fake) {
+            let event = FakeEventData::Refund(refund.clone());
+            self.emit(
+                "refund.failed",
+                &refund.reference,
+                WebhookDialect::Fake,
+                |id| FakeEvent::render(id, "refund.failed", now, refund.sequence, &event),
+            );
+        }
+        crate::stripe::refund_failed(self, &refund, &caller, now);
+        true
+    }
+
     /// The caller's charge `id`.
     pub(crate) fn charge(&self, id: &str, caller: &str) -> Option<&Charge> {
         self.charges.get(id, caller).map(|stored| &stored.item)

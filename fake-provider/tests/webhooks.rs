@@ -218,7 +218,8 @@ async fn each_effect_emits_one_event_carrying_the_charge_sequence() {
             declines: 1,
             captures: 1,
             voids: 1,
-            refunds: 1
+            refunds: 1,
+            refund_failures: 0,
         }
     );
 }

@@ -26,6 +26,14 @@ string_enum!(
         Escalate => "escalate",
         /// An operator resolved it by hand.
         ManualResolve => "manual_resolve",
+        /// The provider voided an authorisation cobro had not asked it to
+        /// void (Stripe cancels a PaymentIntent uncaptured for seven days):
+        /// the payment is `canceled`.
+        ProviderVoided => "provider_voided",
+        /// The provider failed a refund it had reported succeeded (the
+        /// card account closed, say): the refund is `failed` and its amount
+        /// is refundable again.
+        ProviderFailedRefund => "provider_failed_refund",
     }
 );
 

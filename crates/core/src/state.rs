@@ -86,6 +86,10 @@ pub enum PaymentEvent {
     CancelRequested,
     Voided,
     VoidRefused,
+    /// The provider released an authorisation on its own, with no capture
+    /// or cancel of cobro's in flight (Stripe cancels a PaymentIntent left
+    /// uncaptured for seven days).
+    VoidedByProvider,
     /// A refund succeeded; `fully` when refunds now equal the captured amount.
     Refunded {
         fully: bool,
@@ -139,6 +143,7 @@ impl PaymentStatus {
             (S::Capturing, E::CaptureRefused) => S::Authorized,
             (S::Authorized, E::CancelRequested) => S::Canceling,
             (S::Canceling, E::VoidRefused) => S::Authorized,
+            (S::Authorized, E::VoidedByProvider) => S::Canceled,
             // A capture or void the reconciler could not settle in time.
             (S::Capturing | S::Canceling, E::Escalated) => S::NeedsReview,
             // What the provider proves about a capture or void that was
@@ -254,6 +259,7 @@ mod tests {
         E::CancelRequested,
         E::Voided,
         E::VoidRefused,
+        E::VoidedByProvider,
         E::Refunded { fully: false },
         E::Refunded { fully: true },
     ];
@@ -286,6 +292,7 @@ mod tests {
         (S::Canceling, E::Captured, S::Captured),
         (S::Canceling, E::VoidRefused, S::Authorized),
         (S::Canceling, E::Escalated, S::NeedsReview),
+        (S::Authorized, E::VoidedByProvider, S::Canceled),
         (S::NeedsReview, E::Voided, S::Canceled),
         (S::NeedsReview, E::CaptureRefused, S::Authorized),
         (S::NeedsReview, E::VoidRefused, S::Authorized),

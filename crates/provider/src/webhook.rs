@@ -153,6 +153,7 @@ impl FakeWebhooks {
             "charge.declined" => EventKind::Declined,
             "charge.voided" => EventKind::Voided,
             "refund.succeeded" => EventKind::RefundSucceeded,
+            "refund.failed" => EventKind::RefundFailed,
             _ => EventKind::Other,
         }
     }

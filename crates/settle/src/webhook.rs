@@ -27,12 +27,16 @@
 use crate::apply::{Applied, Proof, Source, apply_proof_locked, stop_the_line};
 use crate::evidence::{Fit, fit, proof_from};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, AttemptState, Operation, PaymentId, RefundId};
-use cobro_provider::{EventKind, ProviderEvent};
+use cobro_core::{
+    AttemptId, AttemptState, Decision, Operation, PaymentEvent, PaymentId, PaymentStatus, RefundId,
+    RefundStatus,
+};
+use cobro_provider::{EventKind, ProviderEvent, ProviderObject, ProviderStatus};
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
+use cobro_store::settle::PaymentOutcome;
 use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
-use cobro_store::{AttemptRow, PaymentRow, Store, StoreError, WriteTx};
+use cobro_store::{AttemptRow, PaymentRow, RefundRow, Store, StoreError, WriteTx};
 
 /// Runs one delivery of `event` (whose raw body is `payload`) from
 /// `provider` to its committed outcome (`applied`, `duplicate_delivery`,
@@ -145,37 +149,64 @@ async fn process(
         refund.as_ref(),
         &event.object,
     ) {
-        Fit::Ours => match proof_from(operation, &event.object) {
-            None => WebhookOutcome::Unmatched,
-            Some(proof) => {
-                match apply_proof_locked(tx, &attempt, &payment, &proof, &source, now).await? {
-                    Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
-                    Applied::Conflict { .. } => WebhookOutcome::Conflict,
-                    Applied::Settled { before, after } => {
-                        adopts = operation == Operation::Authorize
-                            && matches!(proof, Proof::Succeeded { .. })
-                            && payment.provider_ref.is_none();
-                        let decision = NewDecision {
-                            run_id: None,
-                            payment: payment_id,
-                            refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-                            attempt: Some(AttemptId::from_uuid(attempt.id.0)),
-                            state_before: before,
-                            state_after: after,
-                            provider_said: payload.to_owned(),
-                            decision: proof.decision().to_owned(),
-                            actor: actor.clone(),
-                            reason: Some(format!(
-                                "event {} ({}, sequence {})",
-                                event.id, event.type_name, event.sequence
-                            )),
-                        };
-                        tx.record_decision(&decision, now).await?;
-                        WebhookOutcome::Applied
-                    }
+        Fit::Ours => {
+            match provider_moved(tx, &attempt, &payment, refund.as_ref(), &event.object, now)
+                .await?
+            {
+                Some(moved) => {
+                    let decision = NewDecision {
+                        run_id: None,
+                        payment: payment_id,
+                        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
+                        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+                        state_before: moved.before,
+                        state_after: moved.after,
+                        provider_said: payload.to_owned(),
+                        decision: moved.decision,
+                        actor: actor.clone(),
+                        reason: Some(format!(
+                            "event {} ({}, sequence {}): {}",
+                            event.id, event.type_name, event.sequence, moved.why
+                        )),
+                    };
+                    tx.record_decision(&decision, now).await?;
+                    WebhookOutcome::Applied
                 }
+                None => match proof_from(operation, &event.object) {
+                    None => WebhookOutcome::Unmatched,
+                    Some(proof) => {
+                        match apply_proof_locked(tx, &attempt, &payment, &proof, &source, now)
+                            .await?
+                        {
+                            Applied::AlreadySettled => WebhookOutcome::DuplicateEffect,
+                            Applied::Conflict { .. } => WebhookOutcome::Conflict,
+                            Applied::Settled { before, after } => {
+                                adopts = operation == Operation::Authorize
+                                    && matches!(proof, Proof::Succeeded { .. })
+                                    && payment.provider_ref.is_none();
+                                let decision = NewDecision {
+                                    run_id: None,
+                                    payment: payment_id,
+                                    refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
+                                    attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+                                    state_before: before,
+                                    state_after: after,
+                                    provider_said: payload.to_owned(),
+                                    decision: proof.decision().to_owned(),
+                                    actor: actor.clone(),
+                                    reason: Some(format!(
+                                        "event {} ({}, sequence {})",
+                                        event.id, event.type_name, event.sequence
+                                    )),
+                                };
+                                tx.record_decision(&decision, now).await?;
+                                WebhookOutcome::Applied
+                            }
+                        }
+                    }
+                },
             }
-        },
+        }
         Fit::Mismatch(why) => {
             stop_the_line(
                 tx,
@@ -212,6 +243,104 @@ async fn process(
         }
     }
     Ok((outcome, Some(payment_id)))
+}
+
+/// What the provider did on its own to what cobro had settled.
+struct Moved {
+    decision: Decision,
+    before: String,
+    after: String,
+    why: &'static str,
+}
+
+/// An event that shows the provider moved, on its own, what cobro had
+/// settled, applied as that move (with the merchant's event, written by
+/// the schema's trigger), in the webhook's transaction under the payment's
+/// lock; `None` for any other event, which is then judged as evidence.
+///
+/// - An authorisation cobro holds (`authorized`, the attempt `succeeded`,
+///   the payment's own charge) shown voided, with no capture or cancel of
+///   cobro's open ([`target_attempt`] sends the event to those): the
+///   provider released it (Stripe cancels a PaymentIntent left uncaptured
+///   for seven days). The payment is `canceled`; no money was taken.
+/// - A refund cobro recorded `succeeded` (the same provider object) shown
+///   `failed` or `canceled`: the provider could not return the money after
+///   all (Stripe's `refund.failed`, a closed card account). The refund is
+///   `failed`, its amount refundable again, the payment's status follows.
+async fn provider_moved(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    payment: &PaymentRow,
+    refund: Option<&RefundRow>,
+    object: &ProviderObject,
+    now: DateTime<Utc>,
+) -> Result<Option<Moved>, StoreError> {
+    if attempt.state != AttemptState::Succeeded {
+        return Ok(None);
+    }
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    match (attempt.operation, refund) {
+        (Operation::Authorize, _)
+            if object.status == ProviderStatus::Voided
+                && payment.status == PaymentStatus::Authorized
+                && payment.provider_ref.as_deref() == Some(object.id.as_str()) =>
+        {
+            let after = PaymentStatus::Authorized
+                .apply(PaymentEvent::VoidedByProvider)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if tx
+                .settle_payment(
+                    payment_id,
+                    payment.status,
+                    after,
+                    &PaymentOutcome::default(),
+                    now,
+                )
+                .await?
+                .is_none()
+            {
+                return Err(StoreError::Corrupt(format!(
+                    "payment {payment_id} moved while it was locked"
+                )));
+            }
+            Ok(Some(Moved {
+                decision: Decision::ProviderVoided,
+                before: payment.status.as_str().to_owned(),
+                after: after.as_str().to_owned(),
+                why: "the provider voided the authorisation on its own",
+            }))
+        }
+        (Operation::Refund, Some(refund))
+            if refund.status == RefundStatus::Succeeded
+                && matches!(
+                    object.status,
+                    ProviderStatus::Failed | ProviderStatus::Canceled
+                )
+                && refund.provider_ref.as_deref() == Some(object.id.as_str()) =>
+        {
+            let message = format!(
+                "refund {} {} at the provider after it succeeded",
+                object.id, object.status
+            );
+            let id = RefundId::from_uuid(refund.id.0);
+            if tx
+                .fail_succeeded_refund(id, ("refund_failed", &message), now)
+                .await?
+                .is_none()
+            {
+                return Err(StoreError::Corrupt(format!(
+                    "refund {id} moved while its payment was locked"
+                )));
+            }
+            Ok(Some(Moved {
+                decision: Decision::ProviderFailedRefund,
+                before: RefundStatus::Succeeded.as_str().to_owned(),
+                after: RefundStatus::Failed.as_str().to_owned(),
+                why: "the provider failed the refund after it had succeeded",
+            }))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Keeps evidence that is about no attempt of cobro's as an unmatched

@@ -205,6 +205,52 @@ impl WriteTx {
         Ok(Some(refund))
     }
 
+    /// A refund the provider failed after it had succeeded: `succeeded` to
+    /// `failed` (compare-and-set), its amount taken out of the payment's
+    /// refunded and reserved amounts (refundable again), and a `refunded`
+    /// or `partially_refunded` payment back to what is still refunded
+    /// (`captured` when nothing is). `None` when the refund is not
+    /// `succeeded` (any more).
+    pub async fn fail_succeeded_refund(
+        &mut self,
+        id: RefundId,
+        failure: (&str, &str),
+        now: DateTime<Utc>,
+    ) -> Result<Option<RefundRow>> {
+        let sql = format!(
+            "UPDATE refunds SET status = 'failed', failure_code = $2, failure_message = $3, \
+             status_changed_at = $4, updated_at = $4 \
+             WHERE id = $1 AND status = 'succeeded' RETURNING {REFUND_COLUMNS}"
+        );
+        let row: Option<RefundRow> = on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(failure.0)
+            .bind(failure.1)
+            .bind(DbTime(now))
+            .fetch_optional(&mut *conn)
+            .await?);
+        let Some(refund) = row else { return Ok(None) };
+        let sql = "UPDATE payments SET amount_refunded = amount_refunded - $2, \
+             amount_refund_reserved = amount_refund_reserved - $2, \
+             status = CASE WHEN status NOT IN ('refunded', 'partially_refunded') THEN status \
+                           WHEN amount_refunded - $2 > 0 THEN 'partially_refunded' \
+                           ELSE 'captured' END, \
+             status_changed_at = CASE WHEN status IN ('refunded', 'partially_refunded') \
+                                      THEN $3 ELSE status_changed_at END, \
+             updated_at = $3 \
+             WHERE id = $1";
+        on_tx!(self, conn => sqlx::query(sql)
+            .bind(refund.payment_id)
+            .bind(refund.amount)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        // Its payment's amounts (and maybe status) moved: wake what waits.
+        self.moved_payment = true;
+        Ok(Some(refund))
+    }
+
     /// The reason shown with a payment in `needs_review`.
     pub async fn set_review_reason(&mut self, id: PaymentId, reason: &str) -> Result<()> {
         let sql =

@@ -712,6 +712,81 @@ fn cancel_effect(
     changed_intent(state, id, "payment_intent.canceled", ctx)
 }
 
+/// How long Stripe leaves a PaymentIntent uncaptured before it cancels it
+/// on its own (for cards: seven days).
+pub(crate) const UNCAPTURED_LIFETIME: chrono::TimeDelta = chrono::TimeDelta::days(7);
+
+/// Stripe cancels a PaymentIntent left uncaptured for
+/// [`UNCAPTURED_LIFETIME`] (`cancellation_reason: automatic`): its
+/// authorisation is released (the engine voids the charge, the ledger
+/// counts a void) and `payment_intent.canceled` is sent, as a cancel asked
+/// for would be. Run as virtual time passes ([`crate::Control::advance_clock`]);
+/// counted from the PaymentIntent's creation. The fake's own API has no
+/// such rule: its authorisations never expire.
+pub(crate) fn expire_uncaptured(state: &mut ProviderState, now: DateTime<Utc>) {
+    let due: Vec<(String, String)> = state
+        .stripe
+        .intents
+        .all()
+        .filter(|s| s.item.canceled.is_none() && s.item.created + UNCAPTURED_LIFETIME <= now)
+        .map(|s| (s.item.id.clone(), s.caller.clone()))
+        .collect();
+    for (id, caller) in due {
+        let ctx = Ctx {
+            now,
+            caller: &caller,
+            key: None,
+            request_id: None,
+        };
+        let Some(json) = intent_view(state, &id, &caller) else {
+            continue;
+        };
+        if json["status"] != "requires_capture" {
+            continue;
+        }
+        let charge = json["latest_charge"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if state.void(&charge, ctx).is_err() {
+            continue;
+        }
+        if let Some(stored) = state.stripe.intents.get_mut(&id, &caller) {
+            stored.item.canceled = Some(Canceled {
+                at: now,
+                reason: Some("automatic"),
+            });
+        }
+        changed_intent(state, &id, "payment_intent.canceled", ctx);
+    }
+}
+
+/// Sends `refund.failed` for a refund that failed after it succeeded (its
+/// status now `failed`), if this dialect's webhooks are on.
+pub(crate) fn refund_failed(
+    state: &mut ProviderState,
+    refund: &crate::model::Refund,
+    caller: &str,
+    now: DateTime<Utc>,
+) {
+    if !state.emits(WebhookDialect::Stripe) {
+        return;
+    }
+    let intent = state
+        .stripe
+        .intent_of_charge(&refund.charge)
+        .map(str::to_owned);
+    let reason = state.stripe.refund_reasons.get(&refund.id).copied();
+    let json = refund_json(refund, intent.as_deref(), reason);
+    let ctx = Ctx {
+        now,
+        caller,
+        key: None,
+        request_id: None,
+    };
+    emit(state, "refund.failed", &refund.reference, &json, ctx);
+}
+
 /// `GET /v1/payment_intents/search?query=...&limit=N&page=...`.
 struct SearchParams {
     query: Query,

@@ -125,7 +125,7 @@ pub(crate) fn refund_json(
         "metadata": refund.metadata,
         "payment_intent": payment_intent,
         "reason": reason,
-        "status": "succeeded",
+        "status": refund.status.as_str(),
     })
 }
 

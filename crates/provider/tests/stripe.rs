@@ -760,7 +760,7 @@ async fn a_legacy_400_rate_limit_is_not_sent() {
 }
 
 #[tokio::test]
-async fn an_unauthenticated_request_is_not_sent() {
+async fn an_unauthenticated_request_fails_having_done_nothing() {
     let invalid = error(
         "invalid_request_error",
         None,
@@ -774,14 +774,30 @@ async fn an_unauthenticated_request_is_not_sent() {
         json!({}),
     );
     let (provider, _) = stripe(vec![Reply::new(401, &invalid), Reply::new(403, &forbidden)]).await;
+    let (logs, _guard) = Logs::capture();
     let sent = authorize(&provider, false).await;
-    assert_class(&sent, "not_sent", "unauthenticated");
+    assert_class(&sent, "failed", "unauthenticated");
     assert!(
         !format!("{sent:?}").contains("sk_test"),
         "Stripe's message is not repeated"
     );
+    match &sent.outcome {
+        Outcome::Failed { code, .. } => assert_eq!(code, "provider_credentials_refused"),
+        other => panic!("{other:?}"),
+    }
     let sent = provider.send(KEY, Mutation::Void("pi_3PqRsT")).await;
-    assert_class(&sent, "not_sent", "unauthenticated");
+    assert_class(&sent, "failed", "unauthenticated");
+    // The alert's source: an error line per refused call, naming no key.
+    let text = logs.text();
+    assert_eq!(
+        text.matches("Stripe refused cobro's API key").count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        !text.contains("sk_test") && !text.contains("rk_test"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -91,6 +91,10 @@ impl Class {
     }
 }
 
+/// The failure code of a call Stripe refused for cobro's credentials
+/// (401, 403): nothing executed.
+pub const CREDENTIALS_REFUSED: &str = "provider_credentials_refused";
+
 /// One row of the table.
 pub struct Row {
     /// Stable name: in the outcome's reason, the span and the README.
@@ -396,9 +400,9 @@ pub const TABLE: &[Row] = &[
     Row {
         id: "unauthenticated",
         when: "401, 403",
-        class: Class::NotSent,
-        why: "Stripe authenticates the key and checks its permissions before any endpoint executes (its docs: such a request gives another result under the same key later); fix the key and the same key executes once",
-        test: "an_unauthenticated_request_is_not_sent",
+        class: Class::Failed,
+        why: "Stripe authenticates the key and checks its permissions before any endpoint executes, so nothing happened; final (code `provider_credentials_refused`) rather than retried for the whole key window under a key that stays refused until someone fixes it: the order is free at once, and the `credentials_refused` outcome pages (CobroProviderCredentialsRefused)",
+        test: "an_unauthenticated_request_fails_having_done_nothing",
         matches: unauthenticated,
     },
     Row {
@@ -526,6 +530,13 @@ pub fn outcome(
         Class::Succeeded => match object_of(heard) {
             Some(object) => Outcome::Succeeded(object),
             None => Outcome::Unknown(format!("{}: no object to adopt{request}", row.id)),
+        },
+        // Stripe's message names (part of) the key: cobro's own code and
+        // reason instead.
+        Class::Failed if row.id == "unauthenticated" => Outcome::Failed {
+            code: CREDENTIALS_REFUSED.to_owned(),
+            message: reason(&heard),
+            object: None,
         },
         Class::Declined | Class::Failed => {
             let (code, message, object) = refusal_parts(row, heard);
@@ -887,7 +898,7 @@ mod tests {
     }
 
     #[test]
-    fn unauthenticated_is_not_sent() {
+    fn unauthenticated_fails_having_done_nothing() {
         let e = error(
             r#"{"error":{"message":"Invalid API Key provided: sk_test_****1234","type":"invalid_request_error"}}"#,
         );
@@ -895,17 +906,24 @@ mod tests {
             Op::Authorize,
             heard(401, None, Body::Error(e)),
             "unauthenticated",
-            "not_sent",
+            "failed",
         );
         assert!(
             !format!("{o:?}").contains("sk_test"),
             "Stripe's message is not repeated"
         );
+        match o {
+            Outcome::Failed { code, object, .. } => {
+                assert_eq!(code, CREDENTIALS_REFUSED);
+                assert_eq!(object, None);
+            }
+            other => panic!("{other:?}"),
+        }
         check(
             Op::Void,
             heard(403, None, Body::Malformed),
             "unauthenticated",
-            "not_sent",
+            "failed",
         );
     }
 

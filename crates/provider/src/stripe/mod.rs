@@ -336,6 +336,18 @@ impl StripeProvider {
                 );
             });
             "idempotency_error"
+        } else if row.id == "unauthenticated" {
+            span.in_scope(|| {
+                tracing::error!(
+                    provider = %self.config.name,
+                    operation = op.name(),
+                    request_id = request_id.as_deref().unwrap_or("-"),
+                    "Stripe refused cobro's API key (401/403): nothing executed, the attempt \
+                     fails; fix the key (wrong, revoked, rolled, or a restricted key without \
+                     PaymentIntents and Refunds write access)"
+                );
+            });
+            "credentials_refused"
         } else {
             outcome.class()
         };

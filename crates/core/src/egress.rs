@@ -184,11 +184,13 @@ pub enum HostCheck {
 /// Why an endpoint URL, or one of its addresses, is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
+    #[error("the URL could not be read")]
+    Malformed,
     #[error("the URL must be https:// (plain http is allowed only in development)")]
     PlainHttp,
     #[error("{host} names this machine (localhost), which endpoints may not reach")]
     Localhost { host: String },
-    #[error("{host} is {ip}, a {range} address, which endpoints may not reach")]
+    #[error("{}", address_refused(host, ip, range))]
     Address {
         host: String,
         ip: IpAddr,
@@ -196,6 +198,14 @@ pub enum Refusal {
     },
     #[error("{host} does not resolve to any address")]
     Unresolved { host: String },
+}
+
+fn address_refused(host: &str, ip: &IpAddr, range: &str) -> String {
+    if host == ip.to_string() {
+        format!("{ip} is a {range} address, which endpoints may not reach")
+    } else {
+        format!("{host} is {ip}, a {range} address, which endpoints may not reach")
+    }
 }
 
 /// Where events may go: `https://` to public addresses, plus what the

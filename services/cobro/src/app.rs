@@ -126,6 +126,7 @@ impl Application {
             token_cache_ttl: settings.token_cache_ttl,
             request_timeout: settings.http.http_request_timeout,
             test_hold: settings.test_hold.clone(),
+            event_endpoints: settings.dispatcher.endpoints.policy(demo.is_some()),
             ..ApiSettings::default()
         };
         if let Some(hold) = &api.test_hold {
@@ -176,6 +177,7 @@ impl Application {
             &store,
             &clock,
             &settings.dispatcher,
+            demo.is_some(),
             stopping.clone(),
         )?;
         // The reconcilers (one per provider) run on a schedule in every

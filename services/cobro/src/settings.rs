@@ -376,6 +376,47 @@ pub struct DispatcherSettings {
 
     #[arg(long, env = "COBRO_EVENTS_BACKOFF_CAP", default_value = "1h", value_parser = parse_duration)]
     pub events_backoff_cap: Duration,
+
+    #[command(flatten)]
+    pub endpoints: EndpointPolicySettings,
+}
+
+/// Where event endpoints may point (`cobro_core::egress`): checked when an
+/// endpoint is registered (the API, `cobro events endpoints add`) and by
+/// the dispatcher at every connection. By default only `https://` to
+/// public addresses; the embedded demo (no database URL) also allows plain
+/// http and this machine (`127.0.0.0/8`, `::1`, `localhost`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct EndpointPolicySettings {
+    /// Accept plain `http://` event endpoints (development and tests; never
+    /// in production: events and their signatures would travel in clear).
+    #[arg(long, env = "COBRO_EVENTS_ALLOW_HTTP")]
+    pub events_allow_http: bool,
+
+    /// Networks (`10.1.0.0/16`, `127.0.0.1/32`, `::1/128`) and host names
+    /// (`hooks.internal`) event endpoints may reach although they are not
+    /// public (private, loopback, link-local...), comma-separated. A listed
+    /// host name is not resolved at registration and any address it
+    /// resolves to is allowed. For tests and private deployments.
+    #[arg(long, env = "COBRO_EVENTS_ALLOW", value_delimiter = ',', value_name = "CIDR_OR_HOST",
+          value_parser = |s: &str| s.parse::<cobro_core::egress::AllowEntry>())]
+    pub events_allow: Vec<cobro_core::egress::AllowEntry>,
+}
+
+impl EndpointPolicySettings {
+    /// The policy of a process on the embedded demo database
+    /// (`development`) or on a configured one.
+    pub fn policy(&self, development: bool) -> cobro_core::egress::EgressPolicy {
+        let policy = cobro_core::egress::EgressPolicy {
+            allow_http: self.events_allow_http,
+            allow: self.events_allow.clone(),
+        };
+        if development {
+            policy.with_development_allowances()
+        } else {
+            policy
+        }
+    }
 }
 
 impl ReconcileSettings {

@@ -17,6 +17,7 @@ on_both_backends!(
     an_endpoint_into_cobros_network_is_refused_with_a_problem_and_nothing_is_created,
     the_allow_list_and_plain_http_are_honoured_when_the_operator_gives_them,
     the_dispatcher_never_connects_to_a_loopback_endpoint_the_allow_list_does_not_name,
+    a_merchant_cannot_choose_an_endpoint_secret_and_cobros_own_is_long,
 );
 
 /// Issue 48's URLs, each a way into cobro's network, and their kin.
@@ -229,4 +230,47 @@ async fn the_dispatcher_never_connects_to_a_loopback_endpoint_the_allow_list_doe
     assert_eq!(steps.len(), 2);
     assert!(steps.iter().all(|s| s.delivered), "{steps:?}");
     assert!(connections.load(Ordering::SeqCst) >= 1);
+}
+
+/// Endpoint secrets are cobro's to make (`cobro_api::events::new_secret`,
+/// 70 bytes): a merchant sending one, weak or not, is refused and nothing
+/// is created; the secret cobro answers with passes the minimum.
+async fn a_merchant_cannot_choose_an_endpoint_secret_and_cobros_own_is_long(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    for secret in ["", "x", "whsec_0123456789abcdef0123456789"] {
+        let response = app
+            .post("/v1/event_endpoints", None)
+            .json(&json!({"url": "http://127.0.0.1:9/hook", "secret": secret}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{secret:?}");
+        let problem: Value = response.json().await.expect("json");
+        assert_eq!(problem["code"], "validation-error");
+        assert_eq!(problem["errors"][0]["field"], "secret", "{problem}");
+    }
+    assert_eq!(app.db.count("event_endpoints").await, 0);
+    let created: Value = register(&app, "http://127.0.0.1:9/hook")
+        .await
+        .json()
+        .await
+        .expect("json");
+    let secret = created["secret"].as_str().expect("secret");
+    assert_eq!(cobro_core::signature::check_secret_length(secret), Ok(()));
+    let rotated: Value = app
+        .post(
+            &format!(
+                "/v1/event_endpoints/{}/rotate_secret",
+                created["id"].as_str().expect("id")
+            ),
+            None,
+        )
+        .send()
+        .await
+        .expect("rotate")
+        .json()
+        .await
+        .expect("json");
+    let rotated = rotated["secret"].as_str().expect("secret");
+    assert_eq!(cobro_core::signature::check_secret_length(rotated), Ok(()));
 }

@@ -653,6 +653,14 @@ mod url_tests {
         }
     }
 
+    #[test]
+    fn generated_endpoint_secrets_are_far_above_the_minimum() {
+        let secret = super::new_secret();
+        assert!(secret.len() >= 4 * cobro_core::signature::MIN_SECRET_BYTES);
+        assert_eq!(cobro_core::signature::check_secret_length(&secret), Ok(()));
+        assert_ne!(secret, super::new_secret());
+    }
+
     #[tokio::test]
     async fn a_name_that_does_not_resolve_is_refused() {
         let refused = check_endpoint_url(

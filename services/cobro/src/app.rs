@@ -65,6 +65,8 @@ impl Application {
             key_window,
             reconcile,
         } = sender;
+        // Before anything is opened: a weak secret is a setting to fix.
+        settings.check_webhook_secrets()?;
         let reconciler_only;
         let policy = if settings.no_migrate {
             SchemaPolicy::Require

@@ -184,6 +184,44 @@ pub struct ServeSettings {
     pub dispatcher: DispatcherSettings,
 }
 
+impl ServeSettings {
+    /// Refuses an empty or short `COBRO_WEBHOOK_SECRET` /
+    /// `COBRO_WEBHOOK_SECRET_PREVIOUS` (`cobro_core::signature::MIN_SECRET_BYTES`),
+    /// by flag or variable, with a message that names the setting and
+    /// never the value (which is why clap does not check it: its error
+    /// would echo the value).
+    pub fn check_webhook_secrets(&self) -> anyhow::Result<()> {
+        let settings = [
+            (
+                "COBRO_WEBHOOK_SECRET (--webhook-secret)",
+                "COBRO_WEBHOOK_SECRET",
+                &self.webhook_secret,
+            ),
+            (
+                "COBRO_WEBHOOK_SECRET_PREVIOUS (--webhook-secret-previous)",
+                "COBRO_WEBHOOK_SECRET_PREVIOUS",
+                &self.webhook_secret_previous,
+            ),
+        ];
+        for (name, variable, value) in settings {
+            let problem = match value {
+                Some(secret) => cobro_core::signature::check_secret_length(secret.expose()).err(),
+                // clap reads a variable set to "" as unset; set is set.
+                None if std::env::var_os(variable).is_some() => {
+                    Some(cobro_core::signature::WeakSecret::Empty)
+                }
+                None => None,
+            };
+            if let Some(problem) = problem {
+                bail!(
+                    "{name} {problem}: use the webhook signing secret the provider gave (Stripe's whsec_... is longer), or unset it"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The scheduled reconciler that every process with a provider runs
 /// (`serve`, with or without its worker, and `cobro worker`). Several
 /// processes at once are safe: every decision is a compare-and-set on the

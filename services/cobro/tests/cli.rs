@@ -791,3 +791,69 @@ fn events_endpoints_add_refuses_urls_into_the_network_unless_allowed() {
     let listed = workdir.run_ok(&["events", "endpoints", "list"]);
     assert_eq!(listed.lines().count(), 2, "{listed}");
 }
+
+#[test]
+fn an_empty_or_short_webhook_secret_stops_serve_at_start_by_flag_or_variable() {
+    let workdir = Workdir::new();
+    let serve = ["serve", "--listen", "127.0.0.1:0"];
+    /// Flags, variables, and the start of the message expected.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 5] = [
+        (
+            &["--webhook-secret", ""],
+            &[],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is empty",
+        ),
+        (
+            &[],
+            &[("COBRO_WEBHOOK_SECRET", "")],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is empty",
+        ),
+        (
+            &["--webhook-secret", "whsec_tooshort"],
+            &[],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is 14 bytes long",
+        ),
+        (
+            &[],
+            &[("COBRO_WEBHOOK_SECRET", "whsec_tooshort")],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is 14 bytes long",
+        ),
+        (
+            &[],
+            &[
+                ("COBRO_WEBHOOK_SECRET", "whsec_long_enough_for_cobro"),
+                ("COBRO_WEBHOOK_SECRET_PREVIOUS", "whsec_tooshort"),
+            ],
+            "COBRO_WEBHOOK_SECRET_PREVIOUS (--webhook-secret-previous) is 14 bytes long",
+        ),
+    ];
+    for (args, env, expected) in cases {
+        let mut all = serve.to_vec();
+        all.extend_from_slice(args);
+        // An unreachable database: refused before it is opened (and a
+        // build without the check fails here too, with another message,
+        // rather than serving).
+        let output = workdir
+            .cobro(&all)
+            .env("COBRO_DATABASE_URL", "postgres://cobro@127.0.0.1:1/cobro")
+            .envs(env.iter().copied())
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains("at least 16") || expected.ends_with("empty"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("whsec_tooshort"),
+            "never the value: {stderr}"
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stdout).is_empty(),
+            "nothing served"
+        );
+    }
+}

@@ -516,7 +516,7 @@ fn signed_charge_event(
 /// B's payment is untouched, and the provider made one charge per merchant.
 async fn a_webhook_killed_while_it_waits_on_the_payment_keeps_nothing_and_its_redelivery_stops_the_line()
  {
-    const SECRET: &str = "whsec_crash";
+    const SECRET: &str = "whsec_crash_test_secret";
     let site = Site::new_in(Backend::Postgres, Dialect::Fake).await;
     let env = [("COBRO_WEBHOOK_SECRET", SECRET)];
     let (_api, url) = site.serve("serve", &[], &env).await;

@@ -461,6 +461,7 @@ fn dispatcher(
         request_timeout: std::time::Duration::from_millis(400),
         backoff_base: std::time::Duration::from_secs(1),
         backoff_cap: std::time::Duration::from_secs(60),
+        egress: cobro_test_support::local_endpoints(),
         ..Default::default()
     };
     tweak(&mut config);

@@ -350,7 +350,8 @@ async fn repeated_query_parameters_and_unusable_endpoint_urls_are_problems(backe
         .client
         .post(format!("{}/v1/event_endpoints", app.url))
         .bearer_auth(&app.token)
-        .json(&json!({"url": "https://shop.example/cobro"}))
+        // Allowed by the test app's egress allowances (`local_endpoints`).
+        .json(&json!({"url": "http://127.0.0.1:9/cobro"}))
         .send()
         .await
         .expect("send");

@@ -49,7 +49,7 @@ async fn serve(backend: Backend, env: &[(&str, &str)]) -> Served {
         .args(["serve", "--listen", "127.0.0.1:0", "--no-worker"])
         .env("COBRO_DATABASE_URL", &db.url)
         .env("COBRO_LOG", "info")
-        .env("COBRO_WEBHOOK_SECRET", "whsec_bounds")
+        .env("COBRO_WEBHOOK_SECRET", "whsec_bounds_test_secret")
         .envs(env.iter().copied());
     let mut process = Cobro::spawn("cobro serve", command);
     let url = process.line("cobro listening on ").await;

@@ -5,6 +5,7 @@
 //! e.g. `ops/test.sh -E 'test(/^crash::/)'`.
 
 mod crash;
+mod egress;
 mod events;
 mod evidence;
 mod explorer;

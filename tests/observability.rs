@@ -247,14 +247,14 @@ async fn one_payment_is_one_trace_from_the_request_to_the_providers_answer() {
         ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
         ("OTEL_SERVICE_NAME", "cobro-observed"),
         ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-        ("COBRO_WEBHOOK_SECRET", "whsec_obs"),
+        ("COBRO_WEBHOOK_SECRET", "whsec_obs_test_secret"),
     ];
     let (_serve, url) = site.serve(&otel).await;
     site.provider
         .control()
         .set_webhook(Some(fake_provider::WebhookTarget {
             url: format!("{url}/v1/webhooks/fake"),
-            secret: "whsec_obs".into(),
+            secret: "whsec_obs_test_secret".into(),
         }));
 
     let (traceparent, trace_id, client_span) = trace_context();
@@ -524,7 +524,7 @@ async fn one_payment_is_one_trace_from_the_request_to_the_providers_answer() {
         "pm_card_visa",
         "desc-never-exported",
         "meta-never-exported",
-        "whsec_obs",
+        "whsec_obs_test_secret",
     ];
     for secret in secrets
         .iter()
@@ -547,7 +547,7 @@ async fn a_seeded_fault_run_shows_exact_counters_and_gauges_on_metrics() {
     let (_serve, url) = site
         .serve(&[
             ("COBRO_LOCK_TIMEOUT", "300ms"),
-            ("COBRO_WEBHOOK_SECRET", "whsec_metrics"),
+            ("COBRO_WEBHOOK_SECRET", "whsec_metrics_test_secret"),
         ])
         .await;
     let control = site.provider.control();
@@ -648,7 +648,7 @@ async fn a_seeded_fault_run_shows_exact_counters_and_gauges_on_metrics() {
         .header("content-type", "application/json")
         .header(
             fake_provider::SIGNATURE_HEADER,
-            fake_provider::sign("whsec_metrics", now, &event),
+            fake_provider::sign("whsec_metrics_test_secret", now, &event),
         )
         .body(event)
         .send()

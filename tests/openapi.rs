@@ -42,6 +42,9 @@ fn every_error() -> Vec<ApiError> {
             status: st(),
         },
         ApiError::RefundExceedsCaptured { payment_id: id() },
+        ApiError::EndpointUrlNotAllowed {
+            reason: cobro_core::egress::Refusal::PlainHttp,
+        },
         ApiError::WebhookSignatureInvalid,
         ApiError::RateLimited,
         ApiError::RequestTimeout {
@@ -66,6 +69,7 @@ fn every_error() -> Vec<ApiError> {
             | ApiError::NotCancelable { .. }
             | ApiError::NotRefundable { .. }
             | ApiError::RefundExceedsCaptured { .. }
+            | ApiError::EndpointUrlNotAllowed { .. }
             | ApiError::WebhookSignatureInvalid
             | ApiError::RateLimited
             | ApiError::RequestTimeout { .. }

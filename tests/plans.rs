@@ -394,7 +394,7 @@ async fn every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues(p
             per_second: 1_000_000,
             burst: 1_000_000,
         },
-        ..Default::default()
+        ..cobro_test_support::test_api_settings()
     };
     settings.webhooks.insert(
         "fake".to_owned(),
@@ -416,6 +416,7 @@ async fn every_plan_of_a_payments_life_keeps_look_ups_by_key_out_of_the_queues(p
         cobro_worker::DispatcherConfig {
             owner: "plans".to_owned(),
             request_timeout: std::time::Duration::from_millis(400),
+            egress: cobro_test_support::local_endpoints(),
             ..Default::default()
         },
     )

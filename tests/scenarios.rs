@@ -590,7 +590,7 @@ async fn s10_compacted_and_expired_keys_replay_refuse_and_expire_while_the_order
 async fn s11_duplicated_and_reordered_webhooks_apply_once_and_never_move_a_payment_backwards(
     backend: Backend,
 ) {
-    const SECRET: &str = "whsec_scenarios";
+    const SECRET: &str = "whsec_scenarios_test_secret";
     let site = Site::new(backend).await;
     let hold = |op| {
         FaultRule::new(op, FaultAction::DelayAfterEffect)

@@ -105,7 +105,7 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
         // waiting on such payments filled every client slot, and the
         // intake stalled, depending on the wall clock's phase.
         ("COBRO_RECONCILE_SCHEDULE", "*/2 * * * * *"),
-        ("COBRO_WEBHOOK_SECRET", "whsec_chaos"),
+        ("COBRO_WEBHOOK_SECRET", "whsec_chaos_test_secret"),
     ];
     // Two API processes; the first also receives the provider's webhooks
     // and is never killed, the second is killed and restarted.
@@ -113,7 +113,7 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
     let (mut api_b, url_b) = site.serve("api b", &["--no-worker"], env).await;
     control.set_webhook(Some(fake_provider::WebhookTarget {
         url: site.webhook_url(&url_a),
-        secret: "whsec_chaos".to_owned(),
+        secret: "whsec_chaos_test_secret".to_owned(),
     }));
     let urls = Arc::new(Mutex::new(vec![url_a.clone(), url_b]));
     let mut workers = Vec::new();

@@ -399,6 +399,28 @@ pub fn plain_http_client() -> reqwest::Client {
         .expect("a reqwest client with no TLS roots always builds")
 }
 
+/// Where the tests' event endpoints are: plain http on 127.0.0.1, which
+/// production refuses (`cobro_core::egress`). Every test app, dispatcher
+/// and `Site` process allows exactly this, explicitly; a test of the
+/// refusal itself serves the app with `ApiSettings::default()`.
+pub fn local_endpoints() -> cobro_core::egress::EgressPolicy {
+    cobro_core::egress::EgressPolicy {
+        allow_http: true,
+        allow: vec![cobro_core::egress::AllowEntry::Network(
+            "127.0.0.1/32".parse().expect("a network"),
+        )],
+    }
+}
+
+/// The API settings of every test app: the defaults, with event
+/// endpoints on 127.0.0.1 allowed ([`local_endpoints`]).
+pub fn test_api_settings() -> cobro_api::ApiSettings {
+    cobro_api::ApiSettings {
+        event_endpoints: local_endpoints(),
+        ..Default::default()
+    }
+}
+
 /// A fixed starting instant for tests that drive a manual clock.
 pub fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
@@ -637,7 +659,7 @@ impl TestApp {
         let state = cobro_api::AppState::new(
             db.store.clone(),
             std::sync::Arc::new(clock.clone()),
-            cobro_api::ApiSettings::default(),
+            test_api_settings(),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -1071,7 +1093,7 @@ impl Rig {
     /// virtual one (which signs with its own time). With `deliver`, the
     /// provider also sends its webhooks to the app from now on.
     pub async fn accept_webhooks(&mut self, secret: &str, deliver: bool) {
-        let mut settings = cobro_api::ApiSettings::default();
+        let mut settings = test_api_settings();
         let secret_value = cobro_provider::WebhookSecret::new(secret);
         let receiver = match self.dialect {
             Dialect::Fake => cobro_api::WebhookReceiver::fake(secret_value),

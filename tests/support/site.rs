@@ -191,6 +191,10 @@ impl Site {
             .env("COBRO_WORKER_POLL", "100ms")
             // These tests load one account far above a merchant's rate.
             .env("COBRO_RATE_LIMIT", "0")
+            // Their event endpoints are plain http on 127.0.0.1, which
+            // production refuses (`local_endpoints`).
+            .env("COBRO_EVENTS_ALLOW_HTTP", "true")
+            .env("COBRO_EVENTS_ALLOW", "127.0.0.1/32")
             .envs(env.iter().copied());
         command
     }

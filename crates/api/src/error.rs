@@ -65,6 +65,12 @@ pub enum ApiError {
     NotRefundable { payment_id: String, status: String },
     #[error("the refund would take refunds above the captured amount")]
     RefundExceedsCaptured { payment_id: String },
+    /// An event endpoint URL that is well formed but may not be reached:
+    /// plain http, localhost, or a host with a non-public address
+    /// (`cobro_core::egress`). The reason names the host and the range,
+    /// never anything of cobro's own.
+    #[error("the endpoint URL is not allowed: {reason}")]
+    EndpointUrlNotAllowed { reason: cobro_core::egress::Refusal },
     #[error(
         "the webhook signature is missing, does not match, or its timestamp is outside the tolerance"
     )]
@@ -108,6 +114,9 @@ impl ApiError {
             E::RefundExceedsCaptured { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-captured")
             }
+            E::EndpointUrlNotAllowed { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "endpoint-url-not-allowed")
+            }
             E::WebhookSignatureInvalid => (StatusCode::BAD_REQUEST, "webhook-signature-invalid"),
             E::RateLimited => (StatusCode::TOO_MANY_REQUESTS, "rate-limited"),
             E::RequestTimeout { .. } => (StatusCode::REQUEST_TIMEOUT, "request-timeout"),
@@ -132,6 +141,7 @@ impl ApiError {
             E::NotCancelable { .. } => "Payment not cancelable",
             E::NotRefundable { .. } => "Payment not refundable",
             E::RefundExceedsCaptured { .. } => "Refund exceeds the captured amount",
+            E::EndpointUrlNotAllowed { .. } => "Endpoint URL not allowed",
             E::WebhookSignatureInvalid => "Webhook signature invalid",
             E::RateLimited => "Rate limited",
             E::RequestTimeout { .. } => "Request timeout",
@@ -159,6 +169,14 @@ impl ApiError {
         match self {
             ApiError::Validation(errors) => {
                 body.insert("errors".into(), json!(errors));
+            }
+            // Shaped like a validation error's list, so a client that shows
+            // `errors` next to the form's fields shows this one too.
+            ApiError::EndpointUrlNotAllowed { reason } => {
+                body.insert(
+                    "errors".into(),
+                    json!([FieldError::new("url", reason.to_string())]),
+                );
             }
             ApiError::OrderHasActivePayment { payment_id }
             | ApiError::NotCapturable { payment_id, .. }
@@ -315,6 +333,13 @@ mod tests {
                 ApiError::RefundExceedsCaptured { payment_id: id() },
                 422,
                 "refund-exceeds-captured",
+            ),
+            (
+                ApiError::EndpointUrlNotAllowed {
+                    reason: cobro_core::egress::Refusal::PlainHttp,
+                },
+                422,
+                "endpoint-url-not-allowed",
             ),
             (
                 ApiError::WebhookSignatureInvalid,

@@ -15,6 +15,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use cobro_core::egress::{EgressPolicy, Host, HostCheck, Refusal};
 use cobro_core::{EndpointId, EventId, PaymentStatus, RefundStatus};
 use cobro_store::events::{EndpointRow, EventFilter};
 use serde::{Deserialize, Serialize};
@@ -286,6 +287,41 @@ pub fn endpoint_url_ok(url: &str) -> bool {
     (ipv4 || (labels.iter().all(|l| label(l)) && last_is_a_name)) && port_ok && path_ok
 }
 
+/// How long a registration waits for the endpoint's host name to resolve.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether events may go to `url` (well formed: [`endpoint_url_ok`]) under
+/// `policy`: its scheme, then its host; a host name is resolved and EVERY
+/// address it has must be allowed (one private address among public ones
+/// refuses it), and a name that does not resolve is refused too. The
+/// dispatcher checks again at each connection (DNS can change after this
+/// answer), so this is the merchant's early, clear answer, not the guard.
+pub async fn check_endpoint_url(policy: &EgressPolicy, url: &str) -> Result<(), Refusal> {
+    let parsed = url::Url::parse(url).map_err(|_| Refusal::Malformed)?;
+    policy.check_scheme(parsed.scheme())?;
+    let port = parsed.port_or_known_default().ok_or(Refusal::Malformed)?;
+    let name = match parsed.host() {
+        Some(url::Host::Domain(name)) => name,
+        Some(url::Host::Ipv4(ip)) => return policy.check_host(Host::Ip(ip.into())).map(|_| ()),
+        Some(url::Host::Ipv6(ip)) => return policy.check_host(Host::Ip(ip.into())).map(|_| ()),
+        None => return Err(Refusal::Malformed),
+    };
+    if policy.check_host(Host::Name(name))? == HostCheck::Allowed {
+        return Ok(());
+    }
+    let unresolved = || Refusal::Unresolved {
+        host: name.to_owned(),
+    };
+    let addresses: Vec<std::net::IpAddr> =
+        tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port)))
+            .await
+            .map_err(|_| unresolved())?
+            .map_err(|_| unresolved())?
+            .map(|address| address.ip())
+            .collect();
+    policy.check_resolved(name, &addresses)
+}
+
 /// Body of `POST /v1/event_endpoints`.
 // In the code: the request after validation (read field by field by
 // `parse_endpoint`, which refuses unknown fields); no types is every type.
@@ -295,6 +331,8 @@ pub fn endpoint_url_ok(url: &str) -> bool {
 struct NewEndpoint {
     /// `http://` or `https://` with a host name or IPv4 address (no
     /// IPv6 literal, user, query or fragment), at most 2048 characters.
+    /// `https://` to a public address unless the operator allows more
+    /// (else 422 `endpoint-url-not-allowed`).
     #[schema(value_type = crate::openapi::EndpointUrlSchema)]
     url: String,
     /// Event types to send; absent or `["*"]`: all.
@@ -361,7 +399,7 @@ fn parse_endpoint(body: JsonObject) -> Result<NewEndpoint, ApiError> {
 
 crate::openapi::refusals!(
     /// What `create_endpoint` refuses.
-    CreateEndpointRefusals = read [BodyTooLarge, Validation]
+    CreateEndpointRefusals = read [BodyTooLarge, Validation, EndpointUrlNotAllowed]
 );
 
 /// Create an event endpoint
@@ -370,6 +408,11 @@ crate::openapi::refusals!(
 /// a second endpoint (delete it). The answer carries the signing
 /// `secret`, shown only here and in a rotation's answer. The endpoint
 /// receives the events written from its creation on.
+///
+/// The URL must be `https://` and its host a public address, or a name
+/// whose every address is public (the operator may allow plain http and
+/// list private networks or hosts); otherwise 422
+/// `endpoint-url-not-allowed` and nothing is created.
 #[utoipa::path(
     post,
     path = "/v1/event_endpoints",
@@ -387,6 +430,12 @@ async fn create_endpoint(
     body: JsonObject,
 ) -> Result<Response, ApiError> {
     let endpoint = parse_endpoint(body)?;
+    if let Err(reason) = check_endpoint_url(&state.settings.event_endpoints, &endpoint.url).await {
+        // The reason names the host and its range, never the URL's path
+        // (which may carry a merchant's own token).
+        tracing::warn!(account_id = %account.0, reason = %reason, "event endpoint refused");
+        return Err(ApiError::EndpointUrlNotAllowed { reason });
+    }
     let row = state
         .store
         .create_endpoint(
@@ -494,8 +543,11 @@ async fn rotate_secret(
 
 #[cfg(test)]
 mod url_tests {
-    use super::endpoint_url_ok;
+    use super::{check_endpoint_url, endpoint_url_ok};
+    use cobro_core::egress::{EgressPolicy, Refusal};
 
+    /// The grammar only: a URL it accepts may still be refused by the
+    /// egress rule ([`check_endpoint_url`], below).
     #[test]
     fn endpoint_urls_follow_the_documented_grammar() {
         for good in [
@@ -527,5 +579,100 @@ mod url_tests {
         ] {
             assert!(!endpoint_url_ok(bad), "{bad}");
         }
+    }
+
+    /// The URLs of issue 48, each a way into cobro's own network.
+    const INSIDE: &[&str] = &[
+        "https://127.0.0.1:8080/internal/admin",
+        "https://169.254.169.254/latest/meta-data",
+        "https://10.0.0.1:2375/containers/create",
+        "https://localhost:6379/",
+        "https://192.168.1.1/",
+        "https://172.16.0.1/",
+        "https://100.64.0.1/",
+        "https://0.0.0.0:8080/",
+        "https://255.255.255.255/",
+        "https://224.0.0.1/",
+        "https://198.18.0.1/",
+        "https://192.0.2.1/",
+        "https://240.0.0.1/",
+        "https://api.localhost/hook",
+    ];
+
+    #[tokio::test]
+    async fn production_refuses_every_url_into_cobros_own_network() {
+        let policy = EgressPolicy::default();
+        for url in INSIDE {
+            assert!(endpoint_url_ok(url), "{url} is well formed");
+            let refused = check_endpoint_url(&policy, url).await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(Refusal::Address { .. } | Refusal::Localhost { .. })
+                ),
+                "{url}: {refused:?}"
+            );
+        }
+        for url in INSIDE {
+            let http = url.replacen("https://", "http://", 1);
+            assert_eq!(
+                check_endpoint_url(&policy, &http).await,
+                Err(Refusal::PlainHttp),
+                "{http}"
+            );
+        }
+        assert_eq!(
+            check_endpoint_url(&policy, "https://8.8.8.8/hook").await,
+            Ok(())
+        );
+    }
+
+    #[tokio::test]
+    async fn the_allow_list_and_plain_http_are_the_operators_to_give() {
+        let policy = EgressPolicy {
+            allow_http: true,
+            allow: ["127.0.0.1/32", "hooks.internal"]
+                .iter()
+                .map(|e| e.parse().expect("entry"))
+                .collect(),
+        };
+        for url in [
+            "http://127.0.0.1:4242/hook",
+            "https://127.0.0.1/hook",
+            // A listed name is not resolved: it need not exist in DNS.
+            "http://hooks.internal/cobro",
+        ] {
+            assert_eq!(check_endpoint_url(&policy, url).await, Ok(()), "{url}");
+        }
+        for url in [
+            "http://127.0.0.2:4242/hook",
+            "http://10.0.0.1/",
+            "http://localhost:4242/",
+        ] {
+            assert!(check_endpoint_url(&policy, url).await.is_err(), "{url}");
+        }
+    }
+
+    #[test]
+    fn generated_endpoint_secrets_are_far_above_the_minimum() {
+        let secret = super::new_secret();
+        assert!(secret.len() >= 4 * cobro_core::signature::MIN_SECRET_BYTES);
+        assert_eq!(cobro_core::signature::check_secret_length(&secret), Ok(()));
+        assert_ne!(secret, super::new_secret());
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_refused() {
+        let refused = check_endpoint_url(
+            &EgressPolicy::default(),
+            "https://no-such-host.invalid/hook",
+        )
+        .await;
+        assert_eq!(
+            refused,
+            Err(Refusal::Unresolved {
+                host: "no-such-host.invalid".into()
+            })
+        );
     }
 }

@@ -71,6 +71,11 @@ pub struct ApiSettings {
     /// the payment names no provider (NULL, read as whichever provider is
     /// the default).
     pub default_provider: Option<String>,
+    /// Where event endpoints may point (`cobro_core::egress`): checked
+    /// when one is registered. The default is production's: `https://`
+    /// to public addresses only. The dispatcher checks the same rule again
+    /// at every connection.
+    pub event_endpoints: cobro_core::egress::EgressPolicy,
 }
 
 /// A test-only pause of keyed requests, for the process-level tests of
@@ -143,6 +148,7 @@ impl Default for ApiSettings {
             long_poll_fallback: Duration::from_secs(1),
             test_hold: None,
             default_provider: None,
+            event_endpoints: cobro_core::egress::EgressPolicy::default(),
         }
     }
 }

@@ -383,6 +383,9 @@ runtime_schema!(
         .schema_type(Type::String)
         .max_length(Some(2048))
         .pattern(Some(crate::events::ENDPOINT_URL_PATTERN))
+        .description(Some(
+            "The grammar; beyond it the URL must be `https://` and its host a public address (a name: every address it resolves to), unless the operator allows plain http or lists the network or host: else 422 `endpoint-url-not-allowed`.",
+        ))
         .examples([json!("https://shop.example/cobro")])
         .into()
 );
@@ -520,6 +523,13 @@ fn every_error() -> Vec<ApiError> {
             status: "authorized".into(),
         },
         ApiError::RefundExceedsCaptured { payment_id: id() },
+        ApiError::EndpointUrlNotAllowed {
+            reason: cobro_core::egress::Refusal::Address {
+                host: "internal.shop.example".into(),
+                ip: std::net::Ipv4Addr::new(10, 0, 0, 1).into(),
+                range: "private",
+            },
+        },
         ApiError::WebhookSignatureInvalid,
         ApiError::RateLimited,
         ApiError::RequestTimeout {
@@ -570,6 +580,9 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         }
         E::RefundExceedsCaptured { .. } => {
             "Refunds that are not failed would exceed the captured amount. Stored against the key."
+        }
+        E::EndpointUrlNotAllowed { .. } => {
+            "The event endpoint URL is well formed but events may not go there: it is not `https://` (plain http only where the operator allows it, `COBRO_EVENTS_ALLOW_HTTP`), its host is `localhost` or a `.localhost` name, or its host is, or resolves to, an address that is not public unicast (loopback, private, link-local, unique-local, multicast, CGNAT, documentation, benchmarking, reserved) and not in the operator's allow-list (`COBRO_EVENTS_ALLOW`). `errors` says which. Nothing was created."
         }
         E::WebhookSignatureInvalid => {
             "The `Fake-Signature` header is missing or malformed, no `v1` signature matches the body with the provider's secret, or its timestamp is outside the tolerance. Nothing was stored."

@@ -2,6 +2,7 @@
 
 pub mod clock;
 pub mod decision;
+pub mod egress;
 pub mod fingerprint;
 pub mod ids;
 pub mod intent;

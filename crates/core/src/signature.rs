@@ -32,6 +32,34 @@ impl SignatureError {
     }
 }
 
+/// The shortest signing secret cobro accepts, in bytes: for a provider's
+/// webhooks (`COBRO_WEBHOOK_SECRET`, the providers file) and for event
+/// endpoints. HMAC takes a key of any length, so nothing else stops an
+/// empty or placeholder secret (`x`, `secret`, `changeme`), with which
+/// anyone could sign. 16 bytes is 128 bits when random; providers give out
+/// far longer ones (Stripe's `whsec_` and 32 characters), and cobro
+/// generates 70-byte endpoint secrets.
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// Why a signing secret is refused. Never carries the secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WeakSecret {
+    #[error("is empty")]
+    Empty,
+    #[error("is {len} bytes long; a signing secret needs at least {MIN_SECRET_BYTES}")]
+    TooShort { len: usize },
+}
+
+/// Whether `secret` is long enough to sign with ([`MIN_SECRET_BYTES`]).
+/// Surrounding whitespace does not count.
+pub fn check_secret_length(secret: &str) -> Result<(), WeakSecret> {
+    match secret.trim().len() {
+        0 => Err(WeakSecret::Empty),
+        len if len < MIN_SECRET_BYTES => Err(WeakSecret::TooShort { len }),
+        _ => Ok(()),
+    }
+}
+
 fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
     // HMAC accepts keys of any length: this cannot fail.
     let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(secret) {
@@ -98,6 +126,28 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_and_short_secrets_are_refused_and_stripe_style_ones_accepted() {
+        assert_eq!(check_secret_length(""), Err(WeakSecret::Empty));
+        assert_eq!(check_secret_length("   "), Err(WeakSecret::Empty));
+        assert_eq!(
+            check_secret_length("whsec_x"),
+            Err(WeakSecret::TooShort { len: 7 })
+        );
+        assert_eq!(
+            check_secret_length(" 0123456789abcde "),
+            Err(WeakSecret::TooShort { len: 15 })
+        );
+        assert_eq!(check_secret_length("0123456789abcdef"), Ok(()));
+        // The shape of a Stripe webhook signing secret.
+        assert_eq!(
+            check_secret_length("whsec_2f5b1c8d9e0a4b7c6d3e1f0a9b8c7d6e"),
+            Ok(())
+        );
+        let shown = WeakSecret::TooShort { len: 3 }.to_string();
+        assert!(shown.contains('3') && shown.contains("16"), "{shown}");
+    }
 
     #[test]
     fn a_body_signed_with_two_secrets_verifies_with_either() {

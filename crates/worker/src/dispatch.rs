@@ -10,15 +10,24 @@
 //! payment; a dispatcher that dies mid-POST leaves a lease that expires, and
 //! the next one sends the same event (same id) again.
 //!
+//! Where: every POST goes only where the egress rule allows
+//! (`DispatcherConfig::egress`, `cobro_core::egress`): the scheme and an
+//! IP-literal host are checked before sending, a host name is resolved by
+//! the client's guarded resolver (`crate::egress`), which connects only to
+//! allowed addresses. No redirects, no proxy, and at most
+//! [`ANSWER_READ_LIMIT`] bytes of an answer are read.
+//!
 //! Retries: capped exponential backoff with full jitter on cobro's clock
 //! (`retry::backoff`), for `retry_period` from the first attempt; then the
 //! delivery is `dead` (`cobro events resend --dead` replays it). An endpoint
 //! that has failed every attempt for `disable_after` is disabled with the
 //! reason (its deliveries wait; `cobro events endpoints enable` resumes).
 
+use crate::egress::{GuardedResolver, Lookup, blocked_by, check_before_send, system_lookup};
 use crate::retry::backoff;
 use chrono::{DateTime, Utc};
 use cobro_core::Clock;
+use cobro_core::egress::EgressPolicy;
 use cobro_store::events::{DeliveryClaim, DeliveryResult, Recorded};
 use cobro_store::{Store, StoreError};
 use std::sync::Arc;
@@ -28,6 +37,10 @@ use tokio::sync::watch;
 /// The header carrying `t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
 /// "<t>.<raw body>")>`, one `v1` per valid secret.
 pub const SIGNATURE_HEADER: &str = "Cobro-Signature";
+
+/// How much of an endpoint's answer is read: its status is what counts;
+/// a larger body is dropped, with its connection.
+pub const ANSWER_READ_LIMIT: usize = 4 * 1024;
 
 /// Settings of a dispatcher.
 #[derive(Clone, Debug)]
@@ -50,6 +63,9 @@ pub struct DispatcherConfig {
     pub disable_after: Duration,
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
+    /// Where events may go. The default is production's: `https://` to
+    /// public addresses only; tests and private deployments list more.
+    pub egress: EgressPolicy,
 }
 
 impl Default for DispatcherConfig {
@@ -69,6 +85,7 @@ impl Default for DispatcherConfig {
             disable_after: Duration::from_secs(3 * 24 * 3600),
             backoff_base: Duration::from_secs(5),
             backoff_cap: Duration::from_secs(3600),
+            egress: EgressPolicy::default(),
         }
     }
 }
@@ -92,6 +109,7 @@ pub struct Dispatcher {
     clock: Arc<dyn Clock>,
     http: reqwest::Client,
     config: DispatcherConfig,
+    egress: Arc<EgressPolicy>,
 }
 
 impl Dispatcher {
@@ -100,17 +118,35 @@ impl Dispatcher {
         clock: Arc<dyn Clock>,
         config: DispatcherConfig,
     ) -> Result<Self, reqwest::Error> {
+        Self::with_lookup(store, clock, config, system_lookup())
+    }
+
+    /// [`new`](Self::new) with the given name resolution (tests: a name
+    /// that resolves to loopback, as a rebinding DNS server would answer).
+    pub fn with_lookup(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        config: DispatcherConfig,
+        lookup: Lookup,
+    ) -> Result<Self, reqwest::Error> {
+        let egress = Arc::new(config.egress.clone());
         let http = reqwest::Client::builder()
             .timeout(config.request_timeout)
             .connect_timeout(config.connect_timeout)
-            // Endpoints answer; they do not send us elsewhere.
+            // Endpoints answer; they do not send us elsewhere (a redirect
+            // to an internal address would skip the registration check).
             .redirect(reqwest::redirect::Policy::none())
+            // A proxy would resolve and connect in our place, past the
+            // guarded resolver.
+            .no_proxy()
+            .dns_resolver(GuardedResolver::new(Arc::clone(&egress), lookup))
             .build()?;
         Ok(Self {
             store,
             clock,
             http,
             config,
+            egress,
         })
     }
 
@@ -151,29 +187,45 @@ impl Dispatcher {
             endpoint_id = %claim.endpoint.id.0,
             attempt = claim.attempts + 1,
         );
-        let answer = tracing::Instrument::instrument(
-            self.http
-                .post(&claim.endpoint.url)
-                .header("content-type", "application/json")
-                .header(SIGNATURE_HEADER, signature)
-                .header("Cobro-Event-Id", claim.event.id.0.to_string())
-                .header("Cobro-Event-Type", &claim.event.event_type)
-                .body(body)
-                .send(),
-            span.clone(),
-        )
-        .await;
-        let (status, error) = match answer {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                // The body is read (bounded by the timeout) so the
-                // connection can be reused; its content is ignored.
-                let _ = response.bytes().await;
-                (Some(status), None)
+        let (status, error) = match self.allowed(&claim.endpoint.url) {
+            Err(refused) => (None, Some(refused)),
+            Ok(url) => {
+                let answer = tracing::Instrument::instrument(
+                    self.http
+                        .post(url)
+                        .header("content-type", "application/json")
+                        .header(SIGNATURE_HEADER, signature)
+                        .header("Cobro-Event-Id", claim.event.id.0.to_string())
+                        .header("Cobro-Event-Type", &claim.event.event_type)
+                        .body(body)
+                        .send(),
+                    span.clone(),
+                )
+                .await;
+                match answer {
+                    Ok(mut response) => {
+                        let status = response.status().as_u16();
+                        // A little of the body is read (within the
+                        // timeout) so a small answer leaves the connection
+                        // reusable; its content is ignored, and a larger
+                        // one is not read further.
+                        let mut read = 0;
+                        while read < ANSWER_READ_LIMIT {
+                            match response.chunk().await {
+                                Ok(Some(chunk)) => read += chunk.len(),
+                                _ => break,
+                            }
+                        }
+                        (Some(status), None)
+                    }
+                    // The error's text names the host, never a secret.
+                    Err(e) => (None, Some(transport_error(&e))),
+                }
             }
-            // The error's text names the URL, never a secret.
-            Err(e) => (None, Some(transport_error(&e))),
         };
+        if let Some(error) = error.as_deref().filter(|e| e.starts_with("refused")) {
+            tracing::warn!(parent: &span, error, "event endpoint not allowed by the egress rule");
+        }
         let now = self.clock.now();
         let result = match (status, error) {
             (Some(s), _) if (200..300).contains(&s) => DeliveryResult::Delivered { status: s },
@@ -211,6 +263,15 @@ impl Dispatcher {
             dead: dead && recorded != Recorded::LeaseLost,
             endpoint_disabled,
         })
+    }
+
+    /// The endpoint's URL, if its scheme and IP-literal host are allowed
+    /// (a host name is checked by the resolver, at connect time); else
+    /// why not, as the delivery's error.
+    fn allowed(&self, url: &str) -> Result<reqwest::Url, String> {
+        let url = reqwest::Url::parse(url).map_err(|_| "refused: the URL could not be read")?;
+        check_before_send(&self.egress, &url).map_err(|refusal| format!("refused: {refusal}"))?;
+        Ok(url)
     }
 
     /// When to try again, or `None` once the retry period is over.
@@ -252,7 +313,9 @@ impl Dispatcher {
 }
 
 fn transport_error(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
+    if let Some(refusal) = blocked_by(e) {
+        format!("refused: {refusal}")
+    } else if e.is_timeout() {
         "timed out".to_owned()
     } else if e.is_connect() {
         "could not connect".to_owned()

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod dispatch;
+pub mod egress;
 pub mod retry;
 mod worker;
 

@@ -65,6 +65,8 @@ impl Application {
             key_window,
             reconcile,
         } = sender;
+        // Before anything is opened: a weak secret is a setting to fix.
+        settings.check_webhook_secrets()?;
         let reconciler_only;
         let policy = if settings.no_migrate {
             SchemaPolicy::Require
@@ -126,6 +128,7 @@ impl Application {
             token_cache_ttl: settings.token_cache_ttl,
             request_timeout: settings.http.http_request_timeout,
             test_hold: settings.test_hold.clone(),
+            event_endpoints: settings.dispatcher.endpoints.policy(demo.is_some()),
             ..ApiSettings::default()
         };
         if let Some(hold) = &api.test_hold {
@@ -176,6 +179,7 @@ impl Application {
             &store,
             &clock,
             &settings.dispatcher,
+            demo.is_some(),
             stopping.clone(),
         )?;
         // The reconcilers (one per provider) run on a schedule in every

@@ -58,7 +58,7 @@ pub enum Command {
     Purge(admin::PurgeArgs),
     /// Run the outbox worker alone (several may share one PostgreSQL):
     /// every provider call, with leases and fencing tokens.
-    Worker(worker::WorkerArgs),
+    Worker(Box<worker::WorkerArgs>),
     /// Ask the provider about every uncertain attempt and apply what it
     /// proves (audited). Exit code 0: nothing left unresolved; 3: some
     /// attempts are still unknown or need review.

@@ -81,6 +81,8 @@ pub fn print_banner(address: SocketAddr, database: &Path, dev_token: &str) -> an
         "{rule}\n\
          EMBEDDED DEMO SETUP: SQLite at {}, demo account, dev token.\n\
          Not for production: set COBRO_DATABASE_URL to use PostgreSQL.\n\
+         Event endpoints may be plain http on this machine here; with\n\
+         COBRO_DATABASE_URL only https to public addresses (README, Events).\n\
          {rule}\n\
          url: http://{address}\n\
          dev token: {dev_token}\n\

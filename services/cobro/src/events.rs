@@ -8,7 +8,7 @@
 use crate::admin::resolve_account;
 use crate::database::{self, SchemaPolicy};
 use crate::output::{say, say_json};
-use crate::settings::{DispatcherSettings, GlobalSettings};
+use crate::settings::{DispatcherSettings, EndpointPolicySettings, GlobalSettings};
 use anyhow::Context;
 use clap::Subcommand;
 use cobro_core::{Clock, EndpointId, EventId, SystemClock};
@@ -21,10 +21,15 @@ use tokio::sync::watch;
 /// Starts the dispatcher loop as a task, unless `--no-dispatcher`; it stops
 /// when `shutdown` turns true (an interrupted POST is sent again later:
 /// at least once).
+///
+/// `development`: the process runs on the embedded demo database, whose
+/// endpoints may also be plain http on this machine
+/// (`EndpointPolicySettings::policy`).
 pub fn spawn_dispatcher(
     store: &Store,
     clock: &Arc<dyn Clock>,
     settings: &DispatcherSettings,
+    development: bool,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
     if settings.no_dispatcher {
@@ -41,6 +46,7 @@ pub fn spawn_dispatcher(
         poll_interval: settings.events_poll,
         backoff_base: settings.events_backoff_base,
         backoff_cap: settings.events_backoff_cap,
+        egress: settings.endpoints.policy(development),
         ..Default::default()
     };
     let dispatcher = Dispatcher::new(store.clone(), Arc::clone(clock), config)
@@ -96,6 +102,10 @@ pub enum EndpointsCommand {
         /// One JSON document on stdout.
         #[arg(long)]
         json: bool,
+        /// The rule the URL must pass: the same settings as the
+        /// dispatcher's, so an endpoint added here is one it delivers to.
+        #[command(flatten)]
+        policy: EndpointPolicySettings,
     },
     /// Endpoints (all accounts, or one), without secrets.
     List {
@@ -129,7 +139,8 @@ pub enum EndpointsCommand {
 
 /// Runs `cobro events ...`.
 pub async fn run(global: &GlobalSettings, command: EventsCommand) -> anyhow::Result<()> {
-    let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    let (store, target) = database::open(global, SchemaPolicy::Require).await?;
+    let development = target.embedded_file().is_some();
     let now = SystemClock.now();
     let account = async |name: &Option<String>| -> anyhow::Result<Option<cobro_core::AccountId>> {
         Ok(match name {
@@ -210,7 +221,7 @@ pub async fn run(global: &GlobalSettings, command: EventsCommand) -> anyhow::Res
                 }
             }
         }
-        EventsCommand::Endpoints(command) => endpoints(&store, command, now).await?,
+        EventsCommand::Endpoints(command) => endpoints(&store, command, development, now).await?,
     }
     store.close().await;
     Ok(())
@@ -219,6 +230,7 @@ pub async fn run(global: &GlobalSettings, command: EventsCommand) -> anyhow::Res
 async fn endpoints(
     store: &Store,
     command: EndpointsCommand,
+    development: bool,
     now: chrono::DateTime<chrono::Utc>,
 ) -> anyhow::Result<()> {
     let parse = |id: &str| id.parse::<EndpointId>().context("not an endpoint id");
@@ -228,6 +240,7 @@ async fn endpoints(
             url,
             types,
             json,
+            policy,
         } => {
             let account = resolve_account(store, &account).await?;
             let known = cobro_api::events::event_types();
@@ -239,6 +252,14 @@ async fn endpoints(
                 cobro_api::events::endpoint_url_ok(&url),
                 "the URL must be http:// or https:// with a host name or IPv4 address (no IPv6 literal, user, query or fragment)"
             );
+            // The API's egress rule, with this process's settings.
+            if let Err(reason) =
+                cobro_api::events::check_endpoint_url(&policy.policy(development), &url).await
+            {
+                anyhow::bail!(
+                    "the endpoint URL is not allowed: {reason} (COBRO_EVENTS_ALLOW_HTTP and COBRO_EVENTS_ALLOW say what else may be reached)"
+                );
+            }
             let secret = cobro_api::events::new_secret();
             let row = store
                 .create_endpoint(account, &url, &secret, &types, now)

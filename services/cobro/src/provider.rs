@@ -403,14 +403,14 @@ impl FileProvider {
             env,
         )?
         .context("its API key is missing: set secret_env or secret_file")?;
-        let webhook_secret = read_secret(
+        let webhook_secret = read_webhook_secret(
             "webhook_secret",
             self.webhook_secret_env.as_deref(),
             self.webhook_secret_file.as_deref(),
             dir,
             env,
         )?;
-        let webhook_secret_previous = read_secret(
+        let webhook_secret_previous = read_webhook_secret(
             "webhook_secret_previous",
             self.webhook_secret_previous_env.as_deref(),
             self.webhook_secret_previous_file.as_deref(),
@@ -515,6 +515,24 @@ fn read_secret(
         bail!("{field} is empty");
     }
     Ok(Some(Secret::new(value)))
+}
+
+/// A webhook signing secret of the file, [`read_secret`] and at least
+/// `cobro_core::signature::MIN_SECRET_BYTES` long.
+fn read_webhook_secret(
+    field: &str,
+    from_env: Option<&str>,
+    from_file: Option<&Path>,
+    dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<Secret>> {
+    let secret = read_secret(field, from_env, from_file, dir, env)?;
+    if let Some(secret) = &secret
+        && let Err(weak) = cobro_core::signature::check_secret_length(secret.expose())
+    {
+        bail!("{field} {weak}: use the webhook signing secret the provider gave");
+    }
+    Ok(secret)
 }
 
 /// The clients of a registry, and the embedded fake provider if one was
@@ -675,8 +693,9 @@ mod tests {
         match name {
             "FAKE_KEY" => Some("sk_test_fake".into()),
             "STRIPE_KEY" => Some("sk_test_51stripe".into()),
-            "STRIPE_WHSEC" => Some("whsec_stripe".into()),
+            "STRIPE_WHSEC" => Some("whsec_stripe_unit_test".into()),
             "EMPTY" => Some("  ".into()),
+            "SHORT_WHSEC" => Some("whsec_short".into()),
             _ => None,
         }
     }
@@ -727,7 +746,7 @@ mod tests {
                 .webhook_secret
                 .as_ref()
                 .map(|s| s.expose().to_owned()),
-            Some("whsec_stripe".into())
+            Some("whsec_stripe_unit_test".into())
         );
         assert_eq!(
             registry.scope(stripe),
@@ -748,7 +767,7 @@ mod tests {
         let shown = format!("{registry:?}");
         assert!(!shown.contains("sk_test_fake"), "{shown}");
         assert!(!shown.contains("sk_test_51stripe"), "{shown}");
-        assert!(!shown.contains("whsec_stripe"), "{shown}");
+        assert!(!shown.contains("whsec_stripe_unit_test"), "{shown}");
         assert!(shown.contains("***"));
     }
 
@@ -795,6 +814,45 @@ mod tests {
             "secret_env = \"STRIPE_KEY\"\nsecret_file = \"k\"",
         ));
         assert!(e.contains("not both"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_or_short_webhook_secret_is_refused_from_a_variable_or_a_file() {
+        let e = error(&TWO.replace(
+            r#"webhook_secret_env = "STRIPE_WHSEC""#,
+            r#"webhook_secret_env = "EMPTY""#,
+        ));
+        assert!(e.contains("webhook_secret is empty"), "{e}");
+        let e = error(&TWO.replace(
+            r#"webhook_secret_env = "STRIPE_WHSEC""#,
+            r#"webhook_secret_env = "SHORT_WHSEC""#,
+        ));
+        assert!(
+            e.contains("webhook_secret is 11 bytes long") && e.contains("at least 16"),
+            "{e}"
+        );
+        assert!(!e.contains("whsec_short"), "never the value: {e}");
+        let e = error(&TWO.replace(
+            r#"webhook_secret_env = "STRIPE_WHSEC""#,
+            "webhook_secret_env = \"STRIPE_WHSEC\"\nwebhook_secret_previous_env = \"SHORT_WHSEC\"",
+        ));
+        assert!(
+            e.contains("webhook_secret_previous is 11 bytes long"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("whsec"), "whsec_tiny\n").expect("write");
+        let text = TWO.replace(
+            r#"webhook_secret_env = "STRIPE_WHSEC""#,
+            r#"webhook_secret_file = "whsec""#,
+        );
+        let e = format!(
+            "{:#}",
+            Registry::parse(&text, dir.path(), &env).expect_err("refused")
+        );
+        assert!(e.contains("webhook_secret is 10 bytes long"), "{e}");
+        // The API key is not a signing secret: a short one stays accepted.
+        assert!(parse(TWO).is_ok());
     }
 
     #[test]

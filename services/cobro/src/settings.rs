@@ -184,6 +184,44 @@ pub struct ServeSettings {
     pub dispatcher: DispatcherSettings,
 }
 
+impl ServeSettings {
+    /// Refuses an empty or short `COBRO_WEBHOOK_SECRET` /
+    /// `COBRO_WEBHOOK_SECRET_PREVIOUS` (`cobro_core::signature::MIN_SECRET_BYTES`),
+    /// by flag or variable, with a message that names the setting and
+    /// never the value (which is why clap does not check it: its error
+    /// would echo the value).
+    pub fn check_webhook_secrets(&self) -> anyhow::Result<()> {
+        let settings = [
+            (
+                "COBRO_WEBHOOK_SECRET (--webhook-secret)",
+                "COBRO_WEBHOOK_SECRET",
+                &self.webhook_secret,
+            ),
+            (
+                "COBRO_WEBHOOK_SECRET_PREVIOUS (--webhook-secret-previous)",
+                "COBRO_WEBHOOK_SECRET_PREVIOUS",
+                &self.webhook_secret_previous,
+            ),
+        ];
+        for (name, variable, value) in settings {
+            let problem = match value {
+                Some(secret) => cobro_core::signature::check_secret_length(secret.expose()).err(),
+                // clap reads a variable set to "" as unset; set is set.
+                None if std::env::var_os(variable).is_some() => {
+                    Some(cobro_core::signature::WeakSecret::Empty)
+                }
+                None => None,
+            };
+            if let Some(problem) = problem {
+                bail!(
+                    "{name} {problem}: use the webhook signing secret the provider gave (Stripe's whsec_... is longer), or unset it"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The scheduled reconciler that every process with a provider runs
 /// (`serve`, with or without its worker, and `cobro worker`). Several
 /// processes at once are safe: every decision is a compare-and-set on the
@@ -383,6 +421,47 @@ pub struct DispatcherSettings {
 
     #[arg(long, env = "COBRO_EVENTS_BACKOFF_CAP", default_value = "1h", value_parser = parse_duration)]
     pub events_backoff_cap: Duration,
+
+    #[command(flatten)]
+    pub endpoints: EndpointPolicySettings,
+}
+
+/// Where event endpoints may point (`cobro_core::egress`): checked when an
+/// endpoint is registered (the API, `cobro events endpoints add`) and by
+/// the dispatcher at every connection. By default only `https://` to
+/// public addresses; the embedded demo (no database URL) also allows plain
+/// http and this machine (`127.0.0.0/8`, `::1`, `localhost`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct EndpointPolicySettings {
+    /// Accept plain `http://` event endpoints (development and tests; never
+    /// in production: events and their signatures would travel in clear).
+    #[arg(long, env = "COBRO_EVENTS_ALLOW_HTTP")]
+    pub events_allow_http: bool,
+
+    /// Networks (`10.1.0.0/16`, `127.0.0.1/32`, `::1/128`) and host names
+    /// (`hooks.internal`) event endpoints may reach although they are not
+    /// public (private, loopback, link-local...), comma-separated. A listed
+    /// host name is not resolved at registration and any address it
+    /// resolves to is allowed. For tests and private deployments.
+    #[arg(long, env = "COBRO_EVENTS_ALLOW", value_delimiter = ',', value_name = "CIDR_OR_HOST",
+          value_parser = |s: &str| s.parse::<cobro_core::egress::AllowEntry>())]
+    pub events_allow: Vec<cobro_core::egress::AllowEntry>,
+}
+
+impl EndpointPolicySettings {
+    /// The policy of a process on the embedded demo database
+    /// (`development`) or on a configured one.
+    pub fn policy(&self, development: bool) -> cobro_core::egress::EgressPolicy {
+        let policy = cobro_core::egress::EgressPolicy {
+            allow_http: self.events_allow_http,
+            allow: self.events_allow.clone(),
+        };
+        if development {
+            policy.with_development_allowances()
+        } else {
+            policy
+        }
+    }
 }
 
 impl ReconcileSettings {

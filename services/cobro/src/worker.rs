@@ -148,7 +148,7 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
         Some(reconcile),
     )?;
     let configs = worker_configs(&registry, &args.worker)?;
-    let (store, _) = database::open(global, SchemaPolicy::Require).await?;
+    let (store, target) = database::open(global, SchemaPolicy::Require).await?;
     database::require_pool(
         global,
         &store,
@@ -181,8 +181,13 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     if let Some(address) = args.metrics_listen {
         serve_metrics(address, &store, &clock, shutdown.clone()).await?;
     }
-    let _dispatcher =
-        crate::events::spawn_dispatcher(&store, &clock, &args.dispatcher, shutdown.clone())?;
+    let _dispatcher = crate::events::spawn_dispatcher(
+        &store,
+        &clock,
+        &args.dispatcher,
+        target.embedded_file().is_some(),
+        shutdown.clone(),
+    )?;
     for (_, config) in &configs {
         say(format_args!("cobro worker running as {}", config.owner))?;
     }

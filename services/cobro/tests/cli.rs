@@ -703,7 +703,8 @@ fn events_endpoints_are_managed_from_the_command_line_and_events_are_listed_and_
         "--account",
         "acme",
         "--url",
-        "https://shop.example/cobro",
+        // The embedded demo allows plain http on this machine.
+        "http://localhost:4242/cobro",
         "--type",
         "payment.captured",
     ]);
@@ -736,4 +737,123 @@ fn events_endpoints_are_managed_from_the_command_line_and_events_are_listed_and_
     assert!(!missing.status.success());
     workdir.run_ok(&["events", "endpoints", "remove", id]);
     assert_eq!(workdir.run_ok(&["events", "endpoints", "list"]), "");
+}
+
+#[test]
+fn events_endpoints_add_refuses_urls_into_the_network_unless_allowed() {
+    let workdir = Workdir::new();
+    workdir.migrated_with_account("acme");
+    let add = |url: &str| {
+        vec![
+            "events".to_owned(),
+            "endpoints".to_owned(),
+            "add".to_owned(),
+            "--account".to_owned(),
+            "acme".to_owned(),
+            "--url".to_owned(),
+            url.to_owned(),
+        ]
+    };
+    let args = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
+    // Even the embedded demo allows only this machine beyond public hosts.
+    for url in [
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1:2375/containers/create",
+        "http://192.168.1.1/",
+    ] {
+        let argv = add(url);
+        let refused = workdir.run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(refused.status.code(), Some(1), "{}", args(&argv));
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.contains("the endpoint URL is not allowed")
+                && stderr.contains("which endpoints may not reach"),
+            "{stderr}"
+        );
+    }
+    assert_eq!(workdir.run_ok(&["events", "endpoints", "list"]), "");
+    // The operator's allow-list, by flag or variable.
+    let mut argv = add("http://10.0.0.1:2375/hook");
+    argv.extend(["--events-allow".to_owned(), "10.0.0.0/8".to_owned()]);
+    let allowed = workdir.run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(allowed.status.success(), "{allowed:?}");
+    let allowed = workdir
+        .cobro(
+            &add("http://192.168.1.1/")
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .env("COBRO_EVENTS_ALLOW", "192.168.0.0/16, hooks.internal")
+        .output()
+        .expect("runs");
+    assert!(allowed.status.success(), "{allowed:?}");
+    let listed = workdir.run_ok(&["events", "endpoints", "list"]);
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+}
+
+#[test]
+fn an_empty_or_short_webhook_secret_stops_serve_at_start_by_flag_or_variable() {
+    let workdir = Workdir::new();
+    let serve = ["serve", "--listen", "127.0.0.1:0"];
+    /// Flags, variables, and the start of the message expected.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 5] = [
+        (
+            &["--webhook-secret", ""],
+            &[],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is empty",
+        ),
+        (
+            &[],
+            &[("COBRO_WEBHOOK_SECRET", "")],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is empty",
+        ),
+        (
+            &["--webhook-secret", "whsec_tooshort"],
+            &[],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is 14 bytes long",
+        ),
+        (
+            &[],
+            &[("COBRO_WEBHOOK_SECRET", "whsec_tooshort")],
+            "COBRO_WEBHOOK_SECRET (--webhook-secret) is 14 bytes long",
+        ),
+        (
+            &[],
+            &[
+                ("COBRO_WEBHOOK_SECRET", "whsec_long_enough_for_cobro"),
+                ("COBRO_WEBHOOK_SECRET_PREVIOUS", "whsec_tooshort"),
+            ],
+            "COBRO_WEBHOOK_SECRET_PREVIOUS (--webhook-secret-previous) is 14 bytes long",
+        ),
+    ];
+    for (args, env, expected) in cases {
+        let mut all = serve.to_vec();
+        all.extend_from_slice(args);
+        // An unreachable database: refused before it is opened (and a
+        // build without the check fails here too, with another message,
+        // rather than serving).
+        let output = workdir
+            .cobro(&all)
+            .env("COBRO_DATABASE_URL", "postgres://cobro@127.0.0.1:1/cobro")
+            .envs(env.iter().copied())
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains("at least 16") || expected.ends_with("empty"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("whsec_tooshort"),
+            "never the value: {stderr}"
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stdout).is_empty(),
+            "nothing served"
+        );
+    }
 }

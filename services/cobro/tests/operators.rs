@@ -496,7 +496,8 @@ async fn every_printing_command_prints_one_json_document_with_json() {
             "--account",
             "acme",
             "--url",
-            "https://shop.example/cobro",
+            // A public address: a configured database allows no other.
+            "https://93.184.216.34/cobro",
             "--json",
         ],
         0,

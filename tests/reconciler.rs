@@ -18,6 +18,7 @@ use serde_json::Value;
 on_every_provider!(
     an_expired_key_window_with_an_existing_charge_is_adopted_not_charged_again,
     proven_no_effect_by_the_list_retries_with_a_new_key_once,
+    a_reconciler_whose_clock_is_off_the_databases_proves_no_absence,
     a_search_that_never_catches_up_proves_nothing_and_the_list_adopts_the_charge,
     with_no_consistent_read_it_waits_and_escalates_never_charging_again,
     a_send_that_may_still_reach_the_provider_is_waited_for,
@@ -153,6 +154,42 @@ async fn proven_no_effect_by_the_list_retries_with_a_new_key_once(
         1,
         "exactly one charge in the end"
     );
+}
+
+/// Send times are bounded against the database's clock; a reconciler whose
+/// clock is off it by more than the bound (half the skew allowance in
+/// cobro) proves nothing, however empty the list: the attempt stays
+/// unknown and nothing is charged. The same reconciler unbounded (as this
+/// rig's manual clock, days from the database's, needs) proves it.
+async fn a_reconciler_whose_clock_is_off_the_databases_proves_no_absence(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
+    let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
+    pass_the_window(&rig, 1).await;
+    rig.provider.control().clear_faults();
+    let bounded = reconciler(&rig, |c| {
+        c.max_clock_gap = Some(std::time::Duration::from_secs(5));
+    })
+    .run(&Scope::default(), false, "test", &no_progress)
+    .await
+    .expect("run");
+    match &bounded.items[0].verdict {
+        Verdict::StillUnknown { reason } => {
+            assert!(reason.contains("off the database's clock"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+    assert_eq!(rig.ledger().totals.charges, 0);
+    let unbounded = reconciler(&rig, |_| {})
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(unbounded.items[0].verdict, Verdict::Retried);
+    rig.drain(2).await;
+    assert_eq!(rig.ledger().totals.charges, 1, "one charge, by the retry");
 }
 
 /// A payment whose charge is made but answered with a 500, in a provider

@@ -25,6 +25,9 @@ string_enum!(
         PaymentNotCancelable = "payment-not-cancelable",
         PaymentNotRefundable = "payment-not-refundable",
         RefundExceedsCaptured = "refund-exceeds-captured",
+        /// An event endpoint's URL may not be delivered to (an internal
+        /// address, plain http, a name that does not resolve).
+        EndpointUrlNotAllowed = "endpoint-url-not-allowed",
         WebhookSignatureInvalid = "webhook-signature-invalid",
         RateLimited = "rate-limited",
         RequestTimeout = "request-timeout",

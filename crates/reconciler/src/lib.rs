@@ -49,6 +49,12 @@ pub struct ReconcilerConfig {
     /// After proof of no effect: a new attempt with a new provider key
     /// (true), or fail the payment with an explicit reason (false).
     pub retry_on_no_effect: bool,
+    /// How far this host's clock may be from the database's before it
+    /// proves no absence: every host's send times are bounded against that
+    /// one clock, so a reconciler off it by more could judge a window
+    /// closed that is not. `None`: not checked (tests on a manual clock).
+    /// cobro sets half the `clock_skew`.
+    pub max_clock_gap: Option<Duration>,
     /// Candidates read per page; a run pages through all of them.
     pub page: u32,
     /// Whose attempts this reconciler examines: those sent to the one
@@ -68,6 +74,7 @@ impl Default for ReconcilerConfig {
             stuck_after: Duration::from_secs(300),
             escalate_after: Duration::from_secs(24 * 3600),
             retry_on_no_effect: true,
+            max_clock_gap: None,
             page: 500,
             provider: None,
         }
@@ -730,6 +737,7 @@ impl<P: Provider> Reconciler<P> {
         // asked, so "not found" is judged against that moment: the answer may
         // come back late, or be read after a pause, when the lag has passed
         // for what the search did not yet show.
+        let clock_off = self.clock_off().await?;
         let asked_at = self.clock.now();
         let answer = self.ask(attempt, operation, &payment).await;
         let provider_said = said(&answer);
@@ -741,6 +749,7 @@ impl<P: Provider> Reconciler<P> {
             refund.as_ref(),
             answer,
             asked_at,
+            clock_off,
         );
         let ctx = Ctx {
             attempt,
@@ -801,6 +810,7 @@ impl<P: Provider> Reconciler<P> {
     /// no IO. Only objects that provably belong to the attempt count
     /// ([`fit`]); one under its identity with other terms, or several, is a
     /// conflict.
+    #[allow(clippy::too_many_arguments)]
     fn judge(
         &self,
         attempt: &AttemptRow,
@@ -809,6 +819,7 @@ impl<P: Provider> Reconciler<P> {
         refund: Option<&RefundRow>,
         answer: Result<Answer, QueryError>,
         asked_at: DateTime<Utc>,
+        clock_off: Option<String>,
     ) -> Finding {
         let Answer { found, consistent } = match answer {
             Ok(answer) => answer,
@@ -883,7 +894,35 @@ impl<P: Provider> Reconciler<P> {
                     .into(),
             );
         }
+        if let Some(why) = clock_off {
+            return Finding::Unknown(why);
+        }
         Finding::NoEffect
+    }
+
+    /// Why this host's clock may not judge a window now: farther from the
+    /// database's than `max_clock_gap` (measured around one round trip,
+    /// whose half counts against it). `None`: within the bound, or none set.
+    async fn clock_off(&self) -> Result<Option<String>, ReconcileError> {
+        let Some(max) = self.config.max_clock_gap else {
+            return Ok(None);
+        };
+        let before = self.clock.now();
+        let database = self.store.database_now().await?;
+        let after = self.clock.now();
+        let half_trip = (after - before) / 2;
+        let gap = database - (before + half_trip);
+        cobro_telemetry::metrics::clock_gap(gap.as_seconds_f64());
+        if gap.abs() + half_trip <= to_chrono(max) {
+            return Ok(None);
+        }
+        let why = format!(
+            "not found, but this host's clock is {:.3} s off the database's clock, more than the {} s allowed: no absence is proven until the clocks agree",
+            gap.as_seconds_f64(),
+            max.as_secs_f64()
+        );
+        tracing::error!(gap_seconds = gap.as_seconds_f64(), "{why}");
+        Ok(Some(why))
     }
 
     /// What the replay of the attempt's key proved, applied like any other

@@ -477,6 +477,22 @@ impl Store {
         }
     }
 
+    /// The database's clock now: PostgreSQL's `clock_timestamp()`; for
+    /// SQLite, embedded in this process, this host's own clock. The one
+    /// clock every host's send times and "no effect" judgements are
+    /// bounded against (docs/proof-of-absence.md, "Times").
+    pub async fn database_now(&self) -> Result<chrono::DateTime<chrono::Utc>> {
+        match &self.backend {
+            Backend::Postgres(pool) => {
+                let (now,): (DbTime,) = sqlx::query_as("SELECT clock_timestamp()")
+                    .fetch_one(pool)
+                    .await?;
+                Ok(now.0)
+            }
+            Backend::Sqlite(_) => Ok(chrono::Utc::now()),
+        }
+    }
+
     fn migrator(&self) -> &'static Migrator {
         match self.backend {
             Backend::Postgres(_) => &POSTGRES_MIGRATIONS,

@@ -27,10 +27,11 @@ pub const REDUNDANT_EFFECTS: &str = "cobro_redundant_effects_total";
 pub const EVIDENCE_CONFLICTS: &str = "cobro_evidence_conflicts_total";
 pub const WEBHOOK_EVENTS: &str = "cobro_webhook_events_total";
 pub const HTTP_CONNECTIONS_CLOSED: &str = "cobro_http_connections_closed_total";
+pub const CLOCK_GAP: &str = "cobro_clock_gap_seconds";
 
 /// Every metric this module records (a counter appears on `/metrics` only
 /// once it was first incremented).
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     HTTP_REQUESTS,
     HTTP_DURATION,
     PROVIDER_CALLS,
@@ -46,6 +47,7 @@ pub const ALL: [&str; 15] = [
     EVIDENCE_CONFLICTS,
     WEBHOOK_EVENTS,
     HTTP_CONNECTIONS_CLOSED,
+    CLOCK_GAP,
 ];
 
 /// Latency buckets (seconds) for requests and provider calls: a provider's
@@ -87,7 +89,7 @@ pub fn render() -> String {
 }
 
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_histogram};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         HTTP_REQUESTS,
         "HTTP requests answered, by route template, method and status."
@@ -146,6 +148,11 @@ fn describe() {
         WEBHOOK_EVENTS,
         "Webhook events received, by provider and outcome."
     );
+    describe_gauge!(
+        CLOCK_GAP,
+        Unit::Seconds,
+        "This host's clock less the database's, as the reconciler last measured it; past half the clock skew allowance it proves no absence."
+    );
 }
 
 /// What a proof's or a conflict's source is, without its instance
@@ -174,6 +181,12 @@ pub fn provider_call(
 ) {
     metrics::counter!(PROVIDER_CALLS, "provider" => provider.to_owned(), "operation" => operation, "outcome" => outcome).increment(1);
     metrics::histogram!(PROVIDER_DURATION, "provider" => provider.to_owned(), "operation" => operation).record(elapsed.as_secs_f64());
+}
+
+/// This host's clock less the database's, as the reconciler last measured
+/// it (seconds; alert CobroClockOffDatabase).
+pub fn clock_gap(seconds: f64) {
+    metrics::gauge!(CLOCK_GAP).set(seconds);
 }
 
 pub fn lease_lost() {

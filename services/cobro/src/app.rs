@@ -156,6 +156,7 @@ impl Application {
             (None, None)
         } else {
             let configs = crate::worker::worker_configs(&registry, &settings.worker)?;
+            database::check_clock(&store, registry.clock_bound()).await?;
             database::require_pool(
                 global,
                 &store,

@@ -72,3 +72,58 @@ pub fn require_pool(
     }
     Ok(())
 }
+
+/// Refuses to start a process that sends when this host's clock is off the
+/// database's by more than `max` (half the providers' smallest clock skew
+/// allowance): its send times bound every proof of absence, all judged on
+/// the database's clock (docs/proof-of-absence.md, "Times").
+pub async fn check_clock(store: &Store, max: std::time::Duration) -> anyhow::Result<()> {
+    check_clock_with(store, max, chrono::Utc::now).await
+}
+
+async fn check_clock_with(
+    store: &Store,
+    max: std::time::Duration,
+    host_now: impl Fn() -> chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<()> {
+    let before = host_now();
+    let database = store
+        .database_now()
+        .await
+        .context("could not read the database's clock")?;
+    let after = host_now();
+    let half_trip = (after - before) / 2;
+    let gap = database - (before + half_trip);
+    let allowed = chrono::Duration::from_std(max).context("the clock bound is out of range")?;
+    anyhow::ensure!(
+        gap.abs() + half_trip <= allowed,
+        "this host's clock is {:.3} s off the database's, more than the {} s allowed (half the smallest clock_skew of the providers): fix its time synchronisation (NTP) before it sends",
+        -gap.as_seconds_f64(),
+        max.as_secs_f64()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+    use cobro_store::StoreConfig;
+
+    #[tokio::test]
+    async fn a_host_clock_off_the_databases_is_refused_and_one_on_it_accepted() {
+        let dir = tempfile::tempdir().expect("dir");
+        let url = format!("sqlite://{}", dir.path().join("clock.db").display());
+        let store = Store::connect(&StoreConfig::new(url)).await.expect("store");
+        let max = std::time::Duration::from_secs(5);
+        check_clock_with(&store, max, chrono::Utc::now)
+            .await
+            .expect("the same clock");
+        let ahead = || chrono::Utc::now() + chrono::Duration::seconds(60);
+        let refused = check_clock_with(&store, max, ahead)
+            .await
+            .expect_err("a minute ahead");
+        let text = refused.to_string();
+        assert!(text.starts_with("this host's clock is 60."), "{text}");
+        assert!(text.contains("more than the 5 s allowed"), "{text}");
+    }
+}

@@ -271,6 +271,16 @@ impl Registry {
         })
     }
 
+    /// How far a host's clock may be from the database's: half the smallest
+    /// `clock_skew` of the providers (the other half is the provider's).
+    pub fn clock_bound(&self) -> Duration {
+        self.providers
+            .iter()
+            .map(|p| p.contract.clock_skew / 2)
+            .min()
+            .unwrap_or(Duration::from_secs(5))
+    }
+
     pub fn providers(&self) -> &[ProviderSpec] {
         &self.providers
     }

@@ -490,6 +490,7 @@ impl ReconcileSettings {
             provider: Some(scope),
             escalate_after: self.reconcile_escalate_after,
             retry_on_no_effect: !self.reconcile_no_retry,
+            max_clock_gap: Some(provider.contract.clock_skew / 2),
             ..Default::default()
         }
     }

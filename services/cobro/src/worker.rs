@@ -149,6 +149,7 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     )?;
     let configs = worker_configs(&registry, &args.worker)?;
     let (store, target) = database::open(global, SchemaPolicy::Require).await?;
+    database::check_clock(&store, registry.clock_bound()).await?;
     database::require_pool(
         global,
         &store,

@@ -809,7 +809,8 @@ impl<P: Provider> Reconciler<P> {
     /// What the provider's answer, asked for at `asked_at`, proves. Pure:
     /// no IO. Only objects that provably belong to the attempt count
     /// ([`fit`]); one under its identity with other terms, or several, is a
-    /// conflict.
+    /// conflict. `clock_off`: why this host's clock may not judge a window
+    /// now ([`Reconciler::clock_off`]), which turns "no effect" into unknown.
     #[allow(clippy::too_many_arguments)]
     fn judge(
         &self,

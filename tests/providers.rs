@@ -950,7 +950,78 @@ async fn a_refund_stripe_fails_after_it_succeeded_is_failed_and_refundable_again
     assert_eq!(charge.amount_refunded, 1000);
 }
 
+/// A webhook proves things only about its own provider's attempts. An
+/// event received at Stripe's route, signed with Stripe's secret, that
+/// names an attempt sent to the fake provider (its reference, account,
+/// payment and attempt, with the right amount) is kept unmatched: it never
+/// settles that payment, which its own provider's answer settles, with its
+/// own charge.
+async fn a_webhook_settles_only_its_own_providers_attempts(backend: Backend) {
+    let world = World::new(backend).await;
+    drop_next_charge_answer(&world);
+    let on_fake = world
+        .post(false, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    assert_eq!(
+        world.drain("fake").await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+    let fake_id = id(&on_fake);
+    let attempt = world.attempts(&fake_id).await.remove(0);
+    let intent = json!({
+        "id": "pi_not_the_fakes", "object": "payment_intent", "amount": 1999,
+        "amount_received": 1999, "capture_method": "automatic", "currency": "eur",
+        "created": world.app.clock.now().timestamp(), "latest_charge": "ch_not_the_fakes",
+        "last_payment_error": null, "livemode": false, "status": "succeeded",
+        "metadata": {
+            "cobro_account": world.app.account.to_string(),
+            "cobro_payment": fake_id,
+            "cobro_intent": "o-1:authorize-v1",
+            "cobro_attempt": attempt.id.0.to_string(),
+            "cobro_reference": attempt.reference,
+        },
+    });
+    let t = world.app.clock.now().timestamp();
+    let event = json!({
+        "id": "evt_cross", "object": "event", "type": "payment_intent.succeeded",
+        "created": t, "api_version": fake_provider::STRIPE_API_VERSION, "livemode": false,
+        "data": {"object": intent},
+    });
+    let body = serde_json::to_vec(&event).expect("json");
+    let receipt: Value = reqwest::Client::new()
+        .post(format!("{}/v1/webhooks/stripe", world.app.url))
+        .header("content-type", "application/json")
+        .header(
+            "stripe-signature",
+            fake_provider::sign(STRIPE_WEBHOOK_SECRET, t, &body),
+        )
+        .body(body)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("receipt");
+    assert_eq!(receipt["outcome"], "unmatched", "{receipt}");
+    let payment = world.payment(false, &fake_id).await;
+    assert_eq!(payment.status.to_string(), "processing");
+    assert_eq!(payment.provider_ref, None);
+    // Its own provider settles it: the retry, due after its backoff,
+    // replays the fake's charge under the same key.
+    world.app.clock.advance(chrono::Duration::seconds(2));
+    world.drain("fake").await;
+    let payment = world.payment(false, &fake_id).await;
+    assert_eq!(payment.status.to_string(), "captured");
+    let charge = payment.provider_ref.expect("the fake's charge");
+    assert!(
+        charge.starts_with("ch_") && charge != "ch_not_the_fakes",
+        "{charge}"
+    );
+    assert_eq!(world.ledger().totals.charges, 1);
+}
+
 on_both_backends!(
+    a_webhook_settles_only_its_own_providers_attempts,
     a_refund_stripe_fails_after_it_succeeded_is_failed_and_refundable_again,
     a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment,
     each_account_is_charged_through_its_own_providers_api,

@@ -199,8 +199,19 @@ async fn receive(
         attempt_id = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
+    // The default provider's route also answers for attempts recorded
+    // before providers were named (and for every attempt when no default
+    // is configured: a single provider).
+    let scope = cobro_store::ProviderScope {
+        is_default: state
+            .settings
+            .default_provider
+            .as_deref()
+            .is_none_or(|default| default == provider),
+        name: provider.clone(),
+    };
     let outcome = tracing::Instrument::instrument(
-        cobro_settle::deliver(&state.store, &provider, &event, payload, now),
+        cobro_settle::deliver(&state.store, &scope, &event, payload, now),
         span.clone(),
     )
     .await?;

@@ -36,18 +36,21 @@ use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::settle::PaymentOutcome;
 use cobro_store::webhooks::{NewWebhookEvent, WebhookOutcome};
-use cobro_store::{AttemptRow, PaymentRow, RefundRow, Store, StoreError, WriteTx};
+use cobro_store::{AttemptRow, PaymentRow, ProviderScope, RefundRow, Store, StoreError, WriteTx};
 
-/// Runs one delivery of `event` (whose raw body is `payload`) from
-/// `provider` to its committed outcome (`applied`, `duplicate_delivery`,
-/// `ignored_stale`, `conflict`, `unmatched`...).
+/// Runs one delivery of `event` (whose raw body is `payload`) from the
+/// provider `scope` names (received at its route, verified with its
+/// secret) to its committed outcome (`applied`, `duplicate_delivery`,
+/// `ignored_stale`, `conflict`, `unmatched`...). It proves things only
+/// about that provider's attempts.
 pub async fn deliver(
     store: &Store,
-    provider: &str,
+    scope: &ProviderScope,
     event: &ProviderEvent,
     payload: &str,
     now: DateTime<Utc>,
 ) -> Result<&'static str, StoreError> {
+    let provider = scope.name.as_str();
     let receipt = NewWebhookEvent {
         provider,
         event_id: &event.id,
@@ -60,7 +63,7 @@ pub async fn deliver(
         tx.rollback().await?;
         return Ok("duplicate_delivery");
     }
-    let (outcome, payment) = process(&mut tx, provider, event, payload, now).await?;
+    let (outcome, payment) = process(&mut tx, scope, event, payload, now).await?;
     tx.record_webhook_outcome(provider, &event.id, outcome, payment)
         .await?;
     tx.commit().await?;
@@ -74,12 +77,13 @@ pub async fn deliver(
 /// recorded, is kept as a conflict and never adopted.
 async fn process(
     tx: &mut WriteTx,
-    provider: &str,
+    scope: &ProviderScope,
     event: &ProviderEvent,
     payload: &str,
     now: DateTime<Utc>,
 ) -> Result<(WebhookOutcome, Option<PaymentId>), StoreError> {
     let kind = event.kind;
+    let provider = scope.name.as_str();
     let actor = format!("webhook:{provider}");
     let source = Source {
         name: &actor,
@@ -91,6 +95,25 @@ async fn process(
     let named = tx
         .attempts_by_reference_any_account(&event.reference)
         .await?;
+    // Only this provider's attempts: an event received at provider A's
+    // route, signed with A's secret, proves nothing about what was sent to
+    // provider B (whose events come signed with B's). An attempt recorded
+    // before providers were named is the default provider's.
+    let (named, elsewhere): (Vec<AttemptRow>, Vec<AttemptRow>) =
+        named
+            .into_iter()
+            .partition(|a| match a.provider.as_deref() {
+                Some(sent_to) => sent_to == provider,
+                None => scope.is_default,
+            });
+    if named.is_empty() && !elsewhere.is_empty() {
+        let detail = format!(
+            "event {} ({}) from provider {provider} names an attempt sent to another provider",
+            event.id, event.type_name
+        );
+        unmatched(tx, &detail, &source, now).await?;
+        return Ok((WebhookOutcome::Unmatched, None));
+    }
     let [named] = named.as_slice() else {
         // Nothing of cobro's (or, for attempts made before references were
         // unique, several accounts' attempts): reported, never guessed from.

@@ -11,7 +11,9 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
 use cobro_test_support::process::{Cobro, cobro_binary};
-use cobro_test_support::{Backend, TestDb, payment_body, wait_for};
+use cobro_test_support::{
+    Backend, TestDb, manual_payment_body, on_both_backends, payment_body, wait_for,
+};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -120,7 +122,11 @@ struct Site {
 
 impl Site {
     async fn new() -> Self {
-        let db = TestDb::new(Backend::Postgres).await;
+        Self::on(Backend::Postgres).await
+    }
+
+    async fn on(backend: Backend) -> Self {
+        let db = TestDb::new(backend).await;
         let (_, token) = db.new_account("merchant", chrono::Utc::now()).await;
         let provider = fake_provider::start(fake_provider::Config {
             admin: true,
@@ -1017,4 +1023,380 @@ async fn the_sampler_comes_from_otel_traces_sampler() {
         charge.traceparent.is_some_and(|t| t.ends_with("-00")),
         "an unsampled traceparent"
     );
+}
+
+on_both_backends!(every_request_continues_its_clients_trace_at_volume);
+
+/// What a traced request of the volume test expects to find exported.
+#[derive(Clone, Debug)]
+struct Sent {
+    /// The client's trace and span (`None`: sent without `traceparent`).
+    client: Option<(String, String)>,
+    /// `X-Request-Id`, found on the server span.
+    request_id: String,
+    /// The handler's span, a child of the server span.
+    handler: Option<&'static str>,
+    /// Whether the request enqueued provider work (its `worker.process`
+    /// and provider call are then in the same trace).
+    enqueues: bool,
+    what: String,
+}
+
+/// Sends every request of the volume test, each with a trace context of
+/// its own, and keeps what each expects.
+#[derive(Clone)]
+struct Tracer {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    sent: Arc<Mutex<Vec<Sent>>>,
+}
+
+impl Tracer {
+    fn keep(&self, sent: Sent) {
+        self.sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(sent);
+    }
+
+    /// A POST or GET with a fresh `traceparent` (`traced`) or none.
+    async fn send(
+        &self,
+        traced: bool,
+        path: &str,
+        body: Option<Value>,
+        handler: Option<&'static str>,
+        enqueues: bool,
+    ) -> (u16, Value) {
+        let request_id = format!("vol-{}", Uuid::new_v4().simple());
+        let mut request = match &body {
+            Some(body) => self
+                .http
+                .post(format!("{}{path}", self.url))
+                .header("idempotency-key", format!("key-{}", Uuid::new_v4()))
+                .json(body),
+            None => self.http.get(format!("{}{path}", self.url)),
+        }
+        .bearer_auth(&self.token)
+        .header("x-request-id", &request_id);
+        let client = traced.then(|| {
+            let (traceparent, trace_id, span_id) = trace_context();
+            request = request
+                .try_clone()
+                .expect("clone")
+                .header("traceparent", traceparent);
+            (trace_id, span_id)
+        });
+        let response = request.send().await.expect("request");
+        let status = response.status().as_u16();
+        let value: Value = response.json().await.expect("json");
+        self.keep(Sent {
+            client,
+            request_id,
+            handler,
+            enqueues,
+            what: format!(
+                "{} {path} -> {status}",
+                if body.is_some() { "POST" } else { "GET" }
+            ),
+        });
+        (status, value)
+    }
+
+    /// Polls (untraced GETs: each one a trace of its own) until the
+    /// payment is `status`.
+    async fn until(&self, id: &str, status: &str) {
+        wait_for(&format!("payment {id} is {status}"), SETTLE, async || {
+            let (_, p) = self
+                .send(false, &format!("/v1/payments/{id}"), None, None, false)
+                .await;
+            (p["status"] == status).then_some(())
+        })
+        .await;
+    }
+
+    /// One payment's life, every step a traced request: created, then
+    /// refunded, captured or canceled (by `n`), then read.
+    async fn payment(&self, n: usize) {
+        let manual = !n.is_multiple_of(3);
+        let body = if manual {
+            manual_payment_body(&format!("pedido-vol-{n}"))
+        } else {
+            payment_body(&format!("pedido-vol-{n}"))
+        };
+        let (status, created) = self
+            .send(
+                true,
+                "/v1/payments",
+                Some(body),
+                Some("payment.create"),
+                true,
+            )
+            .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().expect("id").to_owned();
+        let (path, handler, expected, done) = match n % 3 {
+            0 => {
+                self.until(&id, "captured").await;
+                ("refunds", "refund.create", 201, "refunded")
+            }
+            1 => {
+                self.until(&id, "authorized").await;
+                ("capture", "payment.capture", 202, "captured")
+            }
+            _ => {
+                self.until(&id, "authorized").await;
+                ("cancel", "payment.cancel", 202, "canceled")
+            }
+        };
+        let body = if path == "refunds" {
+            json!({"amount": 1999})
+        } else {
+            json!({})
+        };
+        let (status, answer) = self
+            .send(
+                true,
+                &format!("/v1/payments/{id}/{path}"),
+                Some(body),
+                Some(handler),
+                true,
+            )
+            .await;
+        assert_eq!(status, expected, "{path}: {answer}");
+        self.until(&id, done).await;
+        let (status, _) = self
+            .send(true, &format!("/v1/payments/{id}"), None, None, false)
+            .await;
+        assert_eq!(status, 200);
+    }
+}
+
+/// The webhook relay: the fake provider's webhooks, forwarded to cobro
+/// as they are (body and signature) with a `traceparent` of their own.
+async fn webhook_relay(cobro: String, tracer: Tracer) -> String {
+    let app = Router::new().route(
+        "/",
+        post(move |headers: axum::http::HeaderMap, body: Bytes| {
+            let (cobro, tracer) = (cobro.clone(), tracer.clone());
+            async move {
+                let request_id = format!("vol-hook-{}", Uuid::new_v4().simple());
+                let (traceparent, trace_id, span_id) = trace_context();
+                let mut forward = tracer
+                    .http
+                    .post(format!("{cobro}/v1/webhooks/fake"))
+                    .header("x-request-id", &request_id)
+                    .header("traceparent", traceparent)
+                    .header("content-type", "application/json")
+                    .body(body);
+                if let Some(signature) = headers.get("fake-signature") {
+                    forward = forward.header("fake-signature", signature.clone());
+                }
+                let status = match forward.send().await {
+                    Ok(r) => r.status().as_u16(),
+                    // cobro stopping: the fake provider retries; nothing
+                    // was served, nothing is expected.
+                    Err(_) => return axum::http::StatusCode::BAD_GATEWAY,
+                };
+                tracer.keep(Sent {
+                    client: Some((trace_id, span_id)),
+                    request_id,
+                    handler: (status == 200).then_some("webhook.receive"),
+                    enqueues: false,
+                    what: format!("webhook -> {status}"),
+                });
+                axum::http::StatusCode::from_u16(status).expect("status")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the relay");
+    let url = format!("http://{}/", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// Issue 54: about one request in three lost its client's trace (the
+/// server span never exported, the handler's span a root). At volume,
+/// sequential and 16 at once, mixed operations and webhooks: every traced
+/// request is exported as the child of its client's span, with the server
+/// span the parent of the handler's span and the payment's outbox work in
+/// the same trace; every request without a `traceparent` is exactly one
+/// trace of its own; no span of cobro's is a root but the server spans of
+/// those requests (and the worker's claims, webhooks' and reconcilers'
+/// own traces).
+async fn every_request_continues_its_clients_trace_at_volume(backend: Backend) {
+    use futures::StreamExt;
+    let site = Site::on(backend).await;
+    let (receiver, otlp) = Receiver::start().await;
+    let secret = "whsec_volume_test_secret";
+    let (mut serve, url) = site
+        .serve(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            // Room for every span of the run: this test is about parents,
+            // not the queue (drops are counted apart).
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "65536"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2048"),
+            // `serve`'s default: the level at which the spans were lost.
+            ("COBRO_LOG", "info"),
+            ("COBRO_WEBHOOK_SECRET", secret),
+        ])
+        .await;
+    let tracer = Tracer {
+        http: site.http.clone(),
+        url: url.clone(),
+        token: site.token.clone(),
+        sent: Arc::default(),
+    };
+    let relay = webhook_relay(url.clone(), tracer.clone()).await;
+    site.provider
+        .control()
+        .set_webhook(Some(fake_provider::WebhookTarget {
+            url: relay,
+            secret: secret.into(),
+        }));
+
+    // 24 payments one after the other, then 48 with 16 at once: 216
+    // traced API requests, and the webhooks.
+    for n in 0..24 {
+        tracer.payment(n).await;
+    }
+    futures::stream::iter(24..72)
+        .map(|n| tracer.payment(n))
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    let lost_counter = site.metrics(&url).await;
+    // Exit flushes every queued span (the exporter's shutdown).
+    serve.sigterm();
+    assert!(serve.exit_within(Duration::from_secs(30)).await.success());
+
+    let sent = tracer
+        .sent
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let spans = receiver.spans();
+    let hex_id = |b: &[u8]| hex::encode(b);
+    let by_trace: std::collections::HashMap<String, Vec<&Span>> =
+        spans.iter().fold(Default::default(), |mut m, s| {
+            m.entry(hex_id(&s.trace_id)).or_default().push(s);
+            m
+        });
+    let server_spans: std::collections::HashMap<String, &Span> = spans
+        .iter()
+        .filter(|s| s.name == "http.request")
+        .filter_map(|s| Some((attr(s, "request_id")?, s)))
+        .collect();
+    let traced: Vec<&Sent> = sent.iter().filter(|s| s.client.is_some()).collect();
+    let webhooks = traced
+        .iter()
+        .filter(|s| s.what.starts_with("webhook"))
+        .count();
+    let mut whole = 0;
+    let mut problems = Vec::new();
+    for s in &sent {
+        let Some(server) = server_spans.get(&s.request_id) else {
+            problems.push(format!("{}: no server span", s.what));
+            continue;
+        };
+        let trace = hex_id(&server.trace_id);
+        let mut ok = true;
+        match &s.client {
+            Some((trace_id, client_span)) => {
+                if trace != *trace_id || hex_id(&server.parent_span_id) != *client_span {
+                    problems.push(format!("{}: server span not the client's child", s.what));
+                    ok = false;
+                }
+            }
+            None => {
+                if !server.parent_span_id.is_empty() {
+                    problems.push(format!(
+                        "{}: untraced request's server span has a parent",
+                        s.what
+                    ));
+                    ok = false;
+                }
+            }
+        }
+        let in_trace = by_trace.get(&trace).map(Vec::as_slice).unwrap_or_default();
+        if let Some(handler) = s.handler
+            && !in_trace
+                .iter()
+                .any(|h| h.name == handler && h.parent_span_id == server.span_id)
+        {
+            problems.push(format!("{}: no {handler} under the server span", s.what));
+            ok = false;
+        }
+        if s.enqueues {
+            let process = in_trace.iter().find(|p| p.name == "worker.process");
+            let call = process.and_then(|p| {
+                in_trace
+                    .iter()
+                    .find(|c| c.name.starts_with("provider.") && c.parent_span_id == p.span_id)
+            });
+            if call.is_none() {
+                problems.push(format!(
+                    "{}: no worker.process > provider call in its trace",
+                    s.what
+                ));
+                ok = false;
+            }
+        }
+        // One tree: every span of the trace but the server span has its
+        // parent in the trace.
+        let ids: std::collections::HashSet<&[u8]> =
+            in_trace.iter().map(|x| x.span_id.as_slice()).collect();
+        if let Some(orphan) = in_trace
+            .iter()
+            .find(|x| x.span_id != server.span_id && !ids.contains(x.parent_span_id.as_slice()))
+        {
+            problems.push(format!(
+                "{}: {} outside the request's tree",
+                s.what, orphan.name
+            ));
+            ok = false;
+        }
+        if ok && s.client.is_some() {
+            whole += 1;
+        }
+    }
+    // No handler span (or outbox work) of a request is a root anywhere.
+    let handlers = [
+        "payment.create",
+        "payment.capture",
+        "payment.cancel",
+        "refund.create",
+        "idempotency.reserve",
+        "worker.process",
+        "webhook.receive",
+    ];
+    for root in spans
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty() && handlers.contains(&s.name.as_str()))
+    {
+        problems.push(format!("{} exported as a root span", root.name));
+    }
+    eprintln!(
+        "{backend:?}: {whole} of {} traced requests ({webhooks} webhooks) exported whole under their client's trace; {} untraced; {} spans",
+        traced.len(),
+        sent.len() - traced.len(),
+        spans.len()
+    );
+    assert!(traced.len() >= 200, "{} traced requests", traced.len());
+    assert!(
+        problems.is_empty(),
+        "{} problems, first: {:#?}",
+        problems.len(),
+        &problems[..problems.len().min(20)]
+    );
+    assert_eq!(
+        sample(&lost_counter, "cobro_trace_parents_lost_total"),
+        None,
+        "no parent was lost"
+    );
+    assert!(!lost_counter.contains("cobro_trace_parents_lost_total{"));
 }

@@ -329,10 +329,11 @@ async fn request_context(
         otel.status_code = tracing::field::Empty,
     );
     // The client's W3C traceparent/tracestate, if it sent them, make this
-    // span a child of its own (set before the span is first entered).
+    // span a child of its own (set before the span is first entered); a
+    // parent that did not take is counted and logged, never silent.
     let parent = cobro_telemetry::extract_http(request.headers());
     if opentelemetry::trace::TraceContextExt::has_active_span(&parent) {
-        let _ = tracing_opentelemetry::OpenTelemetrySpanExt::set_parent(&span, parent);
+        cobro_telemetry::attach_parent(&span, parent, "http");
     }
     let started = std::time::Instant::now();
     tracing::debug!(parent: &span, "request started");

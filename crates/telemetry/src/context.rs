@@ -11,6 +11,7 @@
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// A trace context as text, the way it is kept in an outbox row: the W3C
@@ -125,16 +126,90 @@ fn parse(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<opentele
 
 /// Makes a stored context the parent of `span` (which must not have been
 /// entered yet). A missing or unreadable context leaves the span a root.
+/// A context that could not be attached is counted and logged
+/// ([`attach_parent`]).
 pub fn set_parent_from_stored(
     span: &tracing::Span,
     traceparent: Option<&str>,
     tracestate: Option<&str>,
 ) {
     if let Some(cx) = parse(traceparent, tracestate) {
-        // Fails only without the OpenTelemetry layer, where there is
-        // nothing to attach to.
-        let _ = span.set_parent(cx);
+        attach_parent(span, cx, "outbox");
     }
+}
+
+/// Set by the binary when it installs the OpenTelemetry layer: only then
+/// is a span that did not take its parent a failure (without the layer
+/// there is no trace to continue).
+static TRACES_ON: AtomicBool = AtomicBool::new(false);
+
+/// Says that this process records traces (the OpenTelemetry layer is
+/// installed); [`attach_parent`] then counts every parent it could not
+/// attach.
+pub fn traces_on() {
+    TRACES_ON.store(true, Ordering::Relaxed);
+}
+
+/// Makes `parent` (a remote context: a client's `traceparent`, an outbox
+/// row's stored context) the parent of `span`, which must not have been
+/// entered yet, and checks that it took: the span's own context must be in
+/// the parent's trace. `site` says where (`http`, `outbox`).
+///
+/// tracing-opentelemetry's `set_parent` answers `Ok` for a span its layer
+/// never recorded (issue 54: a per-layer filter skipped it), so the answer
+/// alone proves nothing; reading the span's context back does. A failure
+/// is counted (`cobro_trace_parents_lost_total{site, reason}`) and logged
+/// at WARN once per process, site and reason (the counter has the rest);
+/// it never fails the request. Returns whether the parent was attached
+/// (or there is no tracing to attach to).
+pub fn attach_parent(
+    span: &tracing::Span,
+    parent: opentelemetry::Context,
+    site: &'static str,
+) -> bool {
+    use tracing_opentelemetry::SetParentError;
+    let wanted = parent.span().span_context().trace_id();
+    let reason = match span.set_parent(parent) {
+        // No OpenTelemetry layer: tracing is off, nothing to continue.
+        Err(SetParentError::LayerNotFound) => return true,
+        Err(SetParentError::AlreadyStarted) => "already_started",
+        Err(SetParentError::SpanDisabled) => "span_disabled",
+        Ok(()) => {
+            let got = span.context().span().span_context().trace_id();
+            if got == wanted {
+                return true;
+            }
+            "not_recorded"
+        }
+    };
+    if !TRACES_ON.load(Ordering::Relaxed) {
+        // A span every filter disabled, in a process that exports no
+        // traces: nothing was lost.
+        return true;
+    }
+    crate::metrics::trace_parent_lost(site, reason);
+    if first_loss(site, reason) {
+        tracing::warn!(
+            site,
+            reason,
+            span = span.metadata().map_or("?", |m| m.name()),
+            "a span did not take its remote parent: it starts a trace of its own (counted in cobro_trace_parents_lost_total; logged once per site and reason)"
+        );
+    }
+    false
+}
+
+/// Whether this is the first loss of its kind in this process.
+fn first_loss(site: &'static str, reason: &'static str) -> bool {
+    static SEEN: std::sync::Mutex<Vec<(&str, &str)>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if seen.contains(&(site, reason)) {
+        return false;
+    }
+    seen.push((site, reason));
+    true
 }
 
 /// Links `span` to a stored context (the span stays in its own trace).

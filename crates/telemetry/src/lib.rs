@@ -4,6 +4,6 @@ pub mod context;
 pub mod metrics;
 
 pub use context::{
-    StoredContext, current_context, extract_http, inject_current, link_to_stored,
-    set_parent_from_stored, tracing_active,
+    StoredContext, attach_parent, current_context, extract_http, inject_current, link_to_stored,
+    set_parent_from_stored, traces_on, tracing_active,
 };

@@ -28,10 +28,11 @@ pub const EVIDENCE_CONFLICTS: &str = "cobro_evidence_conflicts_total";
 pub const WEBHOOK_EVENTS: &str = "cobro_webhook_events_total";
 pub const HTTP_CONNECTIONS_CLOSED: &str = "cobro_http_connections_closed_total";
 pub const CLOCK_GAP: &str = "cobro_clock_gap_seconds";
+pub const TRACE_PARENTS_LOST: &str = "cobro_trace_parents_lost_total";
 
 /// Every metric this module records (a counter appears on `/metrics` only
 /// once it was first incremented).
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     HTTP_REQUESTS,
     HTTP_DURATION,
     PROVIDER_CALLS,
@@ -48,6 +49,7 @@ pub const ALL: [&str; 16] = [
     WEBHOOK_EVENTS,
     HTTP_CONNECTIONS_CLOSED,
     CLOCK_GAP,
+    TRACE_PARENTS_LOST,
 ];
 
 /// Latency buckets (seconds) for requests and provider calls: a provider's
@@ -153,6 +155,10 @@ fn describe() {
         Unit::Seconds,
         "This host's clock less the database's, as the reconciler last measured it; past half the clock skew allowance it proves no absence."
     );
+    describe_counter!(
+        TRACE_PARENTS_LOST,
+        "Spans that did not take their remote parent (a client's traceparent: site http; an outbox row's stored context: site outbox), by reason (not_recorded, already_started, span_disabled); each started a trace of its own."
+    );
 }
 
 /// What a proof's or a conflict's source is, without its instance
@@ -229,6 +235,12 @@ pub fn evidence_conflict(kind: &'static str, source: &str) {
 pub fn webhook_event(provider: &str, outcome: &'static str) {
     metrics::counter!(WEBHOOK_EVENTS, "provider" => provider.to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+/// A remote parent that a span did not take
+/// (`cobro_telemetry::attach_parent`).
+pub fn trace_parent_lost(site: &'static str, reason: &'static str) {
+    metrics::counter!(TRACE_PARENTS_LOST, "site" => site, "reason" => reason).increment(1);
 }
 
 /// A connection the server closed on its own: `refused` (over the

@@ -107,39 +107,198 @@ pub fn init(global: &GlobalSettings, log_filter: &str) -> anyhow::Result<Telemet
     let filter = EnvFilter::try_new(log_filter).with_context(|| {
         format!("the log filter (RUST_LOG, COBRO_LOG or --log) is not valid: `{log_filter}`")
     })?;
-    let logs: Box<dyn Layer<Registry> + Send + Sync> = {
-        let layer = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal());
-        match global.log_format {
-            LogFormat::Plain => layer.with_filter(filter).boxed(),
-            LogFormat::Json => layer
-                .json()
-                .with_current_span(true)
-                .with_span_list(false)
-                .with_filter(filter)
-                .boxed(),
-        }
-    };
     let tracer_provider = tracing_enabled().then(tracer_provider).transpose()?;
-    let traces = tracer_provider.as_ref().map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("cobro"))
-            .with_location(false)
-            .with_threads(false)
-            .with_filter(FilterFn::new(|meta| {
-                meta.target().starts_with("cobro") && *meta.level() <= tracing::Level::INFO
-            }))
-    });
-    tracing_subscriber::registry()
-        .with(logs)
-        .with(traces)
+    let tracer = tracer_provider.as_ref().map(|p| p.tracer("cobro"));
+    subscriber(global.log_format, filter, tracer, std::io::stderr)
         .try_init()
         .map_err(|e| anyhow::anyhow!("could not install the log subscriber: {e}"))?;
     cobro_telemetry::metrics::install()
         .map_err(|e| anyhow::anyhow!("could not install the metrics recorder: {e}"))?;
     if tracer_provider.is_some() {
+        cobro_telemetry::traces_on();
         tracing::info!("exporting traces over OTLP/HTTP");
     }
     Ok(Telemetry { tracer_provider })
+}
+
+/// The process's subscriber: logs to `writer`, and spans to `tracer` when
+/// there is one. `init` installs it; tests build it with a tracer that
+/// exports nowhere.
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    writer: W,
+) -> impl tracing::Subscriber + Send + Sync + 'static
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let logs: Box<dyn Layer<Registry> + Send + Sync> = {
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(writer)
+            .with_ansi(std::io::stderr().is_terminal());
+        match format {
+            LogFormat::Plain => layer.with_filter(Uncached(filter)).boxed(),
+            LogFormat::Json => layer
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_filter(Uncached(filter))
+                .boxed(),
+        }
+    };
+    let traces = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_filter(Uncached(
+                FilterFn::new(|meta| {
+                    meta.target().starts_with("cobro") && *meta.level() <= tracing::Level::INFO
+                })
+                .with_max_level_hint(tracing::Level::INFO),
+            ))
+    });
+    tracing_subscriber::registry().with(logs).with(traces)
+}
+
+/// A per-layer filter that decides on every span and event, never once per
+/// callsite (issue 54).
+///
+/// tracing-subscriber 0.3 (up to 0.3.23 at least) carries each per-layer
+/// filter's verdict from `Subscriber::enabled` to `new_span`/`event` in a
+/// thread-local bitmap. A callsite every filter accepts is cached as
+/// `Interest::always`, and then the `tracing` macros skip `enabled` and
+/// the bitmap is whatever the previous `enabled` call on that thread left.
+/// A call that no span or event follows leaves its "disabled" bits there:
+/// sqlx's query logger asks `log::log_enabled!` after every statement,
+/// which tracing-log's `LogTracer` turns into a bare `enabled` call that
+/// neither layer wants. The next such span on that thread (the next
+/// request's `http.request`, a `worker.process`) was then skipped by the
+/// OpenTelemetry layer (and the logs): the server span missing, its
+/// children roots of a new trace. Upstream: tokio-rs/tracing#2519, fix
+/// proposed in tokio-rs/tracing#3572, not released.
+///
+/// Capping the interest at `sometimes` makes every span and event ask
+/// `enabled` first, which writes every filter's bit afresh. It costs one
+/// filter evaluation per span or event of a callsite a layer wants (a
+/// target prefix and level compare); callsites no filter wants stay
+/// `never` and cost nothing.
+struct Uncached<F>(F);
+
+impl<S, F: tracing_subscriber::layer::Filter<S>> tracing_subscriber::layer::Filter<S>
+    for Uncached<F>
+{
+    fn enabled(
+        &self,
+        meta: &tracing::Metadata<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.0.enabled(meta, cx)
+    }
+
+    fn callsite_enabled(
+        &self,
+        meta: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        let interest = self.0.callsite_enabled(meta);
+        if interest.is_always() {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            interest
+        }
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.0.event_enabled(event, cx)
+    }
+
+    fn max_level_hint(&self) -> Option<tracing_subscriber::filter::LevelFilter> {
+        self.0.max_level_hint()
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_new_span(attrs, id, cx);
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_record(id, values, cx);
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_enter(id, cx);
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_exit(id, cx);
+    }
+
+    fn on_close(&self, id: tracing::span::Id, cx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_close(id, cx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    /// Whether the OpenTelemetry layer records `span` (it has a context).
+    fn traced(span: &tracing::Span) -> bool {
+        span.context().span().span_context().is_valid()
+    }
+
+    /// Issue 54: sqlx asks `log::log_enabled!(target: "sqlx::query", ..)`
+    /// after every statement; through tracing-log's `LogTracer` (installed
+    /// by `try_init`, as in production) that is a `Dispatch::enabled` call
+    /// no event follows. Every per-layer filter leaves its "disabled" bit in
+    /// tracing-subscriber's thread-local filter state, and the next span of
+    /// a callsite cached as `Interest::always` (no `enabled` call of its
+    /// own) read those stale bits: the OpenTelemetry layer never saw it.
+    #[test]
+    fn a_span_after_a_log_query_nobody_logs_is_still_traced() {
+        let provider = SdkTracerProvider::builder().build();
+        let tracer = provider.tracer("test");
+        for format in [LogFormat::Plain, LogFormat::Json] {
+            let _default = subscriber(
+                format,
+                // `serve`'s default: `http.request` is then enabled by
+                // both layers' filters, cached as `always`.
+                EnvFilter::new("info"),
+                Some(tracer.clone()),
+                std::io::sink,
+            )
+            .set_default();
+            // sqlx's default level for statements (no layer wants it), and
+            // a level only the logs want.
+            let lost = [log::Level::Debug, log::Level::Info]
+                .iter()
+                .cycle()
+                .take(100)
+                .filter(|&&level| {
+                    let _ = log::log_enabled!(target: "sqlx::query", level);
+                    !traced(&tracing::info_span!("http.request"))
+                })
+                .count();
+            assert_eq!(
+                lost, 0,
+                "{format:?}: spans the OpenTelemetry layer never saw"
+            );
+        }
+    }
 }

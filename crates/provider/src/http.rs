@@ -310,7 +310,19 @@ struct ErrorDetail {
 /// The classification table of provider-and-recovery.md section 2, for a
 /// call that got an HTTP answer.
 pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
-    let error = || serde_json::from_slice::<ErrorBody>(body).ok();
+    // The provider's own error body, with its code: a 4xx without one is
+    // a proxy's, a gateway's or a load balancer's page, which proves
+    // nothing about the provider (the request may have executed behind it).
+    let error = || {
+        serde_json::from_slice::<ErrorBody>(body)
+            .ok()
+            .filter(|e| e.error.code.is_some())
+    };
+    let without_body = || {
+        Outcome::Unknown(format!(
+            "provider answered {status} without its error body: another server's answer proves nothing"
+        ))
+    };
     let code_of = |e: &Option<ErrorBody>| {
         e.as_ref()
             .and_then(|e| e.error.code.clone())
@@ -327,7 +339,10 @@ pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
             Err(_) => Outcome::Unknown(format!("malformed {status} answer")),
         },
         402 => {
-            let e = error();
+            let Some(e) = error() else {
+                return without_body();
+            };
+            let e = Some(e);
             Outcome::Declined {
                 code: code_of(&e),
                 message: message_of(&e),
@@ -339,7 +354,10 @@ pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
         // Same key still executing at the provider.
         409 => Outcome::Unknown("provider answered 409: request with this key in progress".into()),
         400 | 404 | 422 => {
-            let e = error();
+            let Some(e) = error() else {
+                return without_body();
+            };
+            let e = Some(e);
             let code = code_of(&e);
             if code == "idempotency_error" {
                 // The key was used with other parameters: something is off
@@ -504,6 +522,32 @@ mod tests {
         );
         assert_eq!(class(401, ""), "unknown");
         assert_eq!(class(429, ""), "not_sent");
+    }
+
+    /// A 4xx that is not the provider's own error body (a proxy's HTML
+    /// page, an empty body, JSON without the provider's error code) proves
+    /// nothing: the request may have executed behind the proxy. Taken as a
+    /// definitive failure it would free the order for a second charge.
+    #[test]
+    fn a_4xx_without_the_providers_error_body_is_unknown() {
+        for status in [400, 402, 404, 422] {
+            for body in [
+                "",
+                "<html><body>502 Bad Gateway</body></html>",
+                r#"{"message":"Not Found"}"#,
+                r#"{"error":{"message":"no code"}}"#,
+            ] {
+                assert_eq!(class(status, body), "unknown", "{status} {body:?}");
+            }
+        }
+        assert_eq!(
+            class(404, r#"{"error":{"code":"resource_missing"}}"#),
+            "failed"
+        );
+        assert_eq!(
+            class(402, r#"{"error":{"code":"card_declined"}}"#),
+            "declined"
+        );
     }
 
     #[test]

@@ -786,6 +786,20 @@ async fn a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabl
         listed.get("secret").is_none(),
         "a list never shows the secret"
     );
+    // Events written while it is disabled wait for it (never stranded).
+    let q = rig.create_payment("k-2", &payment_body("o-2")).await;
+    rig.drain(5).await;
+    rig.app
+        .db
+        .store
+        .sequence_events(rig.app.clock.now())
+        .await
+        .expect("sequence");
+    assert_eq!(
+        deliveries(&rig).await.get("pending"),
+        Some(&2),
+        "o-2's created and captured wait for the endpoint"
+    );
 
     // Rotated: the old secret still signs for a day.
     let rotated: Value = rig
@@ -824,12 +838,18 @@ async fn a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabl
         2
     );
     dispatch_until_settled(&rig, &d, Duration::seconds(30)).await;
-    assert_eq!(deliveries(&rig).await.get("delivered"), Some(&2));
-    let id = p["id"].as_str().expect("id");
     assert_eq!(
-        merchant.state().await.get(id),
-        Some(&without_attempts(rig.payment(id).await))
+        deliveries(&rig).await.get("delivered"),
+        Some(&4),
+        "o-1's two replayed, o-2's two that waited"
     );
+    for payment in [&p, &q] {
+        let id = payment["id"].as_str().expect("id");
+        assert_eq!(
+            merchant.state().await.get(id),
+            Some(&without_attempts(rig.payment(id).await))
+        );
+    }
 
     // A receiver that knows only the new secret accepts a resend too.
     *merchant.secrets.lock().expect("lock") = vec![new_secret];

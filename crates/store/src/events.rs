@@ -223,11 +223,14 @@ impl Store {
                 .execute(&mut *conn)
                 .await?
                 .rows_affected());
+            // Disabled endpoints get their deliveries too: they wait
+            // (the claim takes only enabled endpoints' rows) and go out once
+            // the endpoint is enabled, instead of being stranded.
             let deliveries = "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, \
                 state, due_at, created_at, updated_at) \
                 SELECT e.id, ep.id, e.account_id, 'pending', $2, $2, $2 \
                 FROM events e JOIN event_endpoints ep ON ep.account_id = e.account_id \
-                WHERE e.feed_position > $1 AND ep.enabled \
+                WHERE e.feed_position > $1 \
                 AND (ep.event_types = '*' OR (',' || ep.event_types || ',') LIKE ('%,' || e.type || ',%')) \
                 ON CONFLICT DO NOTHING";
             on_tx!(tx, conn => sqlx::query(deliveries)

@@ -28,7 +28,9 @@ fn every_error() -> Vec<ApiError> {
         ApiError::InProgress {
             idempotency_key: "k".into(),
         },
-        ApiError::OrderHasActivePayment { payment_id: id() },
+        ApiError::OrderHasActivePayment {
+            payment_id: cobro_core::PaymentId::new(),
+        },
         ApiError::NotCapturable {
             payment_id: id(),
             status: st(),

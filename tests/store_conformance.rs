@@ -297,17 +297,22 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
     tx.rollback().await.expect("rollback");
 
     // A second active payment for the order: refused, and nothing written.
+    // The refusal aborts nothing on either store: the same transaction
+    // reads the payment that blocked it (issue 53) and can still commit.
     let mut tx = db.store.begin().await.expect("begin");
     let again = tx
         .insert_payment(&new_payment(a, "pedido-842"), t0())
         .await
         .expect("insert again");
     assert!(again.is_none(), "a second active payment for the order");
-    match backend {
-        // PostgreSQL aborted the transaction; SQLite's goes on.
-        Backend::Postgres => tx.rollback().await.expect("rollback"),
-        Backend::Sqlite => tx.commit().await.expect("commit"),
-    }
+    let order = cobro_core::OrderRef::parse("pedido-842").expect("order");
+    assert_eq!(
+        tx.lock_active_payment_for_account(a, &order)
+            .await
+            .expect("the blocking payment, read in the same transaction"),
+        Some(payment),
+    );
+    tx.commit().await.expect("commit");
     for table in ["payments", "intents", "attempts", "outbox"] {
         assert_eq!(db.count(table).await, 2, "{table}");
     }

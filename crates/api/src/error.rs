@@ -55,8 +55,10 @@ pub enum ApiError {
     KeyReused { idempotency_key: String },
     #[error("a request with this Idempotency-Key is still in progress; retry with the same key")]
     InProgress { idempotency_key: String },
+    /// `payment_id` is the order's active payment as the refused create's
+    /// own transaction read it: an id, never empty (issue 53).
     #[error("the order already has a payment that is not declined, failed or canceled")]
-    OrderHasActivePayment { payment_id: String },
+    OrderHasActivePayment { payment_id: cobro_core::PaymentId },
     #[error("the payment is in state {status}; only an authorized payment can be captured")]
     NotCapturable { payment_id: String, status: String },
     #[error("the payment is in state {status} and cannot be canceled")]
@@ -178,8 +180,10 @@ impl ApiError {
                     json!([FieldError::new("url", reason.to_string())]),
                 );
             }
-            ApiError::OrderHasActivePayment { payment_id }
-            | ApiError::NotCapturable { payment_id, .. }
+            ApiError::OrderHasActivePayment { payment_id } => {
+                body.insert("payment_id".into(), json!(payment_id.to_string()));
+            }
+            ApiError::NotCapturable { payment_id, .. }
             | ApiError::NotCancelable { payment_id, .. }
             | ApiError::NotRefundable { payment_id, .. }
             | ApiError::RefundExceedsCaptured { payment_id } => {
@@ -301,7 +305,9 @@ mod tests {
                 "idempotency-request-in-progress",
             ),
             (
-                ApiError::OrderHasActivePayment { payment_id: id() },
+                ApiError::OrderHasActivePayment {
+                    payment_id: cobro_core::PaymentId::new(),
+                },
                 422,
                 "order-has-active-payment",
             ),

@@ -509,7 +509,11 @@ fn every_error() -> Vec<ApiError> {
         ApiError::InProgress {
             idempotency_key: "5f0c9a52-8d7e-4f44-9d0e-3b1f2a6c7d10".into(),
         },
-        ApiError::OrderHasActivePayment { payment_id: id() },
+        ApiError::OrderHasActivePayment {
+            payment_id: EXAMPLE_PAYMENT
+                .parse()
+                .expect("the example payment id is a UUID"),
+        },
         ApiError::NotCapturable {
             payment_id: id(),
             status: "processing".into(),

@@ -222,6 +222,10 @@ fn parse_payment_id(raw: &str) -> Result<PaymentId, ApiError> {
     raw.parse().map_err(|_| ApiError::NotFound)
 }
 
+/// How many times a create tries its insert when the payment that blocked
+/// it is no longer active by the time it is read.
+const CREATE_ROUNDS: u32 = 3;
+
 crate::openapi::refusals!(
     /// What `create_payment` refuses.
     CreatePaymentRefusals = keyed [OrderHasActivePayment]
@@ -282,31 +286,55 @@ async fn create_payment(
         Begun::Fresh(tx) => tx,
     };
     let now = state.clock.now();
-    let sequence = tx
-        .next_intent_sequence(account.0, &request.order_ref, Operation::Authorize)
-        .await?;
-    let intent = IntentName::new(&request.order_ref, Operation::Authorize, sequence);
-    let new = NewPayment {
-        id: payment_id,
-        account: account.0,
-        order_ref: request.order_ref.clone(),
-        intent: intent.clone(),
-        amount: request.amount,
-        currency: request.currency,
-        capture_method: request.capture_method,
-        payment_method: request.payment_method.clone(),
-        description: request.description.clone(),
-        metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
-    };
     let default_provider = state.settings.default_provider.as_deref();
-    let Some(row) = tx.insert_payment_for(&new, default_provider, now).await? else {
-        // The order already has an active payment. Not stored against the
-        // key: the client may use it again once that payment fails.
-        tx.rollback().await?;
-        let existing = active_payment_for_order(&state, account.0, &request.order_ref).await?;
-        return Err(ApiError::OrderHasActivePayment {
-            payment_id: existing.map(|p| p.to_string()).unwrap_or_default(),
-        });
+    let mut round = 0;
+    let (row, intent) = loop {
+        round += 1;
+        let sequence = tx
+            .next_intent_sequence(account.0, &request.order_ref, Operation::Authorize)
+            .await?;
+        let intent = IntentName::new(&request.order_ref, Operation::Authorize, sequence);
+        let new = NewPayment {
+            id: payment_id,
+            account: account.0,
+            order_ref: request.order_ref.clone(),
+            intent: intent.clone(),
+            amount: request.amount,
+            currency: request.currency,
+            capture_method: request.capture_method,
+            payment_method: request.payment_method.clone(),
+            description: request.description.clone(),
+            metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
+        };
+        if let Some(row) = tx.insert_payment_for(&new, default_provider, now).await? {
+            break (row, intent);
+        }
+        // The order has an active payment: named as this transaction reads
+        // it, held until the answer (never looked up after a rollback, when
+        // it may have failed and the refusal would name nobody). Not stored
+        // against the key: the client may use it again once that payment
+        // fails.
+        if let Some(blocking) = tx
+            .lock_active_payment_for_account(account.0, &request.order_ref)
+            .await?
+        {
+            tx.rollback().await?;
+            return Err(ApiError::OrderHasActivePayment {
+                payment_id: blocking,
+            });
+        }
+        // The payment that blocked the insert has left the active statuses
+        // since: the order is free, and the create goes ahead in the same
+        // transaction, its key still reserved. Bounded: each round needs
+        // another payment of the order created and failed in between.
+        if round == CREATE_ROUNDS {
+            tx.rollback().await?;
+            tracing::warn!(
+                rounds = round,
+                "the order's active payment changed under every round of the create; answering 503"
+            );
+            return Err(ApiError::Unavailable(None));
+        }
     };
     let attempt = tx
         .open_intent(
@@ -330,17 +358,6 @@ async fn create_payment(
     .await?;
     tracing::info!(payment_id = %payment_id, intent = %intent, "payment created");
     Ok(response)
-}
-
-async fn active_payment_for_order(
-    state: &AppState,
-    account: AccountId,
-    order_ref: &OrderRef,
-) -> Result<Option<PaymentId>, ApiError> {
-    let mut tx = state.store.begin().await?;
-    let found = tx.active_payment_for_account(account, order_ref).await?;
-    tx.rollback().await?;
-    Ok(found)
 }
 
 /// A payment with its attempts, as GET answers it.

@@ -288,8 +288,15 @@ impl WriteTx {
     /// Inserts a payment in `processing`, its provider fixed by the same
     /// statement: the account's, else `default_provider`. A second payment
     /// that is not a terminal failure for the same order is refused by the
-    /// partial unique index, whatever the code above did: `Ok(None)`. On
-    /// PostgreSQL the transaction is then aborted and must be rolled back.
+    /// partial unique index, whatever the code above did: `Ok(None)`, and
+    /// nothing inserted. The statement names that index as its conflict
+    /// target (`ON CONFLICT ... DO NOTHING`), so the refusal aborts nothing:
+    /// the transaction stays usable, and the caller reads the blocking
+    /// payment in it ([`lock_active_payment_for_account`]) instead of after
+    /// a rollback, when it may have failed already and named nobody
+    /// (issue 53). Any other unique violation (an id taken) is an error.
+    ///
+    /// [`lock_active_payment_for_account`]: Self::lock_active_payment_for_account
     pub async fn insert_payment_for(
         &mut self,
         p: &NewPayment,
@@ -302,9 +309,11 @@ impl WriteTx {
             created_at, updated_at, provider) \
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11, \
             COALESCE((SELECT provider FROM accounts WHERE id = $2), $12)) \
+            ON CONFLICT (account_id, order_ref) \
+            WHERE status NOT IN ('declined', 'failed', 'canceled') DO NOTHING \
             RETURNING {PAYMENT_COLUMNS}"
         );
-        let done = on_tx!(self, conn => sqlx::query_as(&sql)
+        let done: Option<PaymentRow> = on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(p.id))
             .bind(DbId::from(p.account))
             .bind(p.order_ref.as_str())
@@ -317,13 +326,9 @@ impl WriteTx {
             .bind(&p.metadata)
             .bind(DbTime(now))
             .bind(default_provider)
-            .fetch_one(&mut *conn)
-            .await);
-        match done.map_err(StoreError::from) {
-            Ok(row) => Ok(Some(row)),
-            Err(StoreError::UniqueViolation { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
+            .fetch_optional(&mut *conn)
+            .await?);
+        Ok(done)
     }
 
     /// The next `n` for `{order_ref}:{verb}-v{n}` in this account. Call it
@@ -609,15 +614,28 @@ impl WriteTx {
             .await?))
     }
 
-    /// The payment that holds an order, if one that is not a terminal failure does.
-    pub async fn active_payment_for_account(
+    /// The payment that holds an order (the one that is not a terminal
+    /// failure, if any), read in this transaction and held until it ends:
+    /// `FOR SHARE` on PostgreSQL, so the payment cannot leave the active
+    /// statuses (a worker recording a decline waits) while the caller
+    /// answers from it, and a payment being moved is read as it ends up
+    /// (read committed re-checks the row after the mover commits); on
+    /// SQLite the transaction holds the one write lock already. `None`: no
+    /// payment of the order is active any more.
+    pub async fn lock_active_payment_for_account(
         &mut self,
         account: AccountId,
         order_ref: &OrderRef,
     ) -> Result<Option<PaymentId>> {
-        let sql = "SELECT id FROM payments WHERE account_id = $1 AND order_ref = $2 \
-            AND status NOT IN ('declined', 'failed', 'canceled')";
-        let id: Option<DbId> = on_tx!(self, conn => sqlx::query_scalar(sql)
+        let lock = match &self.inner {
+            crate::TxInner::Postgres(_) => " FOR SHARE",
+            crate::TxInner::Sqlite(_) => "",
+        };
+        let sql = format!(
+            "SELECT id FROM payments WHERE account_id = $1 AND order_ref = $2 \
+             AND status NOT IN ('declined', 'failed', 'canceled'){lock}"
+        );
+        let id: Option<DbId> = on_tx!(self, conn => sqlx::query_scalar(&sql)
             .bind(DbId::from(account))
             .bind(order_ref.as_str())
             .fetch_optional(&mut *conn)

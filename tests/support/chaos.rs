@@ -73,6 +73,10 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
         chance(FOp::Charge, FaultAction::DelayAfterEffect, 0.03).with_delay(Duration::from_secs(2)),
         chance(FOp::Charge, FaultAction::InProgress, 0.03),
         chance(FOp::Charge, FaultAction::SearchLag, 0.2).with_lag_seconds(2),
+        // A charge whose outcome the provider knows only later: answered
+        // `processing`, final 2 s of virtual time later. In progress under
+        // the attempt's identity, never absence.
+        chance(FOp::Charge, FaultAction::Processing, 0.03).with_lag_seconds(2),
         chance(FOp::Capture, FaultAction::FailBeforeEffect, 0.1),
         chance(FOp::Capture, FaultAction::DropResponseAfterEffect, 0.1),
         chance(FOp::Void, FaultAction::FailAfterEffect, 0.1),

@@ -100,6 +100,9 @@ const FOUND_BEFORE_HOLDS: &[u64] = &[13771, 72815];
 const HOLD_ONE_IN: u32 = 3;
 /// While a charge is held, one step in this many releases it.
 const RELEASE_ONE_IN: u32 = 12;
+/// How long a charge answered `processing` takes to become final (virtual
+/// time, which the explorer's steps advance).
+const PROCESSING_LAG: Duration = Duration::from_secs(20);
 
 fn short_window(seed: u64) -> bool {
     seed % 4 == 1
@@ -610,6 +613,10 @@ struct Explorer {
     /// existed, so a seed without any replays its old steps (the seeds of
     /// `FOUND_BEFORE_HOLDS` never hold one).
     late: StdRng,
+    /// The seed's third stream: which in-progress charge faults answer
+    /// `processing` instead (the charge made, its outcome final later), so
+    /// neither earlier stream draws differently.
+    slow: StdRng,
     holds: bool,
     /// Charges and refunds the provider made when a held request was
     /// released (`ch_...`, `re_...`).
@@ -753,6 +760,7 @@ impl Explorer {
             send_window: retention - margin,
             sends: Vec::new(),
             late: StdRng::seed_from_u64(seed ^ 0x6c61_7465),
+            slow: StdRng::seed_from_u64(seed ^ 0x736c_6f77),
             holds: !FOUND_BEFORE_HOLDS.contains(&seed),
             late_effects: BTreeSet::new(),
             late_doubles: 0,
@@ -1170,9 +1178,18 @@ impl Explorer {
             {
                 (operation, FaultAction::HoldEffect)
             }
+            // Half the in-progress charges (of seeds that may hold, so the
+            // seeds found before either replay their steps) are answered
+            // `processing`: made, their outcome known only later.
+            (FOp::Charge, FaultAction::InProgress) if self.holds && self.slow.random_bool(0.5) => {
+                (operation, FaultAction::Processing)
+            }
             pair => pair,
         };
         let mut rule = FaultRule::new(operation, action).with_next(1);
+        if action == FaultAction::Processing {
+            rule = rule.with_lag_seconds(PROCESSING_LAG.as_secs());
+        }
         if action == FaultAction::SearchLag {
             // The lag the reconcilers are told: a provider keeps its
             // documented lag (a longer one would be a provider cobro's

@@ -23,6 +23,7 @@ on_every_provider!(
     with_no_consistent_read_it_waits_and_escalates_never_charging_again,
     a_send_that_may_still_reach_the_provider_is_waited_for,
     a_request_still_in_progress_under_its_key_is_never_absence,
+    a_charge_answered_processing_is_read_until_it_ends_never_resent,
     a_failing_status_query_decides_nothing,
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
@@ -340,6 +341,63 @@ async fn a_request_still_in_progress_under_its_key_is_never_absence(
     }
     assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(rig.app.db.count("attempts").await, 1, "never a new key");
+    assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+/// A charge the provider answers `processing` (made; its outcome known
+/// only later): a resend under the same key would replay that answer for
+/// as long as the key lives (the explorer found payments left `processing`
+/// so), so the worker hands it to the reconciler at once, which reads it,
+/// in progress, until it ends, then adopts it. One request, one charge.
+async fn a_charge_answered_processing_is_read_until_it_ends_never_resent(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
+    rig.provider.control().add_fault(
+        FaultRule::new(FOp::Charge, FaultAction::Processing)
+            .with_next(1)
+            .with_lag_seconds(600),
+    );
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    assert_eq!(rig.drain(1).await, vec![Step::HandedOver]);
+    assert_eq!(rig.payment(&id).await["status"], "requires_reconciliation");
+    advance(&rig, 60);
+    let recon = reconciler(&rig, |_| {});
+    let waiting = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    match &waiting.items[0].verdict {
+        Verdict::StillUnknown { reason } => assert!(reason.contains("in progress"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        rig.ledger().totals.charges,
+        0,
+        "not final: counted nowhere yet"
+    );
+    advance(&rig, 600);
+    let done = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert!(
+        matches!(done.items[0].verdict, Verdict::Resolved { .. }),
+        "{done:?}"
+    );
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.drain(2).await, vec![], "nothing is resent");
+    assert_eq!(rig.app.db.count("attempts").await, 1, "never a new key");
+    let creates = rig
+        .provider
+        .control()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .count();
+    assert_eq!(creates, 1, "one request to the provider");
     assert_eq!(rig.ledger().totals.charges, 1);
 }
 

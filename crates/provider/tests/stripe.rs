@@ -633,6 +633,27 @@ async fn a_refund_answered_failed_failed() {
     );
 }
 
+/// A PaymentIntent answered `processing` is made and not final: passed up
+/// with its object (cobro judges it in progress and hands it over), never
+/// taken for an outcome or for nothing.
+#[tokio::test]
+async fn a_processing_payment_intent_is_passed_up_in_progress() {
+    let (provider, _) = stripe(vec![Reply::new(
+        200,
+        &payment_intent("processing", "automatic"),
+    )])
+    .await;
+    let sent = authorize(&provider, false).await;
+    assert_class(&sent, "succeeded", "authorize_in_progress_2xx");
+    match &sent.outcome {
+        Outcome::Succeeded(object) => {
+            assert_eq!(object.id, "pi_3PqRsT");
+            assert_eq!(object.status, ProviderStatus::Other("processing".into()));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_refund_answered_pending_is_unknown() {
     let (provider, _) = stripe(vec![

@@ -940,7 +940,9 @@ impl<P: Provider> Reconciler<P> {
     ) -> Result<Verdict, ReconcileError> {
         let (said, reason) = match &answered {
             Answered::Proof(_, said) | Answered::Conflict(_, said) => (said.clone(), None),
-            Answered::NotSent(why) | Answered::Unknown(why) => (String::new(), Some(why.clone())),
+            Answered::NotSent(why) | Answered::Unknown(why) | Answered::InProgress(why) => {
+                (String::new(), Some(why.clone()))
+            }
         };
         let said = serde_json::json!({ "replayed_key": said, "before": ctx.said });
         let ctx = Ctx {
@@ -951,7 +953,7 @@ impl<P: Provider> Reconciler<P> {
         match answered {
             Answered::Proof(proof, _) => self.adopt(&ctx, &proof).await,
             Answered::Conflict(why, _) => self.conflict(&ctx, ConflictKind::Mismatch, &why).await,
-            Answered::NotSent(_) | Answered::Unknown(_) => {
+            Answered::NotSent(_) | Answered::Unknown(_) | Answered::InProgress(_) => {
                 let reason = format!(
                     "not found by the consistent read, but the replay of its key proves nothing yet: {}",
                     reason.unwrap_or_default()

@@ -73,6 +73,10 @@ pub enum Answered {
     Conflict(String, String),
     NotSent(String),
     Unknown(String),
+    /// The attempt's own object, not final yet (Stripe's `processing`, a
+    /// status cobro does not know): a resend under the same key would only
+    /// replay this answer, so only a query can see it end.
+    InProgress(String),
 }
 
 /// What `outcome`, the answer to `attempt`'s own call, proves: an object
@@ -89,9 +93,9 @@ pub fn judge_answer(
         Outcome::Succeeded(object) => match fit(operation, attempt, payment, refund, &object) {
             Fit::Ours => match proof_from(operation, &object) {
                 Some(proof) => Answered::Proof(proof, said(&object)),
-                None => Answered::Unknown(format!(
-                    "the provider answered {} (in progress)",
-                    object.status
+                None => Answered::InProgress(format!(
+                    "the provider answered {} {} (in progress)",
+                    object.id, object.status
                 )),
             },
             // Worded as the reconciler words it, so a finding is kept once

@@ -510,6 +510,15 @@ impl<P: Provider> Worker<P> {
                     }
                 });
             }
+            // Its own object, still in progress: resending the key would
+            // replay the same answer for as long as the key lives, and each
+            // resend would keep the attempt from ever looking stuck. The
+            // reconciler reads the object until it ends.
+            Answered::InProgress(reason) => {
+                let reason =
+                    format!("{reason}: a resend would replay it; only a query sees it end");
+                return self.hand_over(claim, &reason, call).await;
+            }
             Answered::Unknown(reason) if call.and_then(|c| c.should_retry) == Some(false) => {
                 let reason = format!("{reason} (the provider says a retry would not help)");
                 return self.hand_over(claim, &reason, call).await;

@@ -186,6 +186,11 @@ fn authorize_needs_customer(op: Op, heard: &Heard) -> bool {
         if matches!(pi.status.as_str(), "requires_action" | "requires_confirmation" | "requires_payment_method"))
 }
 
+fn authorize_in_progress_2xx(op: Op, heard: &Heard) -> bool {
+    matches!((op, ok(heard)), (Op::Authorize, Some(Body::PaymentIntent(pi)))
+        if pi.status == "processing")
+}
+
 fn refund_refused_2xx(op: Op, heard: &Heard) -> bool {
     matches!((op, ok(heard)), (Op::Refund, Some(Body::Refund(r)))
         if matches!(r.status.as_deref(), Some("failed" | "canceled")))
@@ -332,6 +337,14 @@ pub const TABLE: &[Row] = &[
         why: "cobro confirms in the same request and never authenticates (3-D Secure) or confirms later: nothing was charged, no funds are held, and nothing will be; the connector then cancels the PaymentIntent, best effort, under the derived key `<key>:cancel`",
         test: "an_authorisation_that_needs_the_customer_failed",
         matches: authorize_needs_customer,
+    },
+    Row {
+        id: "authorize_in_progress_2xx",
+        when: "authorize 2xx, `processing`",
+        class: Class::Succeeded,
+        why: "the PaymentIntent was made and its outcome is not final: passed up with the object, which cobro judges in progress (never absence) and hands to the reconciler at once, since a resend under the same key would replay this same answer for as long as the key lives",
+        test: "a_processing_payment_intent_is_passed_up_in_progress",
+        matches: authorize_in_progress_2xx,
     },
     Row {
         id: "refund_refused_2xx",
@@ -757,9 +770,27 @@ mod tests {
     }
 
     #[test]
+    fn authorize_in_progress_2xx_passes_the_object_up() {
+        let o = check(
+            Op::Authorize,
+            heard(200, None, Body::PaymentIntent(pi("processing", false))),
+            "authorize_in_progress_2xx",
+            "succeeded",
+        );
+        match o {
+            Outcome::Succeeded(object) => {
+                assert_eq!(
+                    object.status,
+                    crate::ProviderStatus::Other("processing".into())
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn not_yet_is_unknown() {
         for (op, body) in [
-            (Op::Authorize, Body::PaymentIntent(pi("processing", false))),
             (Op::Authorize, Body::PaymentIntent(pi("canceled", false))),
             (
                 Op::Capture,

@@ -7,6 +7,14 @@
 #   ops/fuzz.sh                   60 s per store, seed 1
 #   FUZZ_MAX_TIME=600 FUZZ_SEED=7 ops/fuzz.sh
 #
+# Then a concurrent phase on the same server: FUZZ_RACE_RUNS (4)
+# schemathesis runs at once, one process each, seeds FUZZ_SEED+1..., for
+# FUZZ_RACE_TIME (20) s, every valid order_ref rewritten to one of a few
+# shared refs (FUZZ_RACE_ORDERS, default race-1,race-2,race-3) and every
+# valid payment_method to one the fake holds or refuses at once (hooks.py),
+# so creates, captures, cancels, refunds and lists race on the same orders.
+# The same bar: any failed check in any run fails the pass.
+#
 # It installs what it needs, like ops/test.sh: schemathesis (pinned) into a
 # virtualenv under the build directory, and, when COBRO_TEST_PG_URL is not
 # set, a throwaway PostgreSQL. Settings, hooks and why each exists:
@@ -91,6 +99,38 @@ fuzz() {
   return "$status"
 }
 
+race_time="${FUZZ_RACE_TIME:-20}"
+race_runs="${FUZZ_RACE_RUNS:-4}"
+race_orders="${FUZZ_RACE_ORDERS:-race-1,race-2,race-3}"
+
+# race NAME TOKEN: the concurrent phase against $URL; each run's output in
+# $work/NAME/race-N.log. Every run is waited for, then judged. Processes,
+# not `--workers`: the virtualenv's Python 3.11 raises "AST constructor
+# recursion depth mismatch" from hypothesis when two threads parse at once
+# (CPython gh-106905), a schemathesis error that failed runs on 2 workers.
+race() {
+  local name=$1 token=$2 status=0 i
+  local pids=()
+  echo "fuzz.sh: $name: $race_runs schemathesis runs at once for ${race_time}s on orders $race_orders" >&2
+  for ((i = 1; i <= race_runs; i++)); do
+    (cd ops/schemathesis && COBRO_FUZZ_TOKEN="$token" COBRO_FUZZ_ORDER_REFS="$race_orders" \
+      SCHEMATHESIS_HOOKS=hooks "$venv/bin/schemathesis" run "$URL/openapi.json" --checks all \
+      --max-time "$race_time" --seed "$((seed + i))" --workers 1 --request-timeout 10 --no-color) \
+      >"$work/$name/race-$i.log" 2>&1 &
+    pids+=("$!")
+  done
+  for ((i = 1; i <= race_runs; i++)); do
+    if wait "${pids[$((i - 1))]}"; then
+      echo "fuzz.sh: $name race run $i:$(grep -A1 '^Test cases:' "$work/$name/race-$i.log" | tail -n 1)" >&2
+    else
+      status=1
+      sed -n '/=== FAILURES ===/,$p' "$work/$name/race-$i.log" >&2
+      echo "fuzz.sh: $name race run $i FAILED (all of it in $work/$name/race-$i.log)" >&2
+    fi
+  done
+  return "$status"
+}
+
 failed=0
 
 # The embedded default: SQLite, the fake provider and the worker in
@@ -98,6 +138,7 @@ failed=0
 serve sqlite COBRO_DATA_DIR="$work/sqlite/data"
 token="$(sed -n 's/^dev token: //p' "$work/sqlite/stdout")"
 fuzz sqlite "$token" || failed=1
+race sqlite "$token" || failed=1
 
 # PostgreSQL: a fresh database; an account and a token made by the CLI.
 database="cobro_fuzz_$$"
@@ -109,6 +150,7 @@ env -i PATH="$PATH" COBRO_LOG=warn COBRO_DATABASE_URL="$pg_url" \
 token="$(env -i PATH="$PATH" COBRO_LOG=warn COBRO_DATABASE_URL="$pg_url" \
   "$cobro" tokens create --account fuzz 2>/dev/null)"
 fuzz postgres "$token" || failed=1
+race postgres "$token" || failed=1
 
 # A server that died under the fuzzer is a failure even if every answer
 # before it was fine.

@@ -28,6 +28,7 @@ on_both_backends!(
     attempts_read_for_an_account_are_empty_for_another_accounts_payment,
     opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account,
     a_payment_is_read_with_its_attempts_in_order_and_only_in_its_account,
+    a_create_numbers_its_intent_with_no_other_create_of_the_order_in_between,
 );
 
 fn scope(account: AccountId, key: &str) -> KeyScope {
@@ -2154,5 +2155,117 @@ async fn sqlite_an_inline_connection_runs_on_the_callers_thread_and_never_ahead_
             rows, 2,
             "round {round}: a statement ran before the ROLLBACK queued ahead of it"
         );
+    }
+}
+
+/// One create as the API runs it: number the intent, insert, open it,
+/// commit; its payment then fails at once (a card refused), which frees
+/// the order. `None`: refused, the order had an active payment.
+async fn create_and_fail(
+    store: &Store,
+    account: AccountId,
+    order: &str,
+) -> Option<cobro_core::IntentName> {
+    let order_ref = cobro_core::OrderRef::parse(order).expect("order ref");
+    let mut tx = store.begin().await.expect("begin");
+    let n = tx
+        .next_intent_sequence(account, &order_ref, Operation::Authorize)
+        .await
+        .expect("sequence");
+    let mut p = new_payment(account, order);
+    p.intent = cobro_core::IntentName::new(&order_ref, Operation::Authorize, n);
+    if tx.insert_payment(&p, t0()).await.expect("insert").is_none() {
+        tx.rollback().await.expect("rollback");
+        return None;
+    }
+    tx.open_intent(account, p.id, None, Operation::Authorize, &p.intent, t0())
+        .await
+        .expect("the intent's name is free");
+    tx.commit().await.expect("commit");
+    let mut tx = store.begin().await.expect("begin");
+    tx.transition_payment(
+        account,
+        p.id,
+        PaymentStatus::Processing,
+        PaymentStatus::Failed,
+        t0(),
+    )
+    .await
+    .expect("fail")
+    .expect("processing");
+    tx.commit().await.expect("commit");
+    Some(p.intent)
+}
+
+/// Issue 53, task A: a create numbers its intent (`{order}:authorize-vN`,
+/// from the order's payments) and inserts in a later statement. A whole
+/// other create of the order, committed and failed in that gap, took the
+/// same number, and the first create's intent then met the unique name:
+/// a 500. Driven step by step: A numbers its intent; B, a whole create
+/// and fail, runs until it either finishes (the gap was open: the bug) or
+/// waits for A (PostgreSQL: the order's advisory lock, seen in pg_locks;
+/// SQLite: the one writer); then A inserts and opens its intent.
+async fn a_create_numbers_its_intent_with_no_other_create_of_the_order_in_between(
+    backend: Backend,
+) {
+    let db = TestDb::new(backend).await;
+    let account = db.store.create_account("a", t0()).await.expect("account");
+    let order = cobro_core::OrderRef::parse("pedido-53").expect("order ref");
+
+    let mut a = db.store.begin().await.expect("begin");
+    let n = a
+        .next_intent_sequence(account, &order, Operation::Authorize)
+        .await
+        .expect("sequence");
+    assert_eq!(n, 1);
+
+    let b = tokio::spawn({
+        let store = db.store.clone();
+        async move { create_and_fail(&store, account, "pedido-53").await }
+    });
+    let probe = match backend {
+        Backend::Postgres => Some(sqlx::PgPool::connect(&db.url).await.expect("probe")),
+        Backend::Sqlite => None,
+    };
+    cobro_test_support::wait_for(
+        "B finishes or waits for A",
+        std::time::Duration::from_secs(10),
+        async || {
+            let waiting = match &probe {
+                Some(pool) => sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                     AND NOT granted AND database = \
+                     (SELECT oid FROM pg_database WHERE datname = current_database()))",
+                )
+                .fetch_one(pool)
+                .await
+                .expect("pg_locks"),
+                None => db.store.writers_queued() == 1,
+            };
+            (waiting || b.is_finished()).then_some(())
+        },
+    )
+    .await;
+
+    let mut p = new_payment(account, "pedido-53");
+    p.intent = cobro_core::IntentName::new(&order, Operation::Authorize, n);
+    let inserted = a.insert_payment(&p, t0()).await.expect("insert");
+    assert!(inserted.is_some(), "nothing else holds the order");
+    a.open_intent(account, p.id, None, Operation::Authorize, &p.intent, t0())
+        .await
+        .expect("A's intent name is its own");
+    a.commit().await.expect("commit");
+
+    // B waited, numbered after A's commit and met A's active payment.
+    assert_eq!(b.await.expect("B"), None);
+    assert_eq!(
+        db.store
+            .count_order_payments_for_account(account, "pedido-53")
+            .await
+            .expect("count"),
+        1
+    );
+    if let Some(pool) = probe {
+        pool.close().await;
     }
 }

@@ -325,8 +325,10 @@ async fn create_payment(
         }
         // The payment that blocked the insert has left the active statuses
         // since: the order is free, and the create goes ahead in the same
-        // transaction, its key still reserved. Bounded: each round needs
-        // another payment of the order created and failed in between.
+        // transaction, its key still reserved. Bounded: the first round's
+        // `next_intent_sequence` holds every other create of the order
+        // until this transaction ends, so a second round meets no new
+        // payment; the bound stays as a guard.
         if round == CREATE_ROUNDS {
             tx.rollback().await?;
             tracing::warn!(

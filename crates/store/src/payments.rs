@@ -331,9 +331,20 @@ impl WriteTx {
         Ok(done)
     }
 
-    /// The next `n` for `{order_ref}:{verb}-v{n}` in this account. Call it
-    /// after taking the row lock that serialises the operation (the payment
-    /// row for capture, cancel and refund; the order index for authorize).
+    /// The next `n` for `{order_ref}:{verb}-v{n}` in this account. For
+    /// capture, cancel and refund, call it after the payment row lock that
+    /// serialises the operation. For authorize it serialises the order
+    /// itself: nothing locks an order before its payment is inserted, and
+    /// the count and the insert are two statements, so another create of
+    /// the order could commit and fail in between, take the same `n`, and
+    /// this create's intent then met the unique name (issue 53, a 500). On
+    /// PostgreSQL a transaction-scoped advisory lock on (account, order),
+    /// taken in a statement of its own so that the count's snapshot is
+    /// taken after it, holds every other create of the order until this
+    /// transaction ends (one round trip more per create; a hash collision
+    /// of two orders only makes them wait for each other; two `int4` keys,
+    /// a key space apart from the sequencer's single `int8` key). On
+    /// SQLite the transaction holds the one write lock already.
     pub async fn next_intent_sequence(
         &mut self,
         account: AccountId,
@@ -341,6 +352,13 @@ impl WriteTx {
         operation: Operation,
     ) -> Result<u32> {
         let count: i64 = if operation == Operation::Authorize {
+            if let crate::TxInner::Postgres(t) = &mut self.inner {
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1::text), hashtext($2))")
+                    .bind(DbId::from(account))
+                    .bind(order_ref.as_str())
+                    .execute(&mut **t)
+                    .await?;
+            }
             let sql = "SELECT COUNT(*) FROM payments WHERE account_id = $1 AND order_ref = $2";
             on_tx!(self, conn => sqlx::query_scalar(sql)
                 .bind(DbId::from(account))

@@ -29,8 +29,12 @@ use anyhow::Context;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::dispatcher::{Dispatch, WeakDispatch};
@@ -46,14 +50,14 @@ const FLUSH_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What has to be flushed before the process exits.
 pub struct Telemetry {
-    tracer_provider: Option<SdkTracerProvider>,
+    tracer_provider: Option<(SdkTracerProvider, Arc<SpanCounts>)>,
 }
 
 impl Telemetry {
     /// Exports what is still queued (at most [`FLUSH_DEADLINE`]) and stops
     /// the exporter. Off the async threads: the SDK blocks while it flushes.
     pub async fn shutdown(self) {
-        let Some(provider) = self.tracer_provider else {
+        let Some((provider, spans)) = self.tracer_provider else {
             return;
         };
         let flushed =
@@ -63,6 +67,21 @@ impl Telemetry {
             Ok(Ok(())) => {}
             Ok(Err(error)) => eprintln!("cobro: warning: traces not flushed at exit: {error}"),
             Err(error) => eprintln!("cobro: warning: traces not flushed at exit: {error}"),
+        }
+        // The queue is drained (or abandoned at the deadline): what the
+        // exporter never saw was dropped.
+        let ended = spans.ended.load(Ordering::Relaxed);
+        let exported = spans.exported.load(Ordering::Relaxed);
+        let failed = spans.failed.load(Ordering::Relaxed);
+        let dropped = ended.saturating_sub(exported + failed);
+        if dropped + failed > 0 {
+            tracing::warn!(
+                ended,
+                exported,
+                export_failed = failed,
+                dropped,
+                "spans lost: dropped by the batch queue (OTEL_BSP_MAX_QUEUE_SIZE) or by failed exports (cobro_trace_spans_exported_total{{result=\"failed\"}})"
+            );
         }
     }
 }
@@ -78,7 +97,7 @@ fn tracing_enabled() -> bool {
         && !is("OTEL_TRACES_EXPORTER", "none")
 }
 
-fn tracer_provider() -> anyhow::Result<SdkTracerProvider> {
+fn tracer_provider() -> anyhow::Result<(SdkTracerProvider, Arc<SpanCounts>)> {
     for name in [
         "OTEL_EXPORTER_OTLP_PROTOCOL",
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
@@ -101,10 +120,108 @@ fn tracer_provider() -> anyhow::Result<SdkTracerProvider> {
     }
     // The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based,
     // always on), the batch sizes and delay from OTEL_BSP_*.
-    Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+    let spans = Arc::new(SpanCounts::default());
+    let batch = BatchSpanProcessor::builder(CountsExports {
+        exporter,
+        spans: spans.clone(),
+    })
+    .build();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(CountsEnded {
+            batch,
+            spans: spans.clone(),
+        })
         .with_resource(resource.build())
-        .build())
+        .build();
+    Ok((provider, spans))
+}
+
+/// How many spans went into the batch processor and what became of them,
+/// so no span is dropped in silence (issue 54, item 4).
+///
+/// opentelemetry_sdk 0.33 counts the spans its batch processor drops (queue
+/// full) but keeps the count private, and reports it only through its
+/// internal logs, which cobro leaves off (they would log every failed export
+/// of a collector that is down, at the rate of the schedule). So cobro counts
+/// around the processor instead: every span handed to it
+/// ([`CountsEnded`], `cobro_trace_spans_ended_total`) and every span its
+/// exporter was given, by result ([`CountsExports`],
+/// `cobro_trace_spans_exported_total{result="ok"|"failed"}`). A failed export
+/// is visible at once. A span dropped because the queue was full never
+/// reaches the exporter: while running, ended less exported is the spans
+/// queued plus those dropped (queued is at most `OTEL_BSP_MAX_QUEUE_SIZE`
+/// plus one batch), and after the shutdown flush it is exactly the number
+/// dropped, which [`Telemetry::shutdown`] logs as a warning with the counts.
+#[derive(Debug, Default)]
+struct SpanCounts {
+    ended: AtomicU64,
+    exported: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// The batch processor, counting the spans handed to it.
+#[derive(Debug)]
+struct CountsEnded {
+    batch: BatchSpanProcessor,
+    spans: Arc<SpanCounts>,
+}
+
+impl SpanProcessor for CountsEnded {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.batch.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.spans.ended.fetch_add(1, Ordering::Relaxed);
+        cobro_telemetry::metrics::span_ended();
+        self.batch.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.batch.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.batch.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.batch.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting the spans of each batch by its result.
+#[derive(Debug)]
+struct CountsExports<E> {
+    exporter: E,
+    spans: Arc<SpanCounts>,
+}
+
+impl<E: SpanExporter> SpanExporter for CountsExports<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let count = batch.len() as u64;
+        let result = self.exporter.export(batch).await;
+        let (counter, label) = if result.is_ok() {
+            (&self.spans.exported, "ok")
+        } else {
+            (&self.spans.failed, "failed")
+        };
+        counter.fetch_add(count, Ordering::Relaxed);
+        cobro_telemetry::metrics::spans_exported(label, count);
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.exporter.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.exporter.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.exporter.set_resource(resource);
+    }
 }
 
 /// Installs the global subscriber (logs filtered by `log_filter`, and
@@ -115,7 +232,7 @@ pub fn init(global: &GlobalSettings, log_filter: &str) -> anyhow::Result<Telemet
         format!("the log filter (RUST_LOG, COBRO_LOG or --log) is not valid: `{log_filter}`")
     })?;
     let tracer_provider = tracing_enabled().then(tracer_provider).transpose()?;
-    let tracer = tracer_provider.as_ref().map(|p| p.tracer("cobro"));
+    let tracer = tracer_provider.as_ref().map(|(p, _)| p.tracer("cobro"));
     subscriber(global.log_format, filter, tracer, std::io::stderr)
         .try_init()
         .map_err(|e| anyhow::anyhow!("could not install the log subscriber: {e}"))?;

@@ -1361,6 +1361,14 @@ async fn every_request_continues_its_clients_trace_at_volume(backend: Backend) {
     // Exit flushes every queued span (the exporter's shutdown).
     serve.sigterm();
     assert!(serve.exit_within(Duration::from_secs(30)).await.success());
+    // Nothing dropped by the queue or lost in an export (the warning at
+    // exit says so when anything was).
+    let lost_spans: Vec<String> = serve
+        .stderr()
+        .into_iter()
+        .filter(|l| l.contains("spans lost"))
+        .collect();
+    assert!(lost_spans.is_empty(), "{lost_spans:?}");
 
     let sent = tracer
         .sent

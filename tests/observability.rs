@@ -887,6 +887,94 @@ async fn an_unreachable_collector_never_slows_or_fails_a_request() {
     drop(held);
 }
 
+/// Issue 54, item 4: a collector that never answers, a queue of one span
+/// and exports that time out after a second. Spans past the queue are
+/// dropped and the exports fail: both show on `/metrics` while the process
+/// runs (ended less exported beyond what the queue and one batch can hold;
+/// `result="failed"`), and the exit logs a warning with the counts.
+#[tokio::test]
+async fn spans_the_batch_exporter_drops_are_counted_and_logged() {
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = format!("http://{}", hole.local_addr().expect("address"));
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in hole.incoming().take(16) {
+            open.push(stream);
+        }
+        open
+    });
+    let site = Site::new().await;
+    let (mut serve, url) = site
+        .serve(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "1"),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1"),
+        ])
+        .await;
+    for n in 0..5 {
+        let r = site
+            .post(
+                &url,
+                "/v1/payments",
+                &format!("key-drop-{n}"),
+                &payment_body(&format!("pedido-drop-{n}")),
+            )
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    let metrics = wait_for("a failed export is counted", SETTLE, async || {
+        let text = site.metrics(&url).await;
+        sample(&text, "cobro_trace_spans_exported_total{result=\"failed\"}")
+            .is_some_and(|failed| failed > 0.0)
+            .then_some(text)
+    })
+    .await;
+    let ended = sample(&metrics, "cobro_trace_spans_ended_total").expect("ended spans");
+    let exported = sample(&metrics, "cobro_trace_spans_exported_total{result=\"ok\"}")
+        .unwrap_or_default()
+        + sample(
+            &metrics,
+            "cobro_trace_spans_exported_total{result=\"failed\"}",
+        )
+        .unwrap_or_default();
+    // At most one span queued and one batch (of one) being exported: the
+    // rest was dropped.
+    assert!(
+        ended - exported > 2.0,
+        "ended {ended}, exported {exported}: no drop visible"
+    );
+
+    serve.sigterm();
+    assert!(serve.exit_within(Duration::from_secs(30)).await.success());
+    let warning = serve
+        .stderr()
+        .into_iter()
+        .find(|l| l.contains("spans lost"))
+        .expect("a warning with the counts at exit");
+    let count = |field: &str| -> u64 {
+        let at = warning
+            .find(&format!("{field}="))
+            .unwrap_or_else(|| panic!("{field} in {warning}"));
+        warning[at + field.len() + 1..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{field} in {warning}"))
+    };
+    assert!(count("dropped") > 0, "{warning}");
+    assert!(count("export_failed") > 0, "{warning}");
+    assert_eq!(
+        count("ended"),
+        count("exported") + count("export_failed") + count("dropped"),
+        "{warning}"
+    );
+    drop(held);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn the_outbox_row_keeps_the_requests_trace_context_on_both_backends() {
     use opentelemetry::trace::TracerProvider as _;
@@ -1273,6 +1361,14 @@ async fn every_request_continues_its_clients_trace_at_volume(backend: Backend) {
     // Exit flushes every queued span (the exporter's shutdown).
     serve.sigterm();
     assert!(serve.exit_within(Duration::from_secs(30)).await.success());
+    // Nothing dropped by the queue or lost in an export (the warning at
+    // exit says so when anything was).
+    let lost_spans: Vec<String> = serve
+        .stderr()
+        .into_iter()
+        .filter(|l| l.contains("spans lost"))
+        .collect();
+    assert!(lost_spans.is_empty(), "{lost_spans:?}");
 
     let sent = tracer
         .sent

@@ -29,10 +29,12 @@ pub const WEBHOOK_EVENTS: &str = "cobro_webhook_events_total";
 pub const HTTP_CONNECTIONS_CLOSED: &str = "cobro_http_connections_closed_total";
 pub const CLOCK_GAP: &str = "cobro_clock_gap_seconds";
 pub const TRACE_PARENTS_LOST: &str = "cobro_trace_parents_lost_total";
+pub const SPANS_ENDED: &str = "cobro_trace_spans_ended_total";
+pub const SPANS_EXPORTED: &str = "cobro_trace_spans_exported_total";
 
 /// Every metric this module records (a counter appears on `/metrics` only
 /// once it was first incremented).
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 19] = [
     HTTP_REQUESTS,
     HTTP_DURATION,
     PROVIDER_CALLS,
@@ -50,6 +52,8 @@ pub const ALL: [&str; 17] = [
     HTTP_CONNECTIONS_CLOSED,
     CLOCK_GAP,
     TRACE_PARENTS_LOST,
+    SPANS_ENDED,
+    SPANS_EXPORTED,
 ];
 
 /// Latency buckets (seconds) for requests and provider calls: a provider's
@@ -159,6 +163,14 @@ fn describe() {
         TRACE_PARENTS_LOST,
         "Spans that did not take their remote parent (a client's traceparent: site http; an outbox row's stored context: site outbox), by reason (not_recorded, already_started, span_disabled); each started a trace of its own."
     );
+    describe_counter!(
+        SPANS_ENDED,
+        "Spans handed to the batch span processor (only when traces are exported)."
+    );
+    describe_counter!(
+        SPANS_EXPORTED,
+        "Spans the OTLP exporter sent, by result (ok, failed: lost). Ended less exported is the spans queued plus those dropped by a full queue (OTEL_BSP_MAX_QUEUE_SIZE)."
+    );
 }
 
 /// What a proof's or a conflict's source is, without its instance
@@ -241,6 +253,16 @@ pub fn webhook_event(provider: &str, outcome: &'static str) {
 /// (`cobro_telemetry::attach_parent`).
 pub fn trace_parent_lost(site: &'static str, reason: &'static str) {
     metrics::counter!(TRACE_PARENTS_LOST, "site" => site, "reason" => reason).increment(1);
+}
+
+/// A span handed to the batch span processor.
+pub fn span_ended() {
+    metrics::counter!(SPANS_ENDED).increment(1);
+}
+
+/// `count` spans the exporter sent (`ok`) or failed to send (`failed`).
+pub fn spans_exported(result: &'static str, count: u64) {
+    metrics::counter!(SPANS_EXPORTED, "result" => result).increment(count);
 }
 
 /// A connection the server closed on its own: `refused` (over the

@@ -214,6 +214,43 @@ impl World {
             .expect("payment")
     }
 
+    /// The fake's Stripe dialect sends its signed events to cobro's
+    /// `/v1/webhooks/stripe`.
+    fn send_stripe_webhooks(&self) {
+        self.provider.control().set_webhook(Some(WebhookTarget {
+            url: format!("{}/v1/webhooks/stripe", self.app.url),
+            secret: STRIPE_WEBHOOK_SECRET.to_owned(),
+        }));
+    }
+
+    /// What cobro recorded about payment `id`: the types of its events to
+    /// the merchant, its audit trail's decisions, its conflicts.
+    async fn records(&self, id: &str) -> Records {
+        let payment: PaymentId = id.parse().expect("payment id");
+        let store = &self.app.db.store;
+        Records {
+            events: store
+                .events_of_payment_any_account(payment)
+                .await
+                .expect("events")
+                .into_iter()
+                .map(|e| e.event_type)
+                .collect(),
+            decisions: store
+                .decisions_of_payment_any_account(payment)
+                .await
+                .expect("decisions")
+                .into_iter()
+                .map(|d| d.decision)
+                .collect(),
+            conflicts: store
+                .conflicts_of_payment_any_account(payment)
+                .await
+                .expect("conflicts")
+                .len(),
+        }
+    }
+
     async fn attempts(&self, id: &str) -> Vec<cobro_store::AttemptRow> {
         self.app
             .db
@@ -264,6 +301,14 @@ impl World {
                 .advance_clock((-gap).to_std().expect("gap")),
         }
     }
+}
+
+/// See [`World::records`].
+#[derive(Debug)]
+struct Records {
+    events: Vec<String>,
+    decisions: Vec<cobro_core::Decision>,
+    conflicts: usize,
 }
 
 fn id(payment: &Value) -> String {
@@ -486,10 +531,7 @@ async fn the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost(backend: Ba
 async fn a_stripe_signed_webhook_is_applied_at_its_providers_route(backend: Backend) {
     let world = World::new(backend).await;
     world.align_clocks();
-    world.provider.control().set_webhook(Some(WebhookTarget {
-        url: format!("{}/v1/webhooks/stripe", world.app.url),
-        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
-    }));
+    world.send_stripe_webhooks();
     // The worker never learns the answer: only the webhook can settle it.
     drop_next_charge_answer(&world);
     let on_stripe = world
@@ -650,10 +692,7 @@ async fn a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_
 async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe(backend: Backend) {
     let world = World::new(backend).await;
     world.align_clocks();
-    world.provider.control().set_webhook(Some(WebhookTarget {
-        url: format!("{}/v1/webhooks/stripe", world.app.url),
-        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
-    }));
+    world.send_stripe_webhooks();
     let mut body = payment_body("o-1");
     body["payment_method"] = json!("pm_card_authenticationRequired");
     let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
@@ -728,14 +767,8 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
         world.payment(true, &stripe_id).await.status.to_string(),
         "failed"
     );
-    let conflicts = world
-        .app
-        .db
-        .store
-        .conflicts_of_payment_any_account(stripe_id.parse().expect("payment id"))
-        .await
-        .expect("conflicts");
-    assert!(conflicts.is_empty(), "{conflicts:?}");
+    let records = world.records(&stripe_id).await;
+    assert_eq!(records.conflicts, 0, "{records:?}");
 }
 
 /// Stripe cancels a PaymentIntent left uncaptured for seven days
@@ -747,10 +780,7 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
 /// reaches Stripe.
 async fn a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment(backend: Backend) {
     let world = World::new(backend).await;
-    world.provider.control().set_webhook(Some(WebhookTarget {
-        url: format!("{}/v1/webhooks/stripe", world.app.url),
-        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
-    }));
+    world.send_stripe_webhooks();
     let mut body = payment_body("o-1");
     body["capture_method"] = json!("manual");
     let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
@@ -759,7 +789,6 @@ async fn a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment(ba
         vec![Step::Recorded { class: "succeeded" }]
     );
     let stripe_id = id(&on_stripe);
-    let payment_id: PaymentId = stripe_id.parse().expect("payment id");
     // The authorisation's own event first, so the cancel is the news.
     wait_for(
         "the fake saw payment_intent.amount_capturable_updated acknowledged",
@@ -793,33 +822,18 @@ async fn a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment(ba
         },
     )
     .await;
-    let store = &world.app.db.store;
-    let events: Vec<String> = store
-        .events_of_payment_any_account(payment_id)
-        .await
-        .expect("events")
-        .into_iter()
-        .map(|e| e.event_type)
-        .collect();
+    let records = world.records(&stripe_id).await;
     assert_eq!(
-        events.last().map(String::as_str),
+        records.events.last().map(String::as_str),
         Some("payment.canceled"),
-        "{events:?}"
+        "{records:?}"
     );
-    let decisions = store
-        .decisions_of_payment_any_account(payment_id)
-        .await
-        .expect("decisions");
     assert_eq!(
-        decisions.last().map(|d| d.decision),
-        Some(cobro_core::Decision::ProviderVoided),
-        "{decisions:?}"
+        records.decisions.last(),
+        Some(&cobro_core::Decision::ProviderVoided),
+        "{records:?}"
     );
-    let conflicts = store
-        .conflicts_of_payment_any_account(payment_id)
-        .await
-        .expect("conflicts");
-    assert!(conflicts.is_empty(), "{conflicts:?}");
+    assert_eq!(records.conflicts, 0, "{records:?}");
     // Nothing left to capture: refused here, never sent.
     let refused = world
         .app
@@ -853,16 +867,12 @@ async fn a_payment_intent_stripe_cancels_after_seven_days_cancels_the_payment(ba
 /// the whole amount is made, once.
 async fn a_refund_stripe_fails_after_it_succeeded_is_failed_and_refundable_again(backend: Backend) {
     let world = World::new(backend).await;
-    world.provider.control().set_webhook(Some(WebhookTarget {
-        url: format!("{}/v1/webhooks/stripe", world.app.url),
-        secret: STRIPE_WEBHOOK_SECRET.to_owned(),
-    }));
+    world.send_stripe_webhooks();
     let mut body = payment_body("o-1");
     body["amount"] = json!(1000);
     let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
     world.drain("stripe").await;
     let stripe_id = id(&on_stripe);
-    let payment_id: PaymentId = stripe_id.parse().expect("payment id");
     let refunds = format!("/v1/payments/{stripe_id}/refunds");
     world
         .post(true, &refunds, "ref-1", &json!({"amount": 400}))
@@ -898,32 +908,19 @@ async fn a_refund_stripe_fails_after_it_succeeded_is_failed_and_refundable_again
         (payment.amount_refunded, payment.amount_refund_reserved),
         (0, 0)
     );
-    let store = &world.app.db.store;
-    let events: Vec<String> = store
-        .events_of_payment_any_account(payment_id)
-        .await
-        .expect("events")
-        .into_iter()
-        .map(|e| e.event_type)
-        .collect();
+    let records = world.records(&stripe_id).await;
     assert!(
-        events.ends_with(&["refund.failed".to_owned(), "payment.captured".to_owned()]),
-        "{events:?}"
+        records
+            .events
+            .ends_with(&["refund.failed".to_owned(), "payment.captured".to_owned()]),
+        "{records:?}"
     );
-    let decisions = store
-        .decisions_of_payment_any_account(payment_id)
-        .await
-        .expect("decisions");
     assert_eq!(
-        decisions.last().map(|d| d.decision),
-        Some(cobro_core::Decision::ProviderFailedRefund),
-        "{decisions:?}"
+        records.decisions.last(),
+        Some(&cobro_core::Decision::ProviderFailedRefund),
+        "{records:?}"
     );
-    let conflicts = store
-        .conflicts_of_payment_any_account(payment_id)
-        .await
-        .expect("conflicts");
-    assert!(conflicts.is_empty(), "{conflicts:?}");
+    assert_eq!(records.conflicts, 0, "{records:?}");
 
     // The whole amount is refundable again: refunded once more, once.
     world

@@ -43,6 +43,8 @@ on_both_backends!(
     a_refund_the_provider_makes_late_after_no_effect_stops_the_line,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
+    a_charge_held_in_the_providers_queue_is_never_taken_for_absence,
+    a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime,
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
@@ -1106,4 +1108,91 @@ async fn a_cancel_racing_the_workers_commit_decides_from_the_committed_row() {
         "no refusal stored against the key"
     );
     assert_eq!(app.db.count("outbox").await, 2, "the void is queued");
+}
+
+/// The key retention cobro and the fake keep in the held-request tests.
+const RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// A payment whose charge the provider holds in its queue (no answer, key
+/// reserved), handed to the reconciler past the key window, where no
+/// replay can ask about it any more.
+async fn held_past_the_key_window(rig: &Rig) -> String {
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::HoldEffect));
+    let p = rig.create_payment("k-1", &payment_body("o-held")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    assert_eq!(rig.provider.control().held(), 1, "the provider holds it");
+    pass_the_window(rig).await;
+    id
+}
+
+/// As cobro sets it: the provider may act on a request until its key
+/// retention has passed.
+fn with_lifetime(c: &mut ReconcilerConfig) {
+    c.request_lifetime = RETENTION;
+}
+
+/// Past the key window a consistent read that finds nothing is not proof
+/// while a request sent under the key may still be in the provider's
+/// queue: before the request lifetime, the attempt stayed unknown, and
+/// the charge the provider made late was adopted, never charged twice.
+/// Without the lifetime rule the read "proved" no effect and a new key
+/// charged again.
+async fn a_charge_held_in_the_providers_queue_is_never_taken_for_absence(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = held_past_the_key_window(&rig).await;
+    let run = |rig: &Rig| {
+        let reconciler = reconciler(rig, with_lifetime);
+        async move {
+            reconciler
+                .run(&every_candidate_now(), false, "test", &|_, _| {})
+                .await
+                .expect("run")
+        }
+    };
+    let summary = run(&rig).await;
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::StillUnknown { .. }),
+        "{summary:?}"
+    );
+    assert_eq!(rig.attempts(&id).await.len(), 1, "no new key");
+    assert!(rig.drain(3).await.is_empty(), "nothing to send");
+
+    // The provider's queue lets it through: one charge, adopted.
+    assert_eq!(rig.provider.control().release_held(), 1);
+    let summary = run(&rig).await;
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::Resolved { .. }),
+        "{summary:?}"
+    );
+    rig.drain(3).await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.attempts(&id).await.len(), 1);
+    assert_eq!(rig.ledger().totals.charges, 1, "charged once");
+}
+
+/// The other side of the bound: a request still held a key retention after
+/// it arrived is abandoned by the provider (its key forgotten, nothing
+/// made), and once the last send's lifetime is over the consistent read
+/// proves no effect and the payment is charged once under a new key.
+async fn a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = held_past_the_key_window(&rig).await;
+    rig.provider.control().advance_clock(RETENTION);
+    assert_eq!(rig.provider.control().held(), 0, "abandoned");
+    assert_eq!(rig.provider.control().release_held(), 0, "nothing to make");
+    // Lifetime over: last send + request timeout + lifetime + skew.
+    rig.app.clock.advance(Duration::hours(1));
+    let summary = reconciler(&rig, with_lifetime)
+        .run(&every_candidate_now(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    rig.provider.control().clear_faults();
+    rig.drain(3).await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(rig.attempts(&id).await.len(), 2);
+    assert_eq!(rig.ledger().totals.charges, 1, "charged once");
 }

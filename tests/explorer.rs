@@ -672,6 +672,9 @@ impl Explorer {
         let key_window = retention.checked_sub(margin);
         let model = cobro_reconciler::ReconcilerConfig {
             key_window,
+            // As cobro sets it: the fake abandons a held request once its
+            // key is forgotten, and not before.
+            request_lifetime: retention,
             ..model
         };
         let provider = fake_provider::Config {
@@ -1211,8 +1214,10 @@ impl Explorer {
         let runs: Vec<_> = (0..at_once)
             .map(|i| {
                 self.rig.reconciler(|c| {
-                    c.actor = format!("reconciler:explorer-{i}");
-                    c.key_window = self.model.key_window;
+                    *c = cobro_reconciler::ReconcilerConfig {
+                        actor: format!("reconciler:explorer-{i}"),
+                        ..self.model.clone()
+                    };
                 })
             })
             .collect();
@@ -1566,7 +1571,7 @@ impl Explorer {
             }
             let run = self
                 .rig
-                .reconciler(|c| c.key_window = self.model.key_window)
+                .reconciler(|c| *c = self.model.clone())
                 .run(
                     &Scope {
                         older_than: Some(Duration::ZERO),

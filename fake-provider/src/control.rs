@@ -62,13 +62,16 @@ impl Control {
         self.shared.lock().faults.clear();
     }
 
-    /// Moves virtual time forward; keys past retention are forgotten,
-    /// `processing` charges whose time has come become final, and Stripe
+    /// Moves virtual time forward; keys past retention are forgotten (and
+    /// held requests that arrived longer ago than that are abandoned,
+    /// without an effect: no provider acts on a request whose key it has
+    /// forgotten), `processing` charges whose time has come become final, and Stripe
     /// PaymentIntents uncaptured for seven days are canceled
     /// (`cancellation_reason: automatic`).
     pub fn advance_clock(&self, by: Duration) {
         let now = self.shared.clock.advance(by);
         let mut state = self.shared.lock();
+        crate::pipeline::abandon_expired(&mut state, now);
         state.keys.forget_expired(now);
         state.settle_due(now);
         crate::stripe::expire_uncaptured(&mut state, now);
@@ -127,9 +130,14 @@ impl Control {
     /// Makes the effect of every request a `hold_effect` fault held, oldest
     /// first, as if each had arrived now (under the key it reserved, which
     /// then replays the answer), and says how many there were. Their
-    /// callers are long gone: nothing is answered.
+    /// callers are long gone: nothing is answered. Requests held for a key
+    /// retention or longer were abandoned by then and make nothing.
     pub fn release_held(&self) -> usize {
-        let held = std::mem::take(&mut self.shared.lock().held);
+        let held = {
+            let mut state = self.shared.lock();
+            crate::pipeline::abandon_expired(&mut state, self.shared.clock.now());
+            std::mem::take(&mut state.held)
+        };
         let released = held.len();
         for request in held {
             crate::pipeline::release(&self.shared, request);

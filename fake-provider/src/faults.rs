@@ -85,7 +85,9 @@ pub enum FaultAction {
     /// `idempotency_in_progress`), and its effect is made only when released
     /// ([`crate::Control::release_held`], `POST /__admin/held/release`): a
     /// provider whose queue lets a request through long after the caller
-    /// gave up on it, and after its search showed nothing. Charges and
+    /// gave up on it, and after its search showed nothing. A request held
+    /// for the key retention or longer is abandoned without an effect (no
+    /// provider acts on a request whose key it has forgotten). Charges and
     /// refunds of the fake dialect; elsewhere (the Stripe dialect) it acts as
     /// `fail_before_effect`.
     HoldEffect,

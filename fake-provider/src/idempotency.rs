@@ -106,6 +106,11 @@ impl KeyStore {
         }
     }
 
+    /// How long a key is remembered after its first use.
+    pub(crate) fn retention(&self) -> TimeDelta {
+        self.retention
+    }
+
     /// Frees a reservation whose request ended without an effect.
     pub(crate) fn release(&mut self, scope: &str) {
         if matches!(self.slots.get(scope), Some(Slot::InProgress { .. })) {

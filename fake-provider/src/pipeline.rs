@@ -26,6 +26,7 @@ use crate::model::{ApiError, StoredResponse};
 use crate::server::drop_connection;
 use crate::state::{Ctx, Shared, State as ProviderState};
 use crate::stripe::{self, StripeError};
+use chrono::{DateTime, Utc};
 
 /// Header set on answers replayed from an idempotency key.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
@@ -325,11 +326,14 @@ pub(crate) type HeldEffect = Box<dyn FnOnce(&mut ProviderState, Ctx<'_>) -> Outc
 type HeldKey = Option<(String, String)>;
 
 /// A request held by a `hold_effect` fault: its key stays reserved until
-/// its effect is made ([`release`]).
+/// its effect is made ([`release`]) or the request outlives the provider's
+/// key retention and is abandoned ([`abandon_expired`]).
 pub(crate) struct Held {
     caller: String,
     key: HeldKey,
     run: HeldEffect,
+    /// When the request arrived (the provider's clock).
+    arrived: DateTime<Utc>,
 }
 
 impl std::fmt::Debug for Held {
@@ -340,10 +344,33 @@ impl std::fmt::Debug for Held {
     }
 }
 
+/// Drops, without an effect, every held request that arrived a key
+/// retention or more before `now`, and frees the key each reserved. No
+/// provider acts on a request after it has forgotten the request's key:
+/// its idempotency promise could no longer hold (a retry under the key
+/// would make a second effect). That bound is what makes a consistent read
+/// taken past it a proof of absence (docs/proof-of-absence.md, "How long a
+/// request lives"). Says how many were dropped.
+pub(crate) fn abandon_expired(state: &mut ProviderState, now: DateTime<Utc>) -> usize {
+    let retention = state.keys.retention();
+    let (expired, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut state.held)
+        .into_iter()
+        .partition(|h| now - h.arrived >= retention);
+    state.held = kept;
+    for held in &expired {
+        if let Some((scope, _)) = &held.key {
+            state.keys.release(scope);
+        }
+    }
+    expired.len()
+}
+
 /// Makes a held request's effect now, as if it had just arrived, and saves
 /// its answer under the key it reserved (no one is there to receive it).
 pub(crate) fn release(shared: &Shared, held: Held) {
-    let Held { caller, key, run } = held;
+    let Held {
+        caller, key, run, ..
+    } = held;
     let (scope, key) = key.unzip();
     let mut reservation = Reservation { shared, scope };
     let ctx = Ctx {
@@ -407,6 +434,7 @@ pub(crate) async fn execute_holding(
             caller,
             key,
             run: Box::new(run),
+            arrived: shared.clock.now(),
         };
         shared.lock().held.push(held);
     }

@@ -35,6 +35,15 @@ pub struct ReconcilerConfig {
     /// How long one provider call may take (the worker's timeout): a send
     /// may reach the provider until then.
     pub request_timeout: Duration,
+    /// How long the provider may still act on a request after it reached
+    /// it (a request held in its queue). Inside the key window a replay of
+    /// the attempt's key answers "in progress" for such a request; where no
+    /// replay is made (past the key window, in review), a consistent read
+    /// proves no effect only once the last send's lifetime is over too:
+    /// last send + request timeout + this + skew. cobro sets the provider's
+    /// key retention (no provider acts on a request whose key it has
+    /// forgotten; docs/proof-of-absence.md, "How long a request lives").
+    pub request_lifetime: Duration,
     /// How long the provider keeps an idempotency key, less the margin the
     /// worker keeps: until `first send + key_window`, the attempt's own key
     /// is replayed before "no effect" is decided (a request still executing
@@ -70,6 +79,7 @@ impl Default for ReconcilerConfig {
             actor: format!("reconciler:{}", std::process::id()),
             clock_skew: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
+            request_lifetime: Duration::ZERO,
             key_window: Some(Duration::from_secs(23 * 3600)),
             stuck_after: Duration::from_secs(300),
             escalate_after: Duration::from_secs(24 * 3600),
@@ -281,6 +291,9 @@ struct Answer {
 enum Replay {
     /// Not replayed: the key may be forgotten, or the payment is in review.
     Skipped,
+    /// A dry run, where a real run would replay the key now: it reports
+    /// what the real run decides when the replay finds the request over.
+    DryRun,
     /// The provider answered from what it stored under the key without
     /// executing anything (a stored error): the request is over, and the
     /// consistent read stands. The attempt as re-read after the replay
@@ -629,8 +642,11 @@ impl<P: Provider> Reconciler<P> {
         let Some(call) = Call::of(attempt, payment, refund) else {
             return Ok(Replay::Skipped);
         };
-        if dry_run || in_review || now >= first + to_chrono(key_window) {
+        if in_review || now >= first + to_chrono(key_window) {
             return Ok(Replay::Skipped);
+        }
+        if dry_run {
+            return Ok(Replay::DryRun);
         }
         let id = AttemptId::from_uuid(attempt.id.0);
         let Some(sent) = self.store.record_replay(id, now).await? else {
@@ -717,12 +733,9 @@ impl<P: Provider> Reconciler<P> {
                 said: &serde_json::Value::Null,
                 now: self.clock.now(),
             };
-            let verdict = if self.past_horizon(attempt, ctx.now) {
-                self.escalate(&ctx, operation, &payment, refund.as_ref(), &reason)
-                    .await?
-            } else {
-                Verdict::StillUnknown { reason }
-            };
+            let verdict = self
+                .undecided(&ctx, operation, &payment, refund.as_ref(), reason)
+                .await?;
             return Ok(Examined {
                 payment_id: payment_id.to_string(),
                 attempt_id: attempt.id.0.to_string(),
@@ -759,18 +772,28 @@ impl<P: Provider> Reconciler<P> {
             now,
         };
         let verdict = match finding {
-            Finding::Unknown(reason) if self.past_horizon(attempt, now) => {
-                self.escalate(&ctx, operation, &payment, refund.as_ref(), &reason)
+            Finding::Unknown(reason) => {
+                self.undecided(&ctx, operation, &payment, refund.as_ref(), reason)
                     .await?
             }
-            Finding::Unknown(reason) => Verdict::StillUnknown { reason },
             Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
             Finding::NoEffect => {
                 match self
                     .replay(attempt, &payment, refund.as_ref(), dry_run)
                     .await?
                 {
-                    Replay::Skipped => self.no_effect(&ctx, operation).await?,
+                    // No replay asked the provider whether a request under
+                    // the key is still queued: the read proves absence only
+                    // past the last send's lifetime.
+                    Replay::Skipped if asked_at < self.outlived(attempt) => {
+                        let reason = format!(
+                            "not found by the consistent read, but a request sent under its key may still be acted on until {} (the provider's request lifetime), and no replay of the key was possible",
+                            self.outlived(attempt).to_rfc3339()
+                        );
+                        self.undecided(&ctx, operation, &payment, refund.as_ref(), reason)
+                            .await?
+                    }
+                    Replay::Skipped | Replay::DryRun => self.no_effect(&ctx, operation).await?,
                     Replay::Over(sent) => {
                         let ctx = Ctx {
                             attempt: &sent,
@@ -966,6 +989,29 @@ impl<P: Provider> Reconciler<P> {
                 }
             }
         }
+    }
+
+    /// Still unknown; needs review once past the horizon.
+    async fn undecided(
+        &self,
+        ctx: &Ctx<'_>,
+        operation: Operation,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
+        reason: String,
+    ) -> Result<Verdict, ReconcileError> {
+        if self.past_horizon(ctx.attempt, ctx.now) {
+            self.escalate(ctx, operation, payment, refund, &reason)
+                .await
+        } else {
+            Ok(Verdict::StillUnknown { reason })
+        }
+    }
+
+    /// When no request sent under the attempt's key can be acted on any
+    /// more: its window's close plus the provider's request lifetime.
+    fn outlived(&self, attempt: &AttemptRow) -> DateTime<Utc> {
+        self.closed(attempt) + to_chrono(self.config.request_lifetime)
     }
 
     fn past_horizon(&self, attempt: &AttemptRow, now: DateTime<Utc>) -> bool {

@@ -471,7 +471,8 @@ impl ReconcileSettings {
     ///
     /// One reconciler per provider: it examines only the attempts sent to
     /// `provider` (`scope`) and applies that provider's clock skew,
-    /// request timeout and key window to its "not found" rule.
+    /// request timeout, key retention (as the longest a request may live
+    /// at the provider) and key window to its "not found" rule.
     pub fn config(
         &self,
         provider: &crate::provider::ProviderSpec,
@@ -483,6 +484,8 @@ impl ReconcileSettings {
             clock_skew: provider.contract.clock_skew,
             stuck_after: self.reconcile_stuck_after,
             request_timeout: provider.contract.request_timeout,
+            // No provider acts on a request whose key it has forgotten.
+            request_lifetime: provider.contract.key_retention,
             key_window: provider
                 .contract
                 .key_retention

@@ -515,7 +515,7 @@ run_sqlite() {
   # cobro's own memory: the provider is a fake-provider process, as in the
   # PostgreSQL run. The embedded one keeps every charge it made in memory
   # (about 6 KiB each), a demo's ledger that would otherwise be most of
-  # what grows (ops/bench/README.md, 2026-12-04).
+  # what grows (ops/bench/results/bench.md, 2026-12-04).
   start_fake memory
   start_sqlite memory COBRO_PROVIDER_URL="$PROVIDER_URL"
   memory_run

@@ -7,7 +7,7 @@
 //! a webhook killed while it waits on the payment's row, a dispatcher
 //! killed mid-delivery and the events chaos run.
 //!
-//! The scenarios of provider-and-recovery.md section 6 run on both stores
+//! The scenarios of docs/recovery.md §6 run on both stores
 //! in tests/scenarios.rs (scenario 7's killed workers and scenario 14's
 //! chaos run moved there from here).
 //!

@@ -1,4 +1,4 @@
-//! Evidence and identity (provider-and-recovery.md section 7): regressions
+//! Evidence and identity (docs/evidence.md §7): regressions
 //! for every defect of "Proof, not resemblance", on both backends, with the
 //! real store, worker, reconciler and the fake provider over HTTP. Each test
 //! counts the effects in the provider's ledger.

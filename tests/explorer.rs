@@ -1,7 +1,7 @@
 //! The interleaving explorer: a seeded, model-based test that drives the
 //! real store (both backends), the real worker, reconciler and webhook code
 //! and the fake provider, step by step in an order chosen by the seed, and
-//! checks the invariants of provider-and-recovery.md section 7 against the
+//! checks the invariants of docs/evidence.md (§7) against the
 //! provider's ledger after every step.
 //!
 //! Steps: API requests from two accounts with colliding order refs
@@ -1403,8 +1403,8 @@ impl Explorer {
     /// captures or voids an authorized charge behind cobro's back. cobro is
     /// not told: its payment stays `authorized` until it acts on the charge,
     /// when the provider's refusal carries the charge's truth (a void
-    /// refused because the charge was captured ends `captured`; spec
-    /// section 7.5). The call goes to the provider's own API, so a fault
+    /// refused because the charge was captured ends `captured`;
+    /// docs/evidence.md §7.5). The call goes to the provider's own API, so a fault
     /// armed for the next capture or void may fire on it instead of on
     /// cobro's call; whatever it answers, the ledger says what happened.
     async fn dashboard(&mut self) -> Result<(), String> {
@@ -2033,7 +2033,7 @@ fn verdicts_of(
 
 /// A capture or void of cobro's that the provider answered (it was sent and
 /// ended succeeded, declined or failed): the answer carries the charge's
-/// state at that moment (spec section 7.5).
+/// state at that moment (docs/evidence.md §7.5).
 fn answered_on_charge(a: &cobro_store::payments::AttemptRow) -> bool {
     matches!(a.operation, Operation::Capture | Operation::Cancel)
         && a.send_count > 0

@@ -1,4 +1,4 @@
-//! The payments API contract (payments-api.md), on both backends, through a
+//! The payments API contract (docs/http-api.md), on both backends, through a
 //! real HTTP server. Effects are counted in the database: payments, attempts
 //! and outbox rows (provider calls belong to the worker).
 
@@ -172,7 +172,7 @@ async fn a_missing_or_invalid_key_is_400_and_nothing_is_stored(backend: Backend)
         .await
         .expect("send");
     assert_problem(missing, 400, "idempotency-key-missing").await;
-    // (`"unterminated` is a valid bare key: spec section 3.)
+    // (`"unterminated` is a valid bare key: docs/http-api.md §3.)
     for bad in ["has space", &"x".repeat(256), "\"quoted space\""] {
         let r = create(&app, bad, &payment_body("o-1")).await;
         assert_problem(r, 400, "idempotency-key-invalid").await;

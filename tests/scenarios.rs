@@ -1,4 +1,4 @@
-//! The 14 scenarios of provider-and-recovery.md section 6, each at process
+//! The 14 scenarios of docs/recovery.md §6, each at process
 //! level on both stores: real `cobro serve`, `cobro worker` and `cobro
 //! reconcile` processes over a fresh PostgreSQL database or SQLite file
 //! ([`Site`], tests/support/site.rs), SIGKILLed (or SIGSTOPped) where the
@@ -7,7 +7,7 @@
 //! captures and refunds it actually made, per payment (its own charge,
 //! found by cobro's attempt metadata) and per intent.
 //!
-//! Layout: one test per scenario, in the spec's order, then the helpers
+//! Layout: one test per scenario, in the order of §6, then the helpers
 //! they share. The tests start the fewest processes they need: one `cobro
 //! serve` with its worker unless the scenario kills or stops a worker, or
 //! spreads requests over two servers.

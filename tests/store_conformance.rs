@@ -1308,7 +1308,7 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
 /// queue looks like one empty page, cheaper than the primary key; a
 /// statement that finds its row by key and names the queue state implied
 /// the index's predicate, and a plan cached then read the whole backlog on
-/// every look-up (ops/bench/README.md). Here: 300 payments settled, their
+/// every look-up (ops/bench/results/bench.md). Here: 300 payments settled, their
 /// outbox rows done, `VACUUM ANALYZE`; then a backlog of 200 pending
 /// attempts; then the generic plan (as a pooled connection caches it) of
 /// each of the worker's look-ups by key: none may use `outbox_due`,

@@ -7,8 +7,8 @@
   generation are left as they are, so their refusal is still checked.
 - Bodies whose `amount` is a JSON number with a fraction part or exponent
   (`1999.0`) are not generated: JSON Schema's `integer` admits them, while
-  cobro refuses every spelling but a plain integer (payments-api.md
-  section 4), which no schema keyword can say.
+  cobro refuses every spelling but a plain integer (docs/http-api.md
+  §4 and §6), which no schema keyword can say.
 - The concurrent phase of ops/fuzz.sh (COBRO_FUZZ_ORDER_REFS set, a
   comma-separated list): every valid `order_ref`, in a create's body and
   in the list's query, becomes one of those few shared refs, and every
@@ -27,7 +27,7 @@ import uuid
 
 import schemathesis
 
-# payments-api.md section 3: bare, or one structured-field string.
+# docs/http-api.md §3: bare, or one structured-field string.
 VALID_KEY = re.compile(r'^(?:[!-~]{1,255}|"[!#-\[\]-~]{1,255}")$')
 # cobro_core::OrderRef::parse, and the create's payment_method rule.
 VALID_ORDER_REF = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

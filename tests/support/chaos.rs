@@ -1,4 +1,4 @@
-//! The chaos run of provider-and-recovery.md section 6, scenario 14, on
+//! The chaos run of docs/recovery.md §6, scenario 14, on
 //! either store (tests/scenarios.rs runs it on both): real `cobro`
 //! processes over a [`Site`], the provider faulting every kind of call, and
 //! workers and an API process SIGKILLed throughout.

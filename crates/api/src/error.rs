@@ -1,6 +1,6 @@
 //! The one error type at the HTTP edge, rendered as RFC 9457 problem+json.
 //!
-//! Every status code here is part of the contract (payments-api.md section 9):
+//! Every status code here is part of the contract (docs/http-api.md §9):
 //! 409 means only "the same key is still in progress, retry with it"; every
 //! refusal caused by a resource's state is a 422 with its own code. 5xx
 //! bodies never carry internal detail; the cause is logged once, with its

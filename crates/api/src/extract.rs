@@ -11,7 +11,7 @@ use cobro_core::{AccountId, IdempotencyKey};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// The largest request body accepted (payments-api.md section 6).
+/// The largest request body accepted (docs/http-api.md §6).
 pub const BODY_LIMIT: usize = 16 * 1024;
 
 /// The account behind a valid bearer token.

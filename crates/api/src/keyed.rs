@@ -1,5 +1,5 @@
 //! The decision table for a POST with an Idempotency-Key
-//! (payments-api.md section 5), shared by every keyed operation.
+//! (docs/http-api.md §5), shared by every keyed operation.
 //!
 //! `begin` opens the transaction and reserves the key as its first
 //! statement; the handler does its local work in the same transaction;

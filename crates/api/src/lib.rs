@@ -79,7 +79,7 @@ pub struct ApiSettings {
 }
 
 /// A test-only pause of keyed requests, for the process-level tests of
-/// provider-and-recovery.md section 6 that kill the server at an exact
+/// docs/recovery.md §6 that kill the server at an exact
 /// point: scenario 4 (before the commit: the transaction is open, the key
 /// reserved and the payment written) and scenario 5 (after the commit,
 /// before the answer is sent). Only requests whose `Idempotency-Key`

@@ -1,4 +1,4 @@
-//! `/openapi.json`: the machine-readable contract (payments-api.md), an
+//! `/openapi.json`: the machine-readable contract (docs/http-api.md), an
 //! OpenAPI 3.1 document generated with utoipa from the handlers themselves.
 //!
 //! Layout:

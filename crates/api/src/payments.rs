@@ -1,4 +1,4 @@
-//! The payments endpoints (payments-api.md section 6).
+//! The payments endpoints (docs/http-api.md §6).
 
 use crate::error::ApiError;
 use crate::extract::{Account, Fields, JsonObject, KeyHeader, Params};

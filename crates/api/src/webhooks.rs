@@ -1,5 +1,5 @@
 //! `POST /v1/webhooks/{provider}`: the HTTP side of provider events
-//! (provider-and-recovery.md section 4). What is per provider (the
+//! (docs/recovery.md §4). What is per provider (the
 //! signature and the event's shape) is the provider's
 //! [`WebhookScheme`](cobro_provider::WebhookScheme); what an event proves is
 //! applied by [`cobro_settle::deliver`], the same for every provider. This

@@ -117,7 +117,7 @@ mod tests {
         );
     }
 
-    /// Spec section 3: any 1 to 255 visible characters are a bare key, so a
+    /// docs/http-api.md §3: any 1 to 255 visible characters are a bare key, so a
     /// `"` that does not make a structured-field string is just a character.
     #[test]
     fn bare_keys_may_contain_and_start_with_quotes() {

@@ -307,7 +307,7 @@ struct ErrorDetail {
     message: Option<String>,
 }
 
-/// The classification table of provider-and-recovery.md section 2, for a
+/// The classification table of docs/recovery.md §2, for a
 /// call that got an HTTP answer.
 pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
     // The provider's own error body, with its code: a 4xx without one is

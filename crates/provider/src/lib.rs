@@ -147,7 +147,7 @@ pub mod metadata {
 }
 
 /// What one send proved. The classification is the heart of safe retries
-/// (provider-and-recovery.md section 2): only `NotSent` and `Unknown` may be
+/// (docs/recovery.md §2, Classification): only `NotSent` and `Unknown` may be
 /// retried, and only with the same provider idempotency key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -1,5 +1,5 @@
 //! Whether a provider object is provably about one attempt
-//! (provider-and-recovery.md section 7).
+//! (docs/evidence.md §7.1).
 //!
 //! cobro sends every attempt under a reference unique to it
 //! (`{intent}/{attempt id}`) and with its identity as metadata
@@ -159,7 +159,7 @@ fn charge_fits(payment: &PaymentRow, object: &ProviderObject) -> Fit {
         // Under the attempt's identity and terms, in a status that is not
         // final (Stripe's `processing`, a status cobro does not know): the
         // attempt's own charge, in progress. `proof_from` proves nothing
-        // from it, and it is never "not found" (section 8).
+        // from it, and it is never "not found" (docs/proof-of-absence.md).
         _ => Fit::Ours,
     }
 }

@@ -1,5 +1,5 @@
 //! Evidence cobro kept but did not adopt, and the `needs_review` flag it
-//! raises (provider-and-recovery.md section 7).
+//! raises (docs/evidence.md §7.2).
 //!
 //! A conflict is provider evidence that contradicts what cobro recorded (a
 //! charge for an attempt recorded as having had no effect, another charge

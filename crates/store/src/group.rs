@@ -3,7 +3,7 @@
 //!
 //! SQLite has one writer, and on the embedded default it was the serial
 //! resource: each write transaction paid its own COMMIT, which appends every
-//! page it changed to the WAL and syncs it (ops/bench/README.md, "where the
+//! page it changed to the WAL and syncs it (ops/bench/results/bench.md, "where the
 //! writer's time goes"). A new payment and the worker's claim, send mark and
 //! settle are four such commits, each rewriting the same few pages at the
 //! right-hand end of the tables and indexes (ids are UUIDv7).

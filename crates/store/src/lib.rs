@@ -205,7 +205,7 @@ enum Backend {
 /// waited in SQLite's busy handler, which polls with sleeps growing to
 /// 100 ms: a waiter could sleep through many releases while newcomers took
 /// the lock, so under load some requests waited a second or more (p99
-/// 1.1 s at 16 clients, ops/bench/README.md) and the lock sat idle while
+/// 1.1 s at 16 clients, ops/bench/results/bench.md) and the lock sat idle while
 /// its waiters slept. Here every write (each `begin`, and the few
 /// single-statement writes, through [`on_write_pool!`]) goes through one
 /// connection, first come, first served, and the write transactions of

@@ -432,7 +432,7 @@ impl WriteTx {
             // command (it runs every statement of the text, binding `$n` in
             // each). Every hand-off holds the one writer of the process:
             // one instead of three won in 9 of 9 alternated pairs, by 14%
-            // (median) of new payments/s (ops/bench/README.md, "fewer
+            // (median) of new payments/s (ops/bench/results/bench.md, "fewer
             // hand-offs on SQLite's writer"). Only the attempt's INSERT
             // returns a row. The attempt's and the outbox row's account are
             // the payment's, as `enqueue_attempt` copies them.

@@ -1,4 +1,4 @@
-//! Retention (spec section 8), shared by `cobro purge` and the scheduled
+//! Retention (docs/http-api.md §8), shared by `cobro purge` and the scheduled
 //! purge inside `cobro serve`: full idempotency records become tombstones
 //! after `idempotency`, tombstones disappear after `idempotency +
 //! tombstone`, processed webhook event ids after their own retention.
@@ -14,7 +14,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-/// The retention contract (spec section 8).
+/// The retention contract (docs/http-api.md §8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retention {
     /// How long a full idempotency record (stored response) is kept before

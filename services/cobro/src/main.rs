@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 /// mimalloc instead of glibc's malloc: a request allocates and frees
 /// hundreds of small objects (headers, JSON, rows) across worker threads,
-/// which glibc's arenas serve slowly (ops/bench/README.md, "Where cobro's
-/// CPU goes").
+/// which glibc's arenas serve slowly (ops/bench/results/bench.md, "Where
+/// cobro's CPU goes").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

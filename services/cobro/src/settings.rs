@@ -4,7 +4,7 @@
 //! Layout:
 //! - [`GlobalSettings`]: what every subcommand needs (database, logging).
 //! - [`ServeSettings`]: the HTTP server and its scheduled purge.
-//! - [`RetentionSettings`]: the retention contract (spec section 8), shared
+//! - [`RetentionSettings`]: the retention contract (docs/http-api.md §8), shared
 //!   by `serve` (scheduled purge, replay of tombstones) and `purge`.
 //! - [`DispatcherSettings`], [`ReconcileSettings`] and the provider groups:
 //!   shared by `serve` and `worker` (and `reconcile`), each with the
@@ -523,7 +523,7 @@ impl HttpSettings {
 /// Rows per purge batch: small enough that no batch holds locks for long.
 pub const DEFAULT_PURGE_BATCH: u32 = 500;
 
-/// The retention contract (spec section 8).
+/// The retention contract (docs/http-api.md §8).
 #[derive(Args, Clone, Debug)]
 pub struct RetentionSettings {
     /// How long a full idempotency record (stored response) is kept before

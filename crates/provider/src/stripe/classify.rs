@@ -1,5 +1,5 @@
 //! Every Stripe answer classified (issue 13, item 2; the table of
-//! provider-and-recovery.md section 2): [`TABLE`] is read top to bottom
+//! docs/recovery.md §2, Classification): [`TABLE`] is read top to bottom
 //! and the first row that matches decides. Each row names the integration
 //! test (`tests/stripe.rs`) that drives it through a real HTTP exchange
 //! with Stripe's own bodies and headers, and a unit test below pins it;

@@ -82,7 +82,7 @@ async fn handed_over(rig: &Rig, body: &Value) -> String {
     let p = rig.create_payment("k-1", body).await;
     let id = p["id"].as_str().expect("id").to_owned();
     rig.drain(1).await;
-    pass_the_window(rig).await;
+    rig.pass_the_key_window().await;
     id
 }
 
@@ -116,16 +116,6 @@ async fn proven_no_effect_and_retried(rig: &Rig) {
     rig.app.clock.advance(Duration::minutes(2));
     let summary = reconcile(rig, Scope::default()).await;
     assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
-}
-
-/// Lets cobro's clock pass the provider key window so the worker hands the
-/// unknown attempts over to the reconciler.
-async fn pass_the_window(rig: &Rig) {
-    rig.app
-        .clock
-        .advance(Duration::hours(23) + Duration::minutes(1));
-    let steps = rig.drain(3).await;
-    assert!(steps.contains(&Step::HandedOver), "{steps:?}");
 }
 
 /// A second merchant's account, and its payment for `order_ref` (key
@@ -300,6 +290,8 @@ async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
         provider_ref: None,
         operator: "alice".into(),
         reason: "no charge at the provider".into(),
+        invoked_by: "test@host".into(),
+        verified: None,
     };
     let wrong = cobro_reconciler::resolve_by_hand(
         &rig.app.db.store,
@@ -438,6 +430,8 @@ async fn a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line(backe
         provider_ref: Some(charge_id.clone()),
         operator: "alice".into(),
         reason: "the charge is authorized".into(),
+        invoked_by: "test@host".into(),
+        verified: None,
     };
     let after =
         cobro_reconciler::resolve_by_hand(&rig.app.db.store, &resolution, rig.app.clock.now())
@@ -707,7 +701,7 @@ async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend
     .await;
     rig.drain(1).await;
     assert_eq!((control.held(), rig.ledger().refunds.len()), (1, 0));
-    pass_the_window(&rig).await;
+    rig.pass_the_key_window().await;
     proven_no_effect_and_retried(&rig).await;
     rig.drain(2).await;
     assert_eq!(rig.ledger().refunds.len(), 1, "the retry refunded");
@@ -801,7 +795,7 @@ async fn a_capture_retried_after_no_effect_is_not_a_conflict_when_a_late_reconci
         .expect("send");
     assert_eq!(r.status().as_u16(), 202);
     rig.drain(1).await;
-    pass_the_window(&rig).await;
+    rig.pass_the_key_window().await;
     proven_no_effect_and_retried(&rig).await;
     rig.provider.control().clear_faults();
     rig.drain(3).await;
@@ -859,7 +853,7 @@ async fn the_reconciler_reads_what_a_stale_worker_kept(backend: Backend) {
     let p = rig.create_payment("k-1", &payment_body("o-1")).await;
     let id = p["id"].as_str().expect("id").to_owned();
     rig.drain(1).await;
-    pass_the_window(&rig).await;
+    rig.pass_the_key_window().await;
     // A stale owner kept the provider's answer to this attempt's key.
     let attempt = rig.attempts(&id).await.remove(0);
     let charge = rig.ledger().charges[0].clone();
@@ -956,7 +950,7 @@ async fn a_run_pages_through_every_candidate(backend: Backend, dialect: Dialect)
             .await;
     }
     rig.drain(1).await;
-    pass_the_window(&rig).await;
+    rig.pass_the_key_window().await;
     // Capped: two of the five, and the run says candidates were left.
     let capped = reconciler(&rig, |c| c.page = 2)
         .run(
@@ -1124,7 +1118,7 @@ async fn held_past_the_key_window(rig: &Rig) -> String {
     let id = p["id"].as_str().expect("id").to_owned();
     rig.drain(1).await;
     assert_eq!(rig.provider.control().held(), 1, "the provider holds it");
-    pass_the_window(rig).await;
+    rig.pass_the_key_window().await;
     id
 }
 

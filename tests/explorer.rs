@@ -1310,23 +1310,48 @@ impl Explorer {
                 None => return Ok(()),
             },
         };
-        let resolution = ManualResolution {
+        // One operator in four gets it wrong (drawn from the third stream,
+        // so the other draws stay as they were): "no money moved" for a
+        // charge the ledger holds, or a charge that is not the attempt's
+        // for one it does not. The check at the provider must refuse it.
+        let mistaken = self.slow.random_ratio(1, 4);
+        let (outcome, provider_ref) = match (mistaken, charged) {
+            (false, _) => (outcome, provider_ref),
+            (true, Some(_)) => (ManualOutcome::Failed, None),
+            (true, None) => (ManualOutcome::Captured, Some("ch_not_this_attempts".into())),
+        };
+        let mut resolution = ManualResolution {
             payment,
             attempt: cobro_core::AttemptId::from_uuid(attempt.id.0),
             outcome,
             provider_ref,
             operator: "explorer".into(),
             reason: "the provider's ledger says so".into(),
+            invoked_by: "explorer@test".into(),
+            verified: None,
         };
-        let result =
-            cobro_reconciler::resolve_by_hand(store, &resolution, self.rig.app.clock.now()).await;
-        let said = match result {
-            Ok(after) => after,
+        let checker = self.rig.reconciler(|c| *c = self.model.clone());
+        let result = match checker.check_verdict(&resolution).await {
+            Ok(showed) => {
+                resolution.verified = Some(showed);
+                cobro_reconciler::resolve_by_hand(store, &resolution, self.rig.app.clock.now())
+                    .await
+            }
+            Err(refused) => Err(refused),
+        };
+        let said = match &result {
+            Ok(after) => after.clone(),
             Err(e) => format!("refused: {e}"),
         };
         self.note(format!(
-            "operator resolves {payment} as {outcome:?} -> {said}"
+            "operator resolves {payment} as {outcome:?}{} -> {said}",
+            if mistaken { " (mistaken)" } else { "" }
         ));
+        if mistaken && result.is_ok() {
+            return Err(format!(
+                "an operator's mistaken verdict on {payment} passed the check at the provider"
+            ));
+        }
         Ok(())
     }
 

@@ -22,6 +22,7 @@ mod reconciler;
 mod scenarios;
 mod schema_parity;
 mod store_conformance;
+mod verdicts;
 mod webhooks;
 mod worker;
 

@@ -537,6 +537,8 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(
             provider_ref: Some("ch_looked_up_by_hand".into()),
             operator: "alice".into(),
             reason: "confirmed in the provider dashboard".into(),
+            invoked_by: "test@host".into(),
+            verified: None,
         },
         rig.app.clock.now(),
     )
@@ -565,6 +567,8 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(
             provider_ref: None,
             operator: "bob".into(),
             reason: "x".into(),
+            invoked_by: "test@host".into(),
+            verified: None,
         },
         rig.app.clock.now(),
     )

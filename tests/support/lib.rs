@@ -1032,14 +1032,30 @@ impl Rig {
     }
 
     pub async fn payment(&self, id: &str) -> serde_json::Value {
+        self.get_json(&format!("/v1/payments/{id}")).await
+    }
+
+    /// `GET path` with the rig's token, as JSON.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
         self.app
-            .get(&format!("/v1/payments/{id}"))
+            .get(path)
             .send()
             .await
             .expect("get")
             .json()
             .await
             .expect("json")
+    }
+
+    /// Moves cobro's clock past the provider key window (23 h and a
+    /// minute) and runs the worker, which hands the unknown attempts over
+    /// to the reconciler.
+    pub async fn pass_the_key_window(&self) {
+        self.app
+            .clock
+            .advance(chrono::Duration::hours(23) + chrono::Duration::minutes(1));
+        let steps = self.drain(3).await;
+        assert!(steps.contains(&cobro_worker::Step::HandedOver), "{steps:?}");
     }
 }
 

@@ -9,7 +9,7 @@ use cobro_provider::{Provider, ProviderObject, ProviderStatus, QueryError, Sent,
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
 use cobro_settle::{
-    Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
+    Applied, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
 };
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
@@ -21,6 +21,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod manual;
+pub use manual::{ManualOutcome, ManualResolution, ResolveError, invoked_by, resolve_by_hand};
 
 #[derive(Clone, Debug)]
 pub struct ReconcilerConfig {
@@ -1169,7 +1172,27 @@ impl<P: Provider> Reconciler<P> {
         };
         let in_review = before == PaymentStatus::NeedsReview
             || refund_status == Some(RefundStatus::NeedsReview);
-        let (verdict, after, name) = if in_review {
+        let (verdict, after, name) = if let (true, Operation::Refund, Some(r), Some(from)) =
+            (in_review, operation, refund_id, refund_status)
+        {
+            // A refund proven without effect while it (or its payment) is
+            // in review is failed: nothing is sent, and its reservation is
+            // released, so the payment can be refunded again (a refund
+            // left in review would hold its amount for ever).
+            tx.settle_refund(
+                r,
+                from,
+                RefundStatus::Failed,
+                None,
+                Some((
+                    "no_effect_at_provider",
+                    "the provider has no record of this refund; refund again if it is still owed",
+                )),
+                now,
+            )
+            .await?;
+            (Verdict::FailedNoEffect, before, Decision::NoEffectFail)
+        } else if in_review {
             // Recorded, nothing enabled: needs_review blocks every new send.
             (
                 Verdict::NoEffectInReview,
@@ -1414,266 +1437,4 @@ async fn finish(tx: WriteTx, dry_run: bool) -> Result<(), StoreError> {
     } else {
         tx.commit().await
     }
-}
-
-/// An operator's resolution of a payment in `needs_review`.
-#[derive(Clone, Debug)]
-pub struct ManualResolution {
-    pub payment: PaymentId,
-    /// The attempt the operator resolves (`cobro payments show` lists them).
-    pub attempt: AttemptId,
-    pub outcome: ManualOutcome,
-    pub provider_ref: Option<String>,
-    pub operator: String,
-    pub reason: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ManualOutcome {
-    Authorized,
-    Captured,
-    Declined,
-    Failed,
-    Canceled,
-}
-
-impl ManualOutcome {
-    fn status(self) -> PaymentStatus {
-        match self {
-            ManualOutcome::Authorized => PaymentStatus::Authorized,
-            ManualOutcome::Captured => PaymentStatus::Captured,
-            ManualOutcome::Declined => PaymentStatus::Declined,
-            ManualOutcome::Failed => PaymentStatus::Failed,
-            ManualOutcome::Canceled => PaymentStatus::Canceled,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ResolveError {
-    #[error("no such payment")]
-    NotFound,
-    #[error("the payment is {0}; only a payment in needs_review can be resolved by hand")]
-    NotInReview(String),
-    #[error("attempt {0} is not an attempt of this payment")]
-    NotThisPaymentsAttempt(String),
-    #[error(
-        "attempt {0} may still be in flight (the worker owns it); wait for it to be handed over"
-    )]
-    InFlight(String),
-    #[error("an authorized or captured outcome needs the provider's charge id (--provider-ref)")]
-    ProviderRefRequired,
-    #[error("outcome {outcome:?} does not apply to a {operation} attempt")]
-    NotApplicable {
-        outcome: ManualOutcome,
-        operation: String,
-    },
-    #[error("the payment changed while resolving; look again")]
-    Conflict,
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// What an operator's outcome proves about an unresolved attempt.
-fn manual_proof(
-    r: &ManualResolution,
-    operation: Operation,
-    payment: &PaymentRow,
-) -> Result<Proof, ResolveError> {
-    let not_applicable = || ResolveError::NotApplicable {
-        outcome: r.outcome,
-        operation: operation.as_str().to_owned(),
-    };
-    let refused = |charge| Proof::Failed {
-        code: "resolved_by_operator".into(),
-        message: r.reason.clone(),
-        charge,
-    };
-    let charge = || {
-        r.provider_ref
-            .clone()
-            .or_else(|| payment.provider_ref.clone())
-            .ok_or(ResolveError::ProviderRefRequired)
-    };
-    Ok(match (operation, r.outcome) {
-        (Operation::Authorize, ManualOutcome::Authorized | ManualOutcome::Captured) => {
-            Proof::Succeeded {
-                provider_ref: r
-                    .provider_ref
-                    .clone()
-                    .ok_or(ResolveError::ProviderRefRequired)?,
-                captured: r.outcome == ManualOutcome::Captured,
-            }
-        }
-        (Operation::Authorize, ManualOutcome::Declined) => Proof::Declined {
-            code: "resolved_declined".into(),
-            message: r.reason.clone(),
-        },
-        (Operation::Authorize, ManualOutcome::Failed) => Proof::Failed {
-            code: "resolved_failed".into(),
-            message: r.reason.clone(),
-            charge: None,
-        },
-        (Operation::Capture, ManualOutcome::Captured)
-        | (Operation::Cancel, ManualOutcome::Canceled) => Proof::Succeeded {
-            provider_ref: charge()?,
-            captured: operation == Operation::Capture,
-        },
-        (Operation::Capture | Operation::Cancel, ManualOutcome::Authorized) => {
-            refused(Some(ChargeNow::Authorized))
-        }
-        (Operation::Cancel, ManualOutcome::Captured) => refused(Some(ChargeNow::Captured {
-            amount: payment.amount,
-        })),
-        (Operation::Capture, ManualOutcome::Canceled) => refused(Some(ChargeNow::Voided)),
-        // A refund the operator found: succeeded (`captured`: the money went
-        // back, with the provider's refund id) or failed.
-        (Operation::Refund, ManualOutcome::Captured) => Proof::Succeeded {
-            provider_ref: r
-                .provider_ref
-                .clone()
-                .ok_or(ResolveError::ProviderRefRequired)?,
-            captured: false,
-        },
-        (Operation::Refund, ManualOutcome::Failed | ManualOutcome::Declined) => refused(None),
-        _ => return Err(not_applicable()),
-    })
-}
-
-/// Applies an operator's resolution: only from `needs_review`, naming the
-/// attempt it resolves, refused while any attempt of the payment may be in
-/// flight, by compare-and-set, audited with who and why. An unresolved
-/// attempt is settled through the same path as a provider proof; a payment
-/// stopped by a conflict (its attempts already settled) is set to the
-/// outcome the operator found at the provider, and its conflicts closed.
-pub async fn resolve_by_hand(
-    store: &Store,
-    r: &ManualResolution,
-    now: DateTime<Utc>,
-) -> Result<String, ResolveError> {
-    let mut tx = store.begin().await?;
-    match resolve_in(&mut tx, r, now).await {
-        Ok(after) => {
-            tx.commit().await?;
-            Ok(after)
-        }
-        // A refusal is answered only from what is committed: on SQLite the
-        // rollback waits for the write group whose work this transaction
-        // may have read (crates/store/src/group.rs).
-        Err(refused) => {
-            tx.rollback().await?;
-            Err(refused)
-        }
-    }
-}
-
-/// [`resolve_by_hand`]'s reads and writes, in its transaction.
-async fn resolve_in(
-    tx: &mut cobro_store::WriteTx,
-    r: &ManualResolution,
-    now: DateTime<Utc>,
-) -> Result<String, ResolveError> {
-    let payment = tx
-        .lock_payment_any_account(r.payment)
-        .await?
-        .ok_or(ResolveError::NotFound)?;
-    if payment.status != PaymentStatus::NeedsReview {
-        return Err(ResolveError::NotInReview(payment.status.to_string()));
-    }
-    let attempts = tx.attempts_of_payment_any_account(r.payment).await?;
-    // In flight: sent and still the worker's; or another attempt the
-    // reconciler is still working out (only the named one is decided here).
-    if let Some(busy) = attempts.iter().find(|a| {
-        let worker_owned =
-            matches!(a.state, AttemptState::Pending | AttemptState::Unknown) && a.send_count > 0;
-        // Refunds do not decide the payment's status: one still being
-        // reconciled does not block resolving another attempt.
-        let other_open = a.state == AttemptState::Reconciling
-            && a.id.0 != r.attempt.as_uuid()
-            && a.operation != Operation::Refund;
-        worker_owned || other_open
-    }) {
-        return Err(ResolveError::InFlight(busy.id.0.to_string()));
-    }
-    let attempt = attempts
-        .iter()
-        .find(|a| a.id.0 == r.attempt.as_uuid())
-        .ok_or_else(|| ResolveError::NotThisPaymentsAttempt(r.attempt.to_string()))?;
-    let operation = attempt.operation;
-    let operator = format!("operator:{}", r.operator);
-    let asserted = serde_json::json!({
-        "operator_asserted": format!("{:?}", r.outcome),
-        "provider_ref": r.provider_ref,
-    })
-    .to_string();
-    let unresolved = attempt.state.is_unresolved();
-    // The operator has looked at the evidence: the conflicts are closed
-    // first, so the decision below is applied, not kept as one more.
-    tx.resolve_conflicts(r.payment, now).await?;
-    let (before, after) = if unresolved {
-        let proof = manual_proof(r, operation, &payment)?;
-        let source = Source {
-            name: &operator,
-            said: &asserted,
-        };
-        match apply_proof(tx, attempt, &proof, &source, now).await? {
-            Applied::Settled { before, after } => (before, after),
-            _ => return Err(ResolveError::Conflict),
-        }
-    } else {
-        let mut to = r.outcome.status();
-        // "Captured" for a payment that was captured and partly or fully
-        // refunded when the conflict stopped it restores that status; the
-        // captured and refunded amounts stay what they were.
-        let restored = payment.review_from.filter(|from| {
-            to == PaymentStatus::Captured
-                && matches!(
-                    from,
-                    PaymentStatus::PartiallyRefunded | PaymentStatus::Refunded
-                )
-        });
-        if let Some(from) = restored {
-            to = from;
-        }
-        if matches!(to, PaymentStatus::Authorized | PaymentStatus::Captured)
-            && r.provider_ref.is_none()
-            && payment.provider_ref.is_none()
-        {
-            return Err(ResolveError::ProviderRefRequired);
-        }
-        let outcome = PaymentOutcome {
-            provider_ref: r.provider_ref.clone(),
-            amount_captured: (to == PaymentStatus::Captured && payment.amount_captured == 0)
-                .then_some(payment.amount),
-            failure: to
-                .is_terminal_failure()
-                .then(|| ("resolved_by_operator".to_owned(), r.reason.clone())),
-        };
-        let settled = tx
-            .settle_payment(r.payment, PaymentStatus::NeedsReview, to, &outcome, now)
-            .await?
-            .ok_or(ResolveError::Conflict)?;
-        let to = settle_held_cancels(tx, &settled, to, now).await?;
-        (
-            PaymentStatus::NeedsReview.as_str().to_owned(),
-            to.as_str().to_owned(),
-        )
-    };
-    tx.record_decision(
-        &NewDecision {
-            run_id: None,
-            payment: r.payment,
-            refund: attempt.refund_id.map(|id| RefundId::from_uuid(id.0)),
-            attempt: Some(r.attempt),
-            state_before: before,
-            state_after: after.clone(),
-            provider_said: asserted,
-            decision: Decision::ManualResolve,
-            actor: operator,
-            reason: Some(r.reason.clone()),
-        },
-        now,
-    )
-    .await?;
-    Ok(after)
 }

@@ -7,14 +7,17 @@ use crate::admin::JsonFlag;
 use crate::database::{self, SchemaPolicy};
 use crate::output::{instant, or_dash, say, say_json};
 use crate::reconcile::parse_payment;
-use crate::settings::{GlobalSettings, ProviderSettings, parse_duration};
+use crate::settings::{
+    GlobalSettings, KeyWindowSettings, ProviderSettings, ReconcileSettings, parse_duration,
+};
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Subcommand, ValueEnum};
-use cobro_core::{Clock, PaymentId, PaymentStatus, SystemClock};
-use cobro_reconciler::{ManualOutcome, ManualResolution};
+use cobro_core::{Clock, PaymentStatus, SystemClock};
+use cobro_reconciler::{ManualOutcome, ManualResolution, Reconciler};
 use cobro_store::Store;
 use comfy_table::Table;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
@@ -50,40 +53,53 @@ pub enum PaymentsCommand {
         #[command(flatten)]
         output: JsonFlag,
     },
-    /// Resolve a payment in `needs_review` by hand (audited). Names the
-    /// attempt it resolves (`payments show` lists them); refused while any
-    /// attempt of the payment may be in flight.
-    Resolve {
-        id: String,
-        /// The attempt resolved.
-        #[arg(long, value_name = "ATTEMPT_ID")]
-        attempt: String,
-        #[arg(long, value_enum)]
-        outcome: OutcomeArg,
-        /// The provider's charge id (required for authorized/captured). It
-        /// is looked up at the provider and must be this attempt's own
-        /// charge (its reference, metadata, amount, currency and capture
-        /// mode), unless `--unverified`.
-        #[arg(long)]
-        provider_ref: Option<String>,
-        /// Do not look the charge up at the provider (it is unreachable):
-        /// the operator vouches for it; recorded in the audit trail.
-        #[arg(long)]
-        unverified: bool,
-        /// Why: written to the audit trail.
-        #[arg(long)]
-        reason: String,
-        /// Who: defaults to $USER.
-        #[arg(long, env = "USER", default_value = "unknown")]
-        operator: String,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
-        #[command(flatten)]
-        output: JsonFlag,
-        #[command(flatten)]
-        provider: ProviderSettings,
-    },
+    /// Resolve a payment or a refund in `needs_review` by hand (audited).
+    /// Names the attempt it resolves (`payments show` lists them, refund
+    /// attempts too); refused while any attempt of the payment may be in
+    /// flight. The verdict is checked at the provider first, with the
+    /// reconciler's own evidence: "no money moved" needs a consistent read
+    /// that proves it, a success needs the attempt's object in that state.
+    Resolve(Box<ResolveArgs>),
+}
+
+/// The arguments of `cobro payments resolve`.
+#[derive(clap::Args, Debug)]
+pub struct ResolveArgs {
+    id: String,
+    /// The attempt resolved.
+    #[arg(long, value_name = "ATTEMPT_ID")]
+    attempt: String,
+    #[arg(long, value_enum)]
+    outcome: OutcomeArg,
+    /// The provider's charge id (required for authorized/captured; a
+    /// refund's id for a refund resolved `captured`, i.e. succeeded).
+    /// It must be what the provider shows for this attempt (its
+    /// reference, metadata, amount, currency and capture mode), unless
+    /// `--unverified`.
+    #[arg(long)]
+    provider_ref: Option<String>,
+    /// Do not check the verdict at the provider (it is unreachable, or
+    /// the operator knows what it cannot show): the operator vouches
+    /// for it, and the audit trail says it was not verified.
+    #[arg(long)]
+    unverified: bool,
+    /// Why: written to the audit trail.
+    #[arg(long)]
+    reason: String,
+    /// Who: defaults to $USER.
+    #[arg(long, env = "USER", default_value = "unknown")]
+    operator: String,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    yes: bool,
+    #[command(flatten)]
+    output: JsonFlag,
+    #[command(flatten)]
+    provider: ProviderSettings,
+    #[command(flatten)]
+    key_window: KeyWindowSettings,
+    #[command(flatten)]
+    reconcile: ReconcileSettings,
 }
 
 /// A point in time on the command line: so long ago, or an instant.
@@ -157,30 +173,7 @@ pub async fn run(global: &GlobalSettings, command: PaymentsCommand) -> anyhow::R
             list(&store, filter, output).await
         }
         PaymentsCommand::Show { id, output } => show(&store, &id, output).await,
-        PaymentsCommand::Resolve {
-            id,
-            attempt,
-            outcome,
-            provider_ref,
-            unverified,
-            reason,
-            operator,
-            yes,
-            output,
-            provider,
-        } => {
-            let request = ResolveRequest {
-                id,
-                attempt,
-                outcome,
-                provider_ref,
-                unverified,
-                reason,
-                operator,
-                yes,
-            };
-            resolve(&store, &provider, request, output).await
-        }
+        PaymentsCommand::Resolve(args) => resolve(&store, *args).await,
     };
     store.close().await;
     result
@@ -501,9 +494,20 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     let mut audit = Table::new();
     audit.set_header(["at", "actor", "decision", "before -> after", "reason"]);
     for d in &decisions {
+        // A manual verdict also names the OS user and host that ran it,
+        // and whether the provider was asked.
+        let said = serde_json::from_str::<serde_json::Value>(&d.provider_said).unwrap_or_default();
+        let actor = match (said["invoked_by"].as_str(), said["verified"].as_bool()) {
+            (Some(by), Some(verified)) => format!(
+                "{} (ran as {by}; {})",
+                d.actor,
+                if verified { "verified" } else { "NOT verified" }
+            ),
+            _ => d.actor.clone(),
+        };
         audit.add_row([
             time(&d.decided_at),
-            d.actor.clone(),
+            actor,
             d.decision.to_string(),
             format!("{} -> {}", d.state_before, d.state_after),
             or_dash(d.reason.as_deref()),
@@ -519,71 +523,50 @@ pub(crate) fn provider_name(provider: Option<&str>) -> String {
     provider.map_or_else(|| "(default)".to_owned(), str::to_owned)
 }
 
-/// An operator's `--provider-ref` must be the named attempt's own charge at
-/// the provider: a typo or another account's charge would bind the payment
-/// to money that is not its own (and later refunds would move it).
-async fn verify_charge(
+/// Checks the verdict at the provider the named attempt was sent to, with
+/// the reconciler's evidence path ([`Reconciler::check_verdict`]): what the
+/// provider showed, for the audit trail.
+async fn check_at_provider(
     store: &Store,
-    provider: &ProviderSettings,
-    payment: PaymentId,
-    attempt: cobro_core::AttemptId,
-    charge: &str,
-) -> anyhow::Result<()> {
-    use cobro_provider::Provider;
-    let row = store
-        .payment_any_account(payment)
-        .await?
-        .with_context(|| format!("no payment {payment}"))?;
-    if row.status != cobro_core::PaymentStatus::NeedsReview {
-        bail!(
-            "the payment is {}; only a payment in needs_review can be resolved by hand",
-            row.status
-        );
-    }
-    let attempts = store.attempts_of_payment_any_account(payment).await?;
+    checks: &ResolveArgs,
+    resolution: &ManualResolution,
+) -> anyhow::Result<String> {
+    let attempts = store
+        .attempts_of_payment_any_account(resolution.payment)
+        .await?;
     let named = attempts
         .iter()
-        .find(|a| a.id.0 == attempt.as_uuid())
-        .with_context(|| format!("attempt {attempt} is not an attempt of payment {payment}"))?;
-    let operation = named.operation;
-    // The provider the attempt was sent to.
-    let registry = crate::provider::Registry::load(provider, None, None)?;
+        .find(|a| a.id.0 == resolution.attempt.as_uuid())
+        .with_context(|| {
+            format!(
+                "attempt {} is not an attempt of payment {}",
+                resolution.attempt, resolution.payment
+            )
+        })?;
+    let registry = crate::provider::Registry::load(
+        &checks.provider,
+        Some(&checks.key_window),
+        Some(&checks.reconcile),
+    )?;
     let handle = crate::provider::connect(registry, false)
         .await
-        .context("looking the charge up needs the provider (or --unverified)")?;
+        .context("checking the verdict needs the provider (or --unverified)")?;
+    let spec = handle.registry.of_row(named.provider.as_deref())?;
     let client = handle.client_of_row(named.provider.as_deref())?;
-    let found = client
-        .get_charge(charge)
-        .await
-        .map_err(|e| anyhow::anyhow!("the provider could not be asked about {charge}: {e}"))?
-        .with_context(|| format!("the provider has no charge {charge}"))?;
-    // For a capture or cancel the charge must be the payment's adopted one.
-    match cobro_settle::fit(operation, named, &row, None, &found) {
-        cobro_settle::Fit::Ours => Ok(()),
-        cobro_settle::Fit::NotOurs(why) | cobro_settle::Fit::Mismatch(why) => {
-            bail!("{charge} is not this attempt's charge: {why}")
-        }
-    }
+    let reconciler = Reconciler::new(
+        store.clone(),
+        Arc::new(client.clone()),
+        Arc::new(SystemClock),
+        checks.reconcile.config(
+            spec,
+            handle.registry.scope(spec),
+            format!("operator:{}", resolution.operator),
+        ),
+    );
+    Ok(reconciler.check_verdict(resolution).await?)
 }
 
-/// The arguments of `cobro payments resolve`.
-struct ResolveRequest {
-    id: String,
-    attempt: String,
-    outcome: OutcomeArg,
-    provider_ref: Option<String>,
-    unverified: bool,
-    reason: String,
-    operator: String,
-    yes: bool,
-}
-
-async fn resolve(
-    store: &Store,
-    provider: &ProviderSettings,
-    r: ResolveRequest,
-    output: JsonFlag,
-) -> anyhow::Result<()> {
+async fn resolve(store: &Store, r: ResolveArgs) -> anyhow::Result<()> {
     let id = parse_payment(&r.id)?;
     let attempt: cobro_core::AttemptId = r
         .attempt
@@ -592,13 +575,28 @@ async fn resolve(
     if r.reason.trim().is_empty() {
         bail!("--reason must say why");
     }
-    let (outcome, provider_ref) = (r.outcome, r.provider_ref);
-    if let Some(charge) = &provider_ref {
-        if r.unverified {
-            eprintln!("cobro: --unverified: {charge} is not looked up at the provider");
-        } else {
-            verify_charge(store, provider, id, attempt, charge).await?;
-        }
+    let (outcome, provider_ref) = (r.outcome, r.provider_ref.clone());
+    let mut resolution = ManualResolution {
+        payment: id,
+        attempt,
+        outcome: match outcome {
+            OutcomeArg::Authorized => ManualOutcome::Authorized,
+            OutcomeArg::Captured => ManualOutcome::Captured,
+            OutcomeArg::Declined => ManualOutcome::Declined,
+            OutcomeArg::Failed => ManualOutcome::Failed,
+            OutcomeArg::Canceled => ManualOutcome::Canceled,
+        },
+        provider_ref: provider_ref.clone(),
+        operator: r.operator.clone(),
+        reason: r.reason.clone(),
+        invoked_by: cobro_reconciler::invoked_by(),
+        verified: None,
+    };
+    if r.unverified {
+        eprintln!("cobro: --unverified: the verdict is not checked at the provider");
+        resolution.reason = format!("{} [not verified at the provider]", resolution.reason);
+    } else {
+        resolution.verified = Some(check_at_provider(store, &r, &resolution).await?);
     }
     if !r.yes {
         eprint!(
@@ -614,28 +612,10 @@ async fn resolve(
             bail!("not confirmed; nothing changed");
         }
     }
-    let resolution = ManualResolution {
-        payment: id,
-        attempt,
-        outcome: match outcome {
-            OutcomeArg::Authorized => ManualOutcome::Authorized,
-            OutcomeArg::Captured => ManualOutcome::Captured,
-            OutcomeArg::Declined => ManualOutcome::Declined,
-            OutcomeArg::Failed => ManualOutcome::Failed,
-            OutcomeArg::Canceled => ManualOutcome::Canceled,
-        },
-        provider_ref,
-        operator: r.operator,
-        reason: if r.unverified {
-            format!("{} [provider_ref not verified at the provider]", r.reason)
-        } else {
-            r.reason
-        },
-    };
     let after = cobro_reconciler::resolve_by_hand(store, &resolution, SystemClock.now())
         .await
         .context("could not resolve the payment")?;
-    if output.json {
+    if r.output.json {
         return say_json(&serde_json::json!({
             "payment_id": id.to_string(), "attempt_id": attempt.to_string(),
             "outcome": outcome.as_str(), "provider_ref": resolution.provider_ref,

@@ -785,3 +785,103 @@ async fn a_refused_provider_key_stops_the_start_with_what_to_fix() {
     );
     assert_eq!(setup.provider.control().ledger().totals.charges, 0);
 }
+
+/// `cobro payments resolve` checks every verdict at the provider: "failed"
+/// for a charge the provider made is refused and changes nothing; for a
+/// payment that was never charged it is accepted once a consistent read
+/// proves it; `--unverified` is accepted and the audit trail says it was
+/// not verified and which OS user and host ran it.
+#[tokio::test(flavor = "multi_thread")]
+async fn resolve_checks_every_verdict_at_the_provider() {
+    let setup = Setup::new().await;
+    assert!(setup.run(&["migrate"]).await.status.success());
+    let charged = setup.uncertain_payment("o-charged", true).await;
+    let uncharged = setup.uncertain_payment("o-uncharged", false).await;
+    setup.fail_searches();
+    let escalate = setup
+        .cobro(&["reconcile", "--json"])
+        .env("COBRO_RECONCILE_ESCALATE_AFTER", "1m")
+        .output()
+        .expect("runs");
+    assert_eq!(stdout_json(&escalate)["escalated"], 2);
+    setup.provider.control().clear_faults();
+    // A short key retention: the requests' lifetime (2 minutes) is over.
+    let resolve = |id: &PaymentId, attempt: &str, extra: &[&str]| {
+        let mut args = vec![
+            "payments".to_owned(),
+            "resolve".into(),
+            id.to_string(),
+            "--attempt".into(),
+            attempt.into(),
+            "--outcome".into(),
+            "failed".into(),
+            "--reason".into(),
+            "no charge seen, ticket OPS-9".into(),
+            "--yes".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut command = setup.cobro(&[]);
+        command
+            .args(args)
+            .env("COBRO_PROVIDER_KEY_RETENTION", "2m")
+            .env("COBRO_PROVIDER_KEY_SAFETY_MARGIN", "1m");
+        command.output().expect("runs")
+    };
+    let attempt_of = async |id: &PaymentId| {
+        let shown = json_run(&setup, &["payments", "show", &id.to_string(), "--json"], 0).await;
+        shown["attempts"][0]["id"]
+            .as_str()
+            .expect("attempt")
+            .to_owned()
+    };
+
+    let a = attempt_of(&charged).await;
+    let refused = resolve(&charged, &a, &[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("contradicts the verdict"), "{stderr}");
+    let shown = json_run(
+        &setup,
+        &["payments", "show", &charged.to_string(), "--json"],
+        0,
+    )
+    .await;
+    assert_eq!(shown["status"], "needs_review", "nothing changed");
+
+    let b = attempt_of(&uncharged).await;
+    let proven = resolve(&uncharged, &b, &[]);
+    assert!(
+        proven.status.success(),
+        "{}",
+        String::from_utf8_lossy(&proven.stderr)
+    );
+    let shown = json_run(
+        &setup,
+        &["payments", "show", &uncharged.to_string(), "--json"],
+        0,
+    )
+    .await;
+    assert_eq!(shown["status"], "failed");
+    let manual = shown["audit"]
+        .as_array()
+        .expect("audit")
+        .iter()
+        .find(|d| d["decision"] == "manual_resolve")
+        .expect("audited")
+        .clone();
+    assert_eq!(manual["provider_said"]["verified"], true);
+    assert!(
+        manual["provider_said"]["invoked_by"]
+            .as_str()
+            .is_some_and(|by| by.contains('@')),
+        "{manual}"
+    );
+
+    // The operator vouches: accepted, and the trail says so.
+    let vouched = resolve(&charged, &a, &["--unverified"]);
+    assert!(vouched.status.success());
+    let table = setup.run(&["payments", "show", &charged.to_string()]).await;
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("NOT verified"), "{text}");
+    assert_eq!(setup.provider.control().ledger().totals.charges, 1);
+}

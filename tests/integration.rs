@@ -19,6 +19,7 @@ mod payments_api;
 mod plans;
 mod providers;
 mod reconciler;
+mod refunds;
 mod scenarios;
 mod schema_parity;
 mod store_conformance;

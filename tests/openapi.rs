@@ -44,6 +44,10 @@ fn every_error() -> Vec<ApiError> {
             status: st(),
         },
         ApiError::RefundExceedsCaptured { payment_id: id() },
+        ApiError::RefundReferenceExists {
+            payment_id: id(),
+            refund_id: id(),
+        },
         ApiError::EndpointUrlNotAllowed {
             reason: cobro_core::egress::Refusal::PlainHttp,
         },
@@ -71,6 +75,7 @@ fn every_error() -> Vec<ApiError> {
             | ApiError::NotCancelable { .. }
             | ApiError::NotRefundable { .. }
             | ApiError::RefundExceedsCaptured { .. }
+            | ApiError::RefundReferenceExists { .. }
             | ApiError::EndpointUrlNotAllowed { .. }
             | ApiError::WebhookSignatureInvalid
             | ApiError::RateLimited

@@ -67,6 +67,13 @@ pub enum ApiError {
     NotRefundable { payment_id: String, status: String },
     #[error("the refund would take refunds above the captured amount")]
     RefundExceedsCaptured { payment_id: String },
+    /// A refund with this `reference` exists for the payment (whatever
+    /// the key): the merchant's identity of a refund is never reused.
+    #[error("the payment already has a refund with this reference")]
+    RefundReferenceExists {
+        payment_id: String,
+        refund_id: String,
+    },
     /// An event endpoint URL that is well formed but may not be reached:
     /// plain http, localhost, or a host with a non-public address
     /// (`cobro_core::egress`). The reason names the host and the range,
@@ -116,6 +123,7 @@ impl ApiError {
             E::RefundExceedsCaptured { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-captured")
             }
+            E::RefundReferenceExists { .. } => (StatusCode::CONFLICT, "refund-reference-exists"),
             E::EndpointUrlNotAllowed { .. } => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "endpoint-url-not-allowed")
             }
@@ -143,6 +151,7 @@ impl ApiError {
             E::NotCancelable { .. } => "Payment not cancelable",
             E::NotRefundable { .. } => "Payment not refundable",
             E::RefundExceedsCaptured { .. } => "Refund exceeds the captured amount",
+            E::RefundReferenceExists { .. } => "Refund reference exists",
             E::EndpointUrlNotAllowed { .. } => "Endpoint URL not allowed",
             E::WebhookSignatureInvalid => "Webhook signature invalid",
             E::RateLimited => "Rate limited",
@@ -188,6 +197,13 @@ impl ApiError {
             | ApiError::NotRefundable { payment_id, .. }
             | ApiError::RefundExceedsCaptured { payment_id } => {
                 body.insert("payment_id".into(), json!(payment_id));
+            }
+            ApiError::RefundReferenceExists {
+                payment_id,
+                refund_id,
+            } => {
+                body.insert("payment_id".into(), json!(payment_id));
+                body.insert("refund_id".into(), json!(refund_id));
             }
             // The key the client sent (valid, so short and visible ASCII);
             // an invalid key is never echoed, in the body or a header.
@@ -339,6 +355,14 @@ mod tests {
                 ApiError::RefundExceedsCaptured { payment_id: id() },
                 422,
                 "refund-exceeds-captured",
+            ),
+            (
+                ApiError::RefundReferenceExists {
+                    payment_id: id(),
+                    refund_id: id(),
+                },
+                409,
+                "refund-reference-exists",
             ),
             (
                 ApiError::EndpointUrlNotAllowed {

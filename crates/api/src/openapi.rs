@@ -527,6 +527,10 @@ fn every_error() -> Vec<ApiError> {
             status: "authorized".into(),
         },
         ApiError::RefundExceedsCaptured { payment_id: id() },
+        ApiError::RefundReferenceExists {
+            payment_id: id(),
+            refund_id: id(),
+        },
         ApiError::EndpointUrlNotAllowed {
             reason: cobro_core::egress::Refusal::Address {
                 host: "internal.shop.example".into(),
@@ -584,6 +588,9 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
         }
         E::RefundExceedsCaptured { .. } => {
             "Refunds that are not failed would exceed the captured amount. Stored against the key."
+        }
+        E::RefundReferenceExists { .. } => {
+            "The payment already has a refund with this `reference` (under any key, however long ago): a late retry of a refund never refunds twice. `refund_id` names the existing refund. Stored against the key."
         }
         E::EndpointUrlNotAllowed { .. } => {
             "The event endpoint URL is well formed but events may not go there: it is not `https://` (plain http only where the operator allows it, `COBRO_EVENTS_ALLOW_HTTP`), its host is `localhost` or a `.localhost` name, or its host is, or resolves to, an address that is not public unicast (loopback, private, link-local, unique-local, multicast, CGNAT, documentation, benchmarking, reserved) and not in the operator's allow-list (`COBRO_EVENTS_ALLOW`). `errors` says which. Nothing was created."
@@ -672,6 +679,7 @@ impl Refusal {
                         | ApiError::NotCancelable { .. }
                         | ApiError::NotRefundable { .. }
                         | ApiError::RefundExceedsCaptured { .. }
+                        | ApiError::RefundReferenceExists { .. }
                 )
         )
     }

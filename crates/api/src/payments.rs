@@ -848,11 +848,19 @@ struct CreateRefund {
     /// Free text, at most 500 characters, without U+0000.
     #[schema(max_length = 500, pattern = "^[^\\u0000]*$")]
     reason: Option<String>,
+    /// The merchant's own identity of this refund, unique per payment:
+    /// 1 to 128 of `A-Z a-z 0-9 . _ : -`. A second refund with the same
+    /// reference is refused (409 `refund-reference-exists`) under any key,
+    /// however late, so a retry after the key's record expired never
+    /// refunds twice.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]+$")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
 }
 
 crate::openapi::refusals!(
     /// What `create_refund` refuses.
-    CreateRefundRefusals = keyed [NotFound, NotRefundable, RefundExceedsCaptured]
+    CreateRefundRefusals = keyed [NotFound, NotRefundable, RefundExceedsCaptured, RefundReferenceExists]
 );
 
 /// Refund a captured payment
@@ -890,7 +898,7 @@ async fn create_refund(
     body: JsonObject,
 ) -> Result<Response, ApiError> {
     let id = parse_payment_id(&id)?;
-    let mut f = Fields::new(body.0, &["amount", "reason"]);
+    let mut f = Fields::new(body.0, &["amount", "reason", "reference"]);
     let amount = f.integer("amount", true).and_then(|n| {
         Amount::new(n)
             .map_err(|e| f.error("amount", e.to_string()))
@@ -900,10 +908,21 @@ async fn create_refund(
     if reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
         f.error("reason", "must be at most 500 characters");
     }
+    let reference = f.string("reference", false);
+    if reference
+        .as_deref()
+        .is_some_and(|r| OrderRef::parse(r).is_err())
+    {
+        f.error(
+            "reference",
+            "must be 1 to 128 characters from A-Z a-z 0-9 . _ : -",
+        );
+    }
     f.finish()?;
     let request = CreateRefund {
         amount: amount.map(|a| a.minor_units()).unwrap_or_default(),
         reason,
+        reference,
     };
     let mut path = BTreeMap::new();
     path.insert("payment_id", id.to_string());
@@ -919,6 +938,15 @@ async fn create_refund(
     // the row this transaction holds, serialised with concurrent refunds.
     if tx.lock_payment_for_account(account.0, id).await?.is_none() {
         return Err(ApiError::NotFound);
+    }
+    if let Some(reference) = &request.reference
+        && let Some(existing) = tx.refund_by_reference(account.0, id, reference).await?
+    {
+        let error = ApiError::RefundReferenceExists {
+            payment_id: id.to_string(),
+            refund_id: existing.id.0.to_string(),
+        };
+        return keyed::commit_refusal(tx, &keyed, error).await;
     }
     match tx
         .reserve_refund(account.0, id, request.amount, now)
@@ -960,6 +988,7 @@ async fn create_refund(
                 intent: intent.clone(),
                 amount: request.amount,
                 reason: request.reason.clone(),
+                reference: request.reference.clone(),
             },
             now,
         )

@@ -111,6 +111,9 @@ pub struct RefundView {
     pub created_at: String,
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// The merchant's reference for the refund, unique per payment, when
+    /// it gave one.
+    pub reference: Option<String>,
 }
 
 pub fn time(t: DateTime<Utc>) -> String {
@@ -176,5 +179,6 @@ pub fn refund(row: &RefundRow) -> RefundView {
         failure: failure(&row.failure_code, &row.failure_message),
         created_at: time(row.created_at.0),
         updated_at: time(row.updated_at.0),
+        reference: row.reference.clone(),
     }
 }

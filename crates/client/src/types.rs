@@ -168,6 +168,11 @@ pub struct CreateRefund {
     pub amount: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The refund's own identity, unique per payment for ever: a second
+    /// refund with it is refused (409 `refund-reference-exists`), however
+    /// late the retry and whatever its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 impl CreateRefund {
@@ -175,11 +180,18 @@ impl CreateRefund {
         Self {
             amount,
             reason: None,
+            reference: None,
         }
     }
 
     pub fn reason(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());
+        self
+    }
+
+    /// See [`CreateRefund::reference`](struct.CreateRefund.html#structfield.reference).
+    pub fn reference(mut self, reference: impl Into<String>) -> Self {
+        self.reference = Some(reference.into());
         self
     }
 }
@@ -259,6 +271,9 @@ pub struct Refund {
     pub created_at: DateTime<Utc>,
     #[serde(with = "micros")]
     pub updated_at: DateTime<Utc>,
+    /// The merchant's reference for the refund, when it gave one.
+    #[serde(default)]
+    pub reference: Option<String>,
 }
 
 /// A page of `GET /v1/payments` (schema `PaymentList`), newest first.

@@ -210,6 +210,7 @@ async fn every_mirrored_type_has_exactly_the_documented_properties_and_enum_valu
             }),
             created_at: time(),
             updated_at: time(),
+            reference: Some("rf-1".into()),
         },
     );
     assert_mirrors(
@@ -257,7 +258,7 @@ async fn every_mirrored_type_has_exactly_the_documented_properties_and_enum_valu
     assert_mirrors(
         &doc,
         "CreateRefundRequest",
-        &CreateRefund::new(1).reason("r"),
+        &CreateRefund::new(1).reason("r").reference("rf-1"),
     );
 
     assert_enum(&doc, "PaymentStatus", PaymentStatus::KNOWN);

@@ -458,6 +458,7 @@ mod tests {
             status_changed_at: now(),
             created_at: now(),
             updated_at: now(),
+            reference: None,
         };
         let mut object = charge(&a, &p, "succeeded");
         object.id = "re_1".into();

@@ -65,10 +65,13 @@ pub struct RefundRow {
     pub status_changed_at: DbTime,
     pub created_at: DbTime,
     pub updated_at: DbTime,
+    /// The merchant's reference for the refund, unique per payment.
+    pub reference: Option<String>,
 }
 
 pub(crate) const REFUND_COLUMNS: &str = "id, account_id, payment_id, intent, amount, reason, status, \
-    provider_ref, failure_code, failure_message, status_changed_at, created_at, updated_at";
+    provider_ref, failure_code, failure_message, status_changed_at, created_at, updated_at, \
+    reference";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct AttemptRow {
@@ -253,6 +256,8 @@ pub struct NewRefund {
     pub intent: IntentName,
     pub amount: i64,
     pub reason: Option<String>,
+    /// The merchant's reference, unique per payment.
+    pub reference: Option<String>,
 }
 
 /// Filters and page for listing payments, newest first.
@@ -599,8 +604,8 @@ impl WriteTx {
     pub async fn insert_refund(&mut self, r: &NewRefund, now: DateTime<Utc>) -> Result<RefundRow> {
         let sql = format!(
             "INSERT INTO refunds (id, account_id, payment_id, intent, amount, reason, \
-             status, status_changed_at, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $7, $7) RETURNING {REFUND_COLUMNS}"
+             status, status_changed_at, created_at, updated_at, reference) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'processing', $7, $7, $7, $8) RETURNING {REFUND_COLUMNS}"
         );
         Ok(on_tx!(self, conn => sqlx::query_as(&sql)
             .bind(DbId::from(r.id))
@@ -610,7 +615,29 @@ impl WriteTx {
             .bind(r.amount)
             .bind(&r.reason)
             .bind(DbTime(now))
+            .bind(&r.reference)
             .fetch_one(&mut *conn)
+            .await?))
+    }
+
+    /// The refund of `payment` that carries the merchant's `reference`,
+    /// read under the payment's lock (the caller holds it), so a concurrent
+    /// refund with the same reference waits and then finds this one.
+    pub async fn refund_by_reference(
+        &mut self,
+        account: AccountId,
+        payment: PaymentId,
+        reference: &str,
+    ) -> Result<Option<RefundRow>> {
+        let sql = format!(
+            "SELECT {REFUND_COLUMNS} FROM refunds \
+             WHERE account_id = $1 AND payment_id = $2 AND reference = $3"
+        );
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(account))
+            .bind(DbId::from(payment))
+            .bind(reference)
+            .fetch_optional(&mut *conn)
             .await?))
     }
 

@@ -114,7 +114,21 @@ impl HttpProvider {
         let outcome =
             tracing::Instrument::instrument(self.send_mutation(key, path, body), span.clone())
                 .await;
-        self.finish(&span, operation, outcome.class(), started);
+        let label = match &outcome {
+            Outcome::Failed { code, .. } if code == crate::stripe::CREDENTIALS_REFUSED => {
+                span.in_scope(|| {
+                    tracing::error!(
+                        provider = %self.config.name,
+                        operation,
+                        "the provider refused cobro's API key (401/403): nothing executed, the \
+                         attempt fails; fix the key"
+                    );
+                });
+                "credentials_refused"
+            }
+            outcome => outcome.class(),
+        };
+        self.finish(&span, operation, label, started);
         outcome
     }
 
@@ -371,8 +385,21 @@ pub(crate) fn classify_answer(status: StatusCode, body: &[u8]) -> Outcome {
                 }
             }
         }
-        // 401/403 (our credentials), 5xx and anything unexpected: no proof
-        // either way.
+        // The provider authenticates cobro's key before it executes
+        // anything (the fake does, as Stripe does): final, nothing
+        // happened, and it pages (`credentials_refused`). A 401/403 without
+        // the provider's own body is another server's, and proves nothing.
+        401 | 403 => {
+            let Some(e) = error() else {
+                return without_body();
+            };
+            Outcome::Failed {
+                code: crate::stripe::CREDENTIALS_REFUSED.to_owned(),
+                message: message_of(&Some(e)),
+                object: None,
+            }
+        }
+        // 5xx and anything unexpected: no proof either way.
         _ => Outcome::Unknown(format!("provider answered {status}")),
     }
 }
@@ -520,8 +547,26 @@ mod tests {
             "unknown",
             "a malformed answer proves nothing"
         );
-        assert_eq!(class(401, ""), "unknown");
+        assert_eq!(class(401, ""), "unknown", "not the provider's own answer");
         assert_eq!(class(429, ""), "not_sent");
+    }
+
+    /// The provider authenticates cobro's key before executing anything:
+    /// its own 401/403 is final (nothing happened, the order is free, and
+    /// it pages), like Stripe's; the same status from a proxy is unknown.
+    #[test]
+    fn the_providers_own_401_or_403_fails_having_done_nothing() {
+        for status in [401, 403] {
+            let answer = classify_answer(
+                StatusCode::from_u16(status).expect("status"),
+                br#"{"error":{"code":"unauthorized","message":"bad key"}}"#,
+            );
+            assert!(
+                matches!(&answer, Outcome::Failed { code, .. } if code == "provider_credentials_refused"),
+                "{status}: {answer:?}"
+            );
+            assert_eq!(class(status, "<html>Forbidden</html>"), "unknown");
+        }
     }
 
     /// A 4xx that is not the provider's own error body (a proxy's HTML

@@ -25,6 +25,7 @@
 //! (43) stays within Stripe's 255.
 
 mod classify;
+pub(crate) use classify::CREDENTIALS_REFUSED;
 mod form;
 mod list;
 mod objects;

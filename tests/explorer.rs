@@ -79,6 +79,9 @@ const SHORT_RETENTION: Duration = Duration::from_secs(60);
 /// leaned on it fails at its edges.
 const SEARCH_LAG: Duration = Duration::from_secs(60);
 const SHORT_MARGIN: Duration = Duration::from_secs(30);
+/// A search lag longer than any run: an outage's index that never catches
+/// up while the explorer looks.
+const NEVER_CAUGHT_UP: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Seeds that once found something, run again by every default run (after
 /// `0..DEFAULT_SEEDS`): 13771 a settle that adopted a refused void's truth
@@ -1194,10 +1197,16 @@ impl Explorer {
             rule = rule.with_lag_seconds(PROCESSING_LAG.as_secs());
         }
         if action == FaultAction::SearchLag {
-            // The lag the reconcilers are told: a provider keeps its
-            // documented lag (a longer one would be a provider cobro's
-            // settings do not describe).
-            rule = rule.with_lag_seconds(SEARCH_LAG.as_secs());
+            // The provider's documented lag, or (half the time, drawn from
+            // the third stream) an outage's search that never catches up
+            // within the run: no proof depends on the search, so neither
+            // may change a verdict.
+            let lag = if self.holds && self.slow.random_bool(0.5) {
+                NEVER_CAUGHT_UP
+            } else {
+                SEARCH_LAG
+            };
+            rule = rule.with_lag_seconds(lag.as_secs());
         }
         self.rig.provider.control().add_fault(rule);
         self.note(format!("fault next {operation:?} {action:?}"));

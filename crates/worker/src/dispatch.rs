@@ -24,7 +24,9 @@
 //! another dispatcher has sent it, and the next one, in its place.
 //!
 //! Isolation: at most [`DispatcherConfig::per_endpoint`] POSTs to one
-//! endpoint at once, and the claim skips an endpoint that has them all, so
+//! endpoint at once; the claim skips an endpoint that has them all, and a
+//! claim's deliveries beyond an endpoint's free slots are given back at
+//! once (`Store::release_delivery`) rather than wait in a slot, so
 //! a hanging or failing endpoint holds at most that many of the
 //! [`DispatcherConfig::max_in_flight`] slots, each for at most
 //! `request_timeout`, and never delays another endpoint's deliveries.
@@ -257,22 +259,36 @@ impl Dispatcher {
         claim: DeliveryClaim,
     ) -> Result<Option<DeliveryStep>, StoreError> {
         let gate = self.gate(EndpointId::from_uuid(claim.endpoint.id.0));
-        let latest_start = claim.lease_until - chrono_duration(self.config.request_timeout);
-        let wait = (latest_start - self.clock.now())
+        let wait = (self.latest_start(&claim) - self.clock.now())
             .to_std()
             .unwrap_or(Duration::ZERO);
-        let permit = tokio::time::timeout(wait, gate.acquire_owned()).await;
-        match permit {
-            Ok(Ok(_permit)) if self.clock.now() < latest_start => {
-                self.deliver(claim).await.map(Some)
-            }
-            _ => {
-                self.store
-                    .release_delivery(&claim, self.clock.now())
-                    .await?;
-                Ok(None)
-            }
+        match tokio::time::timeout(wait, gate.acquire_owned()).await {
+            Ok(Ok(_turn)) => self.deliver_within_lease(claim).await,
+            _ => self.give_back(&claim).await,
         }
+    }
+
+    /// The last instant a POST of `claim` may start: its lease must
+    /// outlast the POST's timeout.
+    fn latest_start(&self, claim: &DeliveryClaim) -> DateTime<Utc> {
+        claim.lease_until - chrono_duration(self.config.request_timeout)
+    }
+
+    async fn deliver_within_lease(
+        &self,
+        claim: DeliveryClaim,
+    ) -> Result<Option<DeliveryStep>, StoreError> {
+        if self.clock.now() < self.latest_start(&claim) {
+            self.deliver(claim).await.map(Some)
+        } else {
+            self.give_back(&claim).await
+        }
+    }
+
+    /// Releases an unsent claim, due at once for any dispatcher.
+    async fn give_back(&self, claim: &DeliveryClaim) -> Result<Option<DeliveryStep>, StoreError> {
+        self.store.release_delivery(claim, self.clock.now()).await?;
+        Ok(None)
     }
 
     async fn deliver(&self, claim: DeliveryClaim) -> Result<DeliveryStep, StoreError> {
@@ -428,20 +444,24 @@ impl Dispatcher {
                 match self.claim(limit).await {
                     Ok(claims) => {
                         for claim in claims {
-                            // Only this loop takes slots, and it claimed
-                            // no more than were free.
-                            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
-                                self.store
-                                    .release_delivery(&claim, self.clock.now())
-                                    .await
-                                    .ok();
+                            // Both slots are taken here, in the loop, so the
+                            // next claim's skip list is exact. A claim holds
+                            // more deliveries to one endpoint than it has
+                            // free slots: the rest go back at once instead of
+                            // waiting in a slot another endpoint could use.
+                            let gate = self.gate(EndpointId::from_uuid(claim.endpoint.id.0));
+                            let (Ok(slot), Ok(turn)) = (
+                                Arc::clone(&self.slots).try_acquire_owned(),
+                                gate.try_acquire_owned(),
+                            ) else {
+                                self.give_back(&claim).await.ok();
                                 continue;
                             };
                             claimed += 1;
                             let me = Arc::clone(&self);
                             tasks.spawn(async move {
-                                let step = me.deliver_in_turn(claim).await;
-                                drop(slot);
+                                let step = me.deliver_within_lease(claim).await;
+                                drop((turn, slot));
                                 me.finished.notify_one();
                                 step
                             });

@@ -14,7 +14,9 @@
 //! - reads: [`Store::list_events`] (after a position), [`Store::event`].
 //! - endpoints: create, list, delete, rotate the secret, re-enable.
 //! - deliveries: [`Store::claim_deliveries`] (lease + fencing token, SKIP
-//!   LOCKED on PostgreSQL), [`Store::record_delivery`] (fenced),
+//!   LOCKED on PostgreSQL; a payment's next delivery to an endpoint only
+//!   once the previous is delivered or dead), [`Store::record_delivery`]
+//!   (fenced; `410 Gone` disables the endpoint), [`Store::release_delivery`],
 //!   [`Store::resend_event`], [`Store::replay_dead_deliveries`].
 
 use crate::{Backend, DbId, DbTime, Result, Store, on_pool, on_tx, on_write_pool};

@@ -6,6 +6,7 @@
 
 mod contention;
 mod crash;
+mod delivery;
 mod egress;
 mod events;
 mod evidence;

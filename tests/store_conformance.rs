@@ -853,7 +853,7 @@ async fn a_delivery_claim_takes_at_most_its_limit_whatever_plan_the_statistics_c
     for round in 0..6 {
         let claims = db
             .store
-            .claim_deliveries(&format!("dispatcher-{round}"), t0(), t0() + lease, 1)
+            .claim_deliveries(&format!("dispatcher-{round}"), t0(), t0() + lease, 1, &[])
             .await
             .expect("claim");
         assert_eq!(
@@ -869,7 +869,7 @@ async fn a_delivery_claim_takes_at_most_its_limit_whatever_plan_the_statistics_c
     assert_eq!(leased.len(), 6, "six claims leased six distinct deliveries");
     let rest = db
         .store
-        .claim_deliveries("dispatcher-z", t0(), t0() + lease, 1);
+        .claim_deliveries("dispatcher-z", t0(), t0() + lease, 1, &[]);
     assert!(rest.await.expect("claim").is_empty(), "nothing is left");
 }
 

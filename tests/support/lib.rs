@@ -1389,6 +1389,7 @@ mod dep_info_tests {
     }
 }
 pub mod chaos;
+pub mod fleet;
 pub mod process;
 pub mod site;
 

@@ -1,7 +1,11 @@
 //! Receiving cobro's events: verify, deduplicate, apply in order.
 //!
 //! cobro delivers every event at least once, so a receiver sees duplicates
-//! (same `id`) and, across retries, old events after newer ones. Two
+//! (same `id`). One endpoint receives each payment's events in `sequence`
+//! order (the next is sent once the previous is delivered or dead), but a
+//! redelivery (an operator's resend, a replay of dead deliveries, a retry
+//! after a lost answer) can still bring an old event after a newer one, and
+//! two endpoints of one merchant are not ordered with each other. Two
 //! contracts, two checks:
 //! - **identity**: an event id already applied is a duplicate (answer 2xx,
 //!   change nothing);
@@ -47,6 +51,23 @@
 //! # }
 //! ```
 //!
+//! With the Standard Webhooks headers instead (the same secret, as cobro
+//! shows it):
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use cobro_client::webhook::verify_standard_event;
+//! let secret = "whsec_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+//! let body = br#"{"id":"e-1","type":"payment.created","position":1,"sequence":1,"object_type":"payment","object_id":"p-1","payment_id":"p-1","created_at":"2026-12-01T12:00:00.000000Z","data":{}}"#;
+//! let now = chrono::Utc::now();
+//! // What cobro's dispatcher sends in `webhook-signature`.
+//! let signature = cobro_core::standard_webhooks::sign(&[secret], "e-1", now.timestamp(), body);
+//! let event = verify_standard_event("e-1", &now.timestamp().to_string(), &signature, body,
+//!     &[secret], now, std::time::Duration::from_secs(300))?;
+//! assert_eq!(event.sequence, 1);
+//! # Ok(()) }
+//! ```
+//!
 //! In a handler:
 //!
 //! ```no_run
@@ -74,6 +95,18 @@ pub use cobro_core::signature::SignatureError;
 /// The header cobro signs its events with: `t=<unix seconds>,v1=<hex>`,
 /// one `v1` per valid secret while one is being rotated.
 pub const SIGNATURE_HEADER: &str = "cobro-signature";
+
+/// The Standard Webhooks headers cobro also sends
+/// (<https://www.standardwebhooks.com/>): the event id, the unix seconds of
+/// the send, and space-separated `v1,<base64>` signatures of
+/// `"{id}.{timestamp}.{body}"`, one per valid secret. The endpoint secret
+/// as cobro shows it (`whsec_...`) is the Standard Webhooks secret:
+/// give it unchanged to any of the specification's libraries, or to
+/// [`verify_standard_event`].
+pub use cobro_core::standard_webhooks::{
+    ID_HEADER as STANDARD_ID_HEADER, SIGNATURE_HEADER as STANDARD_SIGNATURE_HEADER,
+    TIMESTAMP_HEADER as STANDARD_TIMESTAMP_HEADER,
+};
 
 /// One event, as cobro sends it (and `GET /v1/events` lists it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,6 +150,32 @@ pub fn verify_event(
     tolerance: Duration,
 ) -> Result<WebhookEvent, WebhookError> {
     cobro_core::signature::verify(
+        signature,
+        body,
+        secrets,
+        now.timestamp(),
+        tolerance.as_secs(),
+    )?;
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// Checks the Standard Webhooks headers of `body` (`webhook-id`,
+/// `webhook-timestamp`, `webhook-signature`: pass their values) against
+/// any of `secrets` (each `whsec_...` as cobro showed it), within
+/// `tolerance` of `now`, in constant time, and decodes the event. The
+/// same check as [`verify_event`], by the specification's scheme.
+pub fn verify_standard_event(
+    id: &str,
+    timestamp: &str,
+    signature: &str,
+    body: &[u8],
+    secrets: &[&str],
+    now: DateTime<Utc>,
+    tolerance: Duration,
+) -> Result<WebhookEvent, WebhookError> {
+    cobro_core::standard_webhooks::verify(
+        id,
+        timestamp,
         signature,
         body,
         secrets,

@@ -9,6 +9,7 @@ pub mod intent;
 pub mod key;
 pub mod money;
 pub mod signature;
+pub mod standard_webhooks;
 pub mod state;
 mod stored;
 pub mod text;

@@ -14,7 +14,9 @@
 //! - reads: [`Store::list_events`] (after a position), [`Store::event`].
 //! - endpoints: create, list, delete, rotate the secret, re-enable.
 //! - deliveries: [`Store::claim_deliveries`] (lease + fencing token, SKIP
-//!   LOCKED on PostgreSQL), [`Store::record_delivery`] (fenced),
+//!   LOCKED on PostgreSQL; a payment's next delivery to an endpoint only
+//!   once the previous is delivered or dead), [`Store::record_delivery`]
+//!   (fenced; `410 Gone` disables the endpoint), [`Store::release_delivery`],
 //!   [`Store::resend_event`], [`Store::replay_dead_deliveries`].
 
 use crate::{Backend, DbId, DbTime, Result, Store, on_pool, on_tx, on_write_pool};
@@ -134,6 +136,10 @@ pub struct DeliveryClaim {
     pub event: EventRow,
     pub endpoint: EndpointRow,
     pub token: i64,
+    /// When the lease ends: a POST that could outlive it is not started
+    /// (another dispatcher may send this event by then, and the next one
+    /// of its payment after it).
+    pub lease_until: DateTime<Utc>,
     /// Attempts made before this one.
     pub attempts: i32,
     pub first_attempt_at: Option<DateTime<Utc>>,
@@ -153,6 +159,11 @@ pub enum DeliveryResult {
         retry_at: Option<DateTime<Utc>>,
         disable_before: DateTime<Utc>,
     },
+    /// The endpoint answered `410 Gone`: it says it is gone for good, so
+    /// it is disabled at once with that reason (no retry period), and this
+    /// delivery waits, with a fresh retry period, until it is enabled
+    /// again.
+    Gone,
 }
 
 /// What recording an attempt did.
@@ -175,6 +186,18 @@ pub struct DeliveryRow {
     pub last_error: Option<String>,
     pub due_at: DbTime,
 }
+
+/// A delivery's error after its endpoint answered `410 Gone`.
+pub const GONE_ERROR: &str = "answered 410 Gone: the endpoint is disabled";
+
+/// The claim's ordering rule, in SQL (both stores): no delivery of the
+/// same payment to the same endpoint with a lower sequence is still
+/// pending. One probe of `event_deliveries_payment_order` (migration
+/// 0017), whose predicate `sequence IS NOT NULL` this states.
+const ORDERED: &str = "NOT EXISTS (SELECT 1 FROM event_deliveries earlier \
+    WHERE earlier.endpoint_id = dd.endpoint_id AND earlier.payment_id = dd.payment_id \
+    AND earlier.state = 'pending' AND earlier.sequence IS NOT NULL \
+    AND earlier.sequence < dd.sequence)";
 
 /// A lock id of cobro's own: the sequencer's (PostgreSQL advisory lock).
 const SEQUENCER_LOCK: i64 = 0x636f_6272_6f18;
@@ -227,8 +250,8 @@ impl Store {
             // (the claim takes only enabled endpoints' rows) and go out once
             // the endpoint is enabled, instead of being stranded.
             let deliveries = "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, \
-                state, due_at, created_at, updated_at) \
-                SELECT e.id, ep.id, e.account_id, 'pending', $2, $2, $2 \
+                payment_id, sequence, state, due_at, created_at, updated_at) \
+                SELECT e.id, ep.id, e.account_id, e.payment_id, e.sequence, 'pending', $2, $2, $2 \
                 FROM events e JOIN event_endpoints ep ON ep.account_id = e.account_id \
                 WHERE e.feed_position > $1 \
                 AND (ep.event_types = '*' OR (',' || ep.event_types || ',') LIKE ('%,' || e.type || ',%')) \
@@ -430,6 +453,15 @@ impl Store {
     /// Claims up to `limit` due deliveries to enabled endpoints for `owner`
     /// until `lease_until`, bumping each one's fencing token. One short
     /// statement, then one read: no transaction stays open.
+    ///
+    /// In each payment's order: a delivery is claimed only when no
+    /// delivery of the same payment to the same endpoint with a lower
+    /// sequence is still `pending` (waiting, retrying or leased by anyone),
+    /// so the next event waits until the previous one is delivered or
+    /// dead, across every dispatcher on this database, while other
+    /// payments' deliveries go ahead ([`ORDERED`]). `skip`: endpoints this
+    /// dispatcher is already sending as much as it may to (nothing is
+    /// claimed for them).
     #[tracing::instrument(
         name = "events.claim",
         skip_all,
@@ -441,37 +473,44 @@ impl Store {
         now: DateTime<Utc>,
         lease_until: DateTime<Utc>,
         limit: u32,
+        skip: &[EndpointId],
     ) -> Result<Vec<DeliveryClaim>> {
+        let skip: Vec<uuid::Uuid> = skip.iter().map(|id| id.as_uuid()).collect();
         let leased: Vec<(DbId, DbId, i64)> = match &self.backend {
             // SKIP LOCKED: concurrent dispatchers take disjoint rows. `due`
             // is MATERIALIZED so that it runs once, never again per row of a
-            // nested loop (see `Store::claim_due_for`).
+            // nested loop (see `Store::claim_due_for`). A delivery leased by
+            // another dispatcher is still `pending`, so the next one of its
+            // payment stays out of reach until that one is recorded.
             Backend::Postgres(pool) => {
-                sqlx::query_as(
+                let sql = format!(
                     "WITH due AS MATERIALIZED (SELECT dd.event_id, dd.endpoint_id \
                            FROM event_deliveries dd \
                            JOIN event_endpoints ep ON ep.id = dd.endpoint_id AND ep.enabled \
                            WHERE dd.state = 'pending' AND dd.due_at <= $2 \
+                           AND NOT (dd.endpoint_id = ANY($5)) AND {ORDERED} \
                            ORDER BY dd.due_at LIMIT $4 FOR UPDATE OF dd SKIP LOCKED) \
                      UPDATE event_deliveries d SET lease_owner = $1, \
                      lease_token = d.lease_token + 1, lease_expires_at = $3, due_at = $3, \
                      updated_at = $2 \
                      FROM due WHERE d.event_id = due.event_id AND d.endpoint_id = due.endpoint_id \
-                     RETURNING d.event_id, d.endpoint_id, d.lease_token",
-                )
-                .bind(owner)
-                .bind(DbTime(now))
-                .bind(DbTime(lease_until))
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?
+                     RETURNING d.event_id, d.endpoint_id, d.lease_token"
+                );
+                sqlx::query_as(&sql)
+                    .bind(owner)
+                    .bind(DbTime(now))
+                    .bind(DbTime(lease_until))
+                    .bind(i64::from(limit))
+                    .bind(skip)
+                    .fetch_all(pool)
+                    .await?
             }
             // One writer: the single UPDATE is the claim, a write
             // transaction of its own in the writer's group.
             Backend::Sqlite(pools) => {
                 let mut member = pools.writer.begin_statement().await?;
                 let pool = member.conn();
-                let leased = sqlx::query_as(
+                let sql = format!(
                     "UPDATE event_deliveries SET lease_owner = $1, \
                      lease_token = lease_token + 1, lease_expires_at = $3, due_at = $3, \
                      updated_at = $2 \
@@ -479,15 +518,22 @@ impl Store {
                            FROM event_deliveries dd \
                            JOIN event_endpoints ep ON ep.id = dd.endpoint_id AND ep.enabled \
                            WHERE dd.state = 'pending' AND dd.due_at <= $2 \
+                           AND dd.endpoint_id NOT IN (SELECT value FROM json_each($5)) \
+                           AND {ORDERED} \
                            ORDER BY dd.due_at LIMIT $4) \
-                     RETURNING event_id, endpoint_id, lease_token",
-                )
-                .bind(owner)
-                .bind(DbTime(now))
-                .bind(DbTime(lease_until))
-                .bind(i64::from(limit))
-                .fetch_all(pool)
-                .await?;
+                     RETURNING event_id, endpoint_id, lease_token"
+                );
+                let skip: Vec<String> = skip.iter().map(uuid::Uuid::to_string).collect();
+                let skip = serde_json::to_string(&skip)
+                    .map_err(|e| crate::StoreError::Corrupt(e.to_string()))?;
+                let leased = sqlx::query_as(&sql)
+                    .bind(owner)
+                    .bind(DbTime(now))
+                    .bind(DbTime(lease_until))
+                    .bind(i64::from(limit))
+                    .bind(skip)
+                    .fetch_all(pool)
+                    .await?;
                 member.commit().await?;
                 leased
             }
@@ -551,6 +597,7 @@ impl Store {
                 event: row.event,
                 endpoint,
                 token: row.lease_token,
+                lease_until,
                 attempts: row.attempts,
                 first_attempt_at: row.first_attempt_at.map(|t| t.0),
             });
@@ -585,6 +632,22 @@ impl Store {
                     .bind(i32::from(*status))
                     .bind(DbTime(first))
                     .bind(DbTime(now))
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected())
+            }
+            DeliveryResult::Gone => {
+                let sql = "UPDATE event_deliveries SET due_at = $4, attempts = attempts + 1, \
+                    last_status = 410, last_error = $5, first_attempt_at = NULL, \
+                    lease_owner = NULL, lease_expires_at = NULL, updated_at = $4 \
+                    WHERE event_id = $1 AND endpoint_id = $2 AND lease_token = $3 \
+                    AND state = 'pending'";
+                on_tx!(tx, conn => sqlx::query(sql)
+                    .bind(event)
+                    .bind(endpoint)
+                    .bind(claim.token)
+                    .bind(DbTime(now))
+                    .bind(GONE_ERROR)
                     .execute(&mut *conn)
                     .await?
                     .rows_affected())
@@ -631,6 +694,24 @@ impl Store {
                     .await?
                     .rows_affected());
             }
+            DeliveryResult::Gone => {
+                let disable = "UPDATE event_endpoints SET enabled = $2, disabled_reason = $3, \
+                    updated_at = $4 WHERE id = $1 AND enabled";
+                let reason = format!(
+                    "the endpoint answered 410 Gone at {} (event {}): disabled until enabled again",
+                    now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    claim.event.id.0
+                );
+                endpoint_disabled = on_tx!(tx, conn => sqlx::query(disable)
+                    .bind(endpoint)
+                    .bind(false)
+                    .bind(reason)
+                    .bind(DbTime(now))
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected())
+                    == 1;
+            }
             DeliveryResult::Failed {
                 error,
                 disable_before,
@@ -670,6 +751,27 @@ impl Store {
         Ok(Recorded::Written { endpoint_disabled })
     }
 
+    /// Gives a claimed delivery back unsent (fenced by its token): due now,
+    /// for any dispatcher. `false`: the lease was no longer ours.
+    pub async fn release_delivery(
+        &self,
+        claim: &DeliveryClaim,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE event_deliveries SET due_at = $4, lease_owner = NULL, \
+            lease_expires_at = NULL, updated_at = $4 \
+            WHERE event_id = $1 AND endpoint_id = $2 AND lease_token = $3 AND state = 'pending'";
+        let n = on_write_pool!(self, pool => sqlx::query(sql)
+            .bind(claim.event.id)
+            .bind(claim.endpoint.id)
+            .bind(claim.token)
+            .bind(DbTime(now))
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
+    }
+
     /// Sends an event again to every enabled endpoint of its account that
     /// takes its type (a delivery that was delivered or dead starts over,
     /// with a fresh retry period). Returns how many deliveries are pending.
@@ -691,9 +793,9 @@ impl Store {
             tx.rollback().await?;
             return Ok(None);
         }
-        let create = "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, state, \
-            due_at, created_at, updated_at) \
-            SELECT e.id, ep.id, e.account_id, 'pending', $2, $2, $2 \
+        let create = "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, \
+            payment_id, sequence, state, due_at, created_at, updated_at) \
+            SELECT e.id, ep.id, e.account_id, e.payment_id, e.sequence, 'pending', $2, $2, $2 \
             FROM events e JOIN event_endpoints ep ON ep.account_id = e.account_id \
             WHERE e.id = $1 AND ep.enabled \
             AND (ep.event_types = '*' OR (',' || ep.event_types || ',') LIKE ('%,' || e.type || ',%')) \

@@ -1,14 +1,43 @@
 //! The event dispatcher: every event to every endpoint that takes it, at
 //! least once.
 //!
-//! One round ([`Dispatcher::run_once`]): sequence what committed since the
-//! last round (feed positions and deliveries, `Store::sequence_events`),
-//! claim due deliveries (one short statement: lease + fencing token, SKIP
-//! LOCKED on PostgreSQL), release the connection, POST each one with a
-//! timeout, then record each result fenced by its token. No transaction is
-//! open during a POST, so a slow endpoint holds no connection and delays no
-//! payment; a dispatcher that dies mid-POST leaves a lease that expires, and
-//! the next one sends the same event (same id) again.
+//! The loop ([`Dispatcher::run`]): sequence what committed since the last
+//! claim (feed positions and deliveries, `Store::sequence_events`), claim
+//! as many due deliveries as there are free sending slots (one short
+//! statement: lease + fencing token, SKIP LOCKED on PostgreSQL), release
+//! the connection, and start one task per delivery that POSTs it with a
+//! timeout and records the result fenced by its token. It does not wait
+//! for a batch to finish: a finished delivery frees its slot and wakes the
+//! loop, which claims again (the next event of that payment included). No
+//! transaction is open during a POST, so a slow endpoint holds no
+//! connection and delays no payment; a dispatcher that dies mid-POST leaves
+//! a lease that expires, and the next one sends the same event (same id)
+//! again. [`Dispatcher::run_once`] is one claim whose deliveries are all
+//! awaited (tests step it).
+//!
+//! Order: the claim takes a payment's next delivery to an endpoint only
+//! once the previous one is delivered or dead (`Store::claim_deliveries`),
+//! in every dispatcher process alike, so an endpoint receives each
+//! payment's events in `sequence` order. A POST is started only while its
+//! lease will outlast it (`DeliveryClaim::lease_until`): a dispatcher that
+//! waited too long gives the delivery back instead of sending it after
+//! another dispatcher has sent it, and the next one, in its place.
+//!
+//! Isolation: at most [`DispatcherConfig::per_endpoint`] POSTs to one
+//! endpoint at once; the claim skips an endpoint that has them all, and a
+//! claim's deliveries beyond an endpoint's free slots are given back at
+//! once (`Store::release_delivery`) rather than wait in a slot, so
+//! a hanging or failing endpoint holds at most that many of the
+//! [`DispatcherConfig::max_in_flight`] slots, each for at most
+//! `request_timeout`, and never delays another endpoint's deliveries.
+//!
+//! Headers: `Cobro-Signature` (`cobro_core::signature`) and the Standard
+//! Webhooks headers `webhook-id`, `webhook-timestamp`, `webhook-signature`
+//! (`cobro_core::standard_webhooks`), signed with the same secrets.
+//!
+//! An endpoint that answers `410 Gone` is disabled at once with that
+//! reason (`DeliveryResult::Gone`); its deliveries wait until an operator
+//! or the merchant enables it again.
 //!
 //! Where: every POST goes only where the egress rule allows
 //! (`DispatcherConfig::egress`, `cobro_core::egress`): the scheme and an
@@ -27,12 +56,15 @@ use crate::egress::{GuardedResolver, Lookup, blocked_by, check_before_send, syst
 use crate::retry::backoff;
 use chrono::{DateTime, Utc};
 use cobro_core::Clock;
+use cobro_core::EndpointId;
 use cobro_core::egress::EgressPolicy;
+use cobro_core::standard_webhooks;
 use cobro_store::events::{DeliveryClaim, DeliveryResult, Recorded};
 use cobro_store::{Store, StoreError};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Notify, Semaphore, watch};
 
 /// The header carrying `t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
 /// "<t>.<raw body>")>`, one `v1` per valid secret.
@@ -49,8 +81,14 @@ pub struct DispatcherConfig {
     pub owner: String,
     /// How long a claimed delivery is ours; longer than `request_timeout`.
     pub lease: Duration,
-    /// Deliveries claimed per round (and sent concurrently).
+    /// Deliveries claimed at most by one claim statement.
     pub batch: u32,
+    /// POSTs of this dispatcher at once, all endpoints together.
+    pub max_in_flight: usize,
+    /// POSTs of this dispatcher at once to one endpoint: what a hanging
+    /// endpoint can hold of `max_in_flight`, at most `request_timeout`
+    /// each.
+    pub per_endpoint: usize,
     /// How often an idle dispatcher looks again.
     pub poll_interval: Duration,
     /// One POST, connection included; a slower endpoint counts as failed.
@@ -78,6 +116,8 @@ impl Default for DispatcherConfig {
             ),
             lease: Duration::from_secs(60),
             batch: 32,
+            max_in_flight: 128,
+            per_endpoint: 4,
             poll_interval: Duration::from_secs(1),
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
@@ -110,6 +150,13 @@ pub struct Dispatcher {
     http: reqwest::Client,
     config: DispatcherConfig,
     egress: Arc<EgressPolicy>,
+    /// The sending slots of this dispatcher (`max_in_flight`).
+    slots: Arc<Semaphore>,
+    /// Each endpoint's own slots (`per_endpoint`), while it has any taken.
+    gates: Mutex<HashMap<EndpointId, Arc<Semaphore>>>,
+    /// Rung when a delivery finishes: its slot is free, and the next event
+    /// of its payment may be claimable.
+    finished: Notify,
 }
 
 impl Dispatcher {
@@ -145,6 +192,9 @@ impl Dispatcher {
             store,
             clock,
             http,
+            slots: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            gates: Mutex::default(),
+            finished: Notify::new(),
             config,
             egress,
         })
@@ -154,32 +204,102 @@ impl Dispatcher {
         &self.config
     }
 
-    /// One round: sequence, claim, send (concurrently), record.
+    /// One round: sequence, claim, send (concurrently), record, and wait
+    /// for all of them (tests step the dispatcher with it; [`run`](Self::run)
+    /// does not wait).
     pub async fn run_once(&self) -> Result<Vec<DeliveryStep>, StoreError> {
+        let claims = self.claim(self.config.batch).await?;
+        let sends = claims.into_iter().map(|claim| self.deliver_in_turn(claim));
+        let mut steps = Vec::new();
+        for step in futures::future::join_all(sends).await {
+            steps.extend(step?);
+        }
+        Ok(steps)
+    }
+
+    /// Sequences, then claims up to `limit` deliveries, skipping the
+    /// endpoints whose slots are all taken.
+    async fn claim(&self, limit: u32) -> Result<Vec<DeliveryClaim>, StoreError> {
         let now = self.clock.now();
         self.store.sequence_events(now).await?;
         let lease_until = now + chrono_duration(self.config.lease);
-        let claims = self
-            .store
-            .claim_deliveries(&self.config.owner, now, lease_until, self.config.batch)
-            .await?;
-        let sends = claims.into_iter().map(|claim| self.deliver(claim));
-        let mut steps = Vec::new();
-        for step in futures::future::join_all(sends).await {
-            steps.push(step?);
+        let full: Vec<EndpointId> = {
+            let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+            // An endpoint with every slot free and no delivery waiting for
+            // one is forgotten.
+            gates.retain(|_, gate| {
+                Arc::strong_count(gate) > 1
+                    || gate.available_permits() < self.config.per_endpoint.max(1)
+            });
+            gates
+                .iter()
+                .filter(|(_, gate)| gate.available_permits() == 0)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        self.store
+            .claim_deliveries(&self.config.owner, now, lease_until, limit, &full)
+            .await
+    }
+
+    fn gate(&self, endpoint: EndpointId) -> Arc<Semaphore> {
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            gates
+                .entry(endpoint)
+                .or_insert_with(|| Arc::new(Semaphore::new(self.config.per_endpoint.max(1)))),
+        )
+    }
+
+    /// Waits for one of the endpoint's slots, then delivers; gives the
+    /// delivery back unsent (`None`) if the lease would not outlast the
+    /// POST by then.
+    async fn deliver_in_turn(
+        &self,
+        claim: DeliveryClaim,
+    ) -> Result<Option<DeliveryStep>, StoreError> {
+        let gate = self.gate(EndpointId::from_uuid(claim.endpoint.id.0));
+        let wait = (self.latest_start(&claim) - self.clock.now())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        match tokio::time::timeout(wait, gate.acquire_owned()).await {
+            Ok(Ok(_turn)) => self.deliver_within_lease(claim).await,
+            _ => self.give_back(&claim).await,
         }
-        Ok(steps)
+    }
+
+    /// The last instant a POST of `claim` may start: its lease must
+    /// outlast the POST's timeout.
+    fn latest_start(&self, claim: &DeliveryClaim) -> DateTime<Utc> {
+        claim.lease_until - chrono_duration(self.config.request_timeout)
+    }
+
+    async fn deliver_within_lease(
+        &self,
+        claim: DeliveryClaim,
+    ) -> Result<Option<DeliveryStep>, StoreError> {
+        if self.clock.now() < self.latest_start(&claim) {
+            self.deliver(claim).await.map(Some)
+        } else {
+            self.give_back(&claim).await
+        }
+    }
+
+    /// Releases an unsent claim, due at once for any dispatcher.
+    async fn give_back(&self, claim: &DeliveryClaim) -> Result<Option<DeliveryStep>, StoreError> {
+        self.store.release_delivery(claim, self.clock.now()).await?;
+        Ok(None)
     }
 
     async fn deliver(&self, claim: DeliveryClaim) -> Result<DeliveryStep, StoreError> {
         let body = serde_json::to_vec(&claim.event.to_json())
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let sent_at = self.clock.now();
-        let signature = cobro_core::signature::sign(
-            &claim.endpoint.signing_secrets(sent_at),
-            sent_at.timestamp(),
-            &body,
-        );
+        let secrets = claim.endpoint.signing_secrets(sent_at);
+        let signature = cobro_core::signature::sign(&secrets, sent_at.timestamp(), &body);
+        let event_id = claim.event.id.0.to_string();
+        let standard_signature =
+            standard_webhooks::sign(&secrets, &event_id, sent_at.timestamp(), &body);
         let span = tracing::info_span!(
             "events.deliver",
             event_id = %claim.event.id.0,
@@ -195,7 +315,13 @@ impl Dispatcher {
                         .post(url)
                         .header("content-type", "application/json")
                         .header(SIGNATURE_HEADER, signature)
-                        .header("Cobro-Event-Id", claim.event.id.0.to_string())
+                        .header(standard_webhooks::ID_HEADER, &event_id)
+                        .header(
+                            standard_webhooks::TIMESTAMP_HEADER,
+                            sent_at.timestamp().to_string(),
+                        )
+                        .header(standard_webhooks::SIGNATURE_HEADER, standard_signature)
+                        .header("Cobro-Event-Id", &event_id)
                         .header("Cobro-Event-Type", &claim.event.event_type)
                         .body(body)
                         .send(),
@@ -229,6 +355,7 @@ impl Dispatcher {
         let now = self.clock.now();
         let result = match (status, error) {
             (Some(s), _) if (200..300).contains(&s) => DeliveryResult::Delivered { status: s },
+            (Some(410), _) => DeliveryResult::Gone,
             (status, error) => {
                 let error = error.unwrap_or_else(|| format!("answered {}", status.unwrap_or(0)));
                 DeliveryResult::Failed {
@@ -243,6 +370,7 @@ impl Dispatcher {
         let (delivered, dead) = match &result {
             DeliveryResult::Delivered { .. } => (true, false),
             DeliveryResult::Failed { retry_at, .. } => (false, retry_at.is_none()),
+            DeliveryResult::Gone => (false, false),
         };
         let endpoint_disabled = matches!(
             recorded,
@@ -250,7 +378,12 @@ impl Dispatcher {
                 endpoint_disabled: true
             }
         );
-        if endpoint_disabled {
+        if endpoint_disabled && matches!(result, DeliveryResult::Gone) {
+            tracing::warn!(
+                parent: &span,
+                "event endpoint disabled: it answered 410 Gone; its deliveries wait until it is enabled again"
+            );
+        } else if endpoint_disabled {
             tracing::warn!(parent: &span, "event endpoint disabled: it failed for the whole period");
         }
         tracing::info!(parent: &span, status, delivered, dead, "event delivery attempted");
@@ -286,29 +419,81 @@ impl Dispatcher {
         (next < first + chrono_duration(self.config.retry_period)).then_some(next)
     }
 
-    /// Rounds until `shutdown` turns true; sleeps `poll_interval` when a
-    /// round found nothing. A database error is logged and retried.
+    /// Claims and sends until `shutdown` turns true, never waiting for a
+    /// batch: each delivery is a task that frees its slot when recorded.
+    /// With no free slot, or nothing claimed, it waits for a delivery to
+    /// finish or `poll_interval`. A database error is logged and retried.
+    /// On shutdown it waits for the deliveries in flight (each bounded by
+    /// `request_timeout`).
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         tracing::info!(owner = %self.config.owner, "event dispatcher started");
+        let mut tasks = tokio::task::JoinSet::new();
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let busy = match self.run_once().await {
-                Ok(steps) => !steps.is_empty(),
-                Err(error) => {
-                    tracing::warn!(error = %error, "event dispatcher round failed");
-                    false
+            while let Some(done) = tasks.try_join_next() {
+                log_finished(done);
+            }
+            let free = self.slots.available_permits();
+            let limit = u32::try_from(free)
+                .unwrap_or(u32::MAX)
+                .min(self.config.batch);
+            let mut claimed = 0;
+            if limit > 0 {
+                match self.claim(limit).await {
+                    Ok(claims) => {
+                        for claim in claims {
+                            // Both slots are taken here, in the loop, so the
+                            // next claim's skip list is exact. A claim holds
+                            // more deliveries to one endpoint than it has
+                            // free slots: the rest go back at once instead of
+                            // waiting in a slot another endpoint could use.
+                            let gate = self.gate(EndpointId::from_uuid(claim.endpoint.id.0));
+                            let (Ok(slot), Ok(turn)) = (
+                                Arc::clone(&self.slots).try_acquire_owned(),
+                                gate.try_acquire_owned(),
+                            ) else {
+                                self.give_back(&claim).await.ok();
+                                continue;
+                            };
+                            claimed += 1;
+                            let me = Arc::clone(&self);
+                            tasks.spawn(async move {
+                                let step = me.deliver_within_lease(claim).await;
+                                drop((turn, slot));
+                                me.finished.notify_one();
+                                step
+                            });
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(error = %error, "event dispatcher claim failed");
+                    }
                 }
-            };
-            if !busy {
+            }
+            if claimed == 0 {
                 tokio::select! {
                     _ = tokio::time::sleep(self.config.poll_interval) => {}
+                    _ = self.finished.notified() => {}
                     _ = shutdown.changed() => {}
                 }
             }
         }
+        while let Some(done) = tasks.join_next().await {
+            log_finished(done);
+        }
         tracing::info!(owner = %self.config.owner, "event dispatcher stopped");
+    }
+}
+
+/// A delivery task's end: a database error (the delivery is retried once
+/// its lease expires) or a panic is logged.
+fn log_finished(done: Result<Result<Option<DeliveryStep>, StoreError>, tokio::task::JoinError>) {
+    match done {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => tracing::warn!(error = %error, "event delivery could not be recorded"),
+        Err(error) => tracing::error!(error = %error, "event delivery task failed"),
     }
 }
 

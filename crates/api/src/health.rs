@@ -158,12 +158,14 @@ fn age_seconds(now: DateTime<Utc>, since: Option<DateTime<Utc>>) -> i64 {
     since.map_or(0, |t| (now - t).num_seconds().max(0))
 }
 
-const CONFLICT_KINDS: [ConflictKind; 5] = [
+const CONFLICT_KINDS: [ConflictKind; 7] = [
     ConflictKind::EffectAfterNoEffect,
     ConflictKind::OtherObject,
     ConflictKind::Mismatch,
     ConflictKind::SeveralObjects,
     ConflictKind::Unmatched,
+    ConflictKind::MissingAtProvider,
+    ConflictKind::BooksDrift,
 ];
 
 /// The database-derived series, all or nothing. Every label value is

@@ -300,6 +300,15 @@ impl Store {
             .await?))
     }
 
+    /// How many orphans no operator has resolved (the gauge
+    /// `cobro_books_orphans_open`), through `books_orphans_open`.
+    pub async fn open_orphan_count(&self) -> Result<i64> {
+        let sql = "SELECT COUNT(*) FROM books_orphans WHERE state = 'open'";
+        Ok(on_pool!(self, pool => sqlx::query_scalar(sql)
+            .fetch_one(pool)
+            .await?))
+    }
+
     /// An operator's acknowledgement of an open orphan, with who and why
     /// (the audit). `false`: no such open orphan (unknown, or resolved by
     /// someone else first).

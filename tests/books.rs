@@ -16,6 +16,7 @@ on_both_backends!(
     a_restored_backup_leaves_exactly_the_lost_charges_and_refunds_as_orphans,
     a_restored_backup_leaves_exactly_the_lost_payment_intents_and_refunds_as_orphans_on_stripe,
     a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once,
+    an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path,
 );
 
 /// Processes of these tests run no scheduled books: each run is the
@@ -472,4 +473,80 @@ async fn a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once(backe
 
     let ledger = ledger_holds(&site, 2, 1);
     assert_eq!(ledger.refunds_of_charge(&charge).len(), 1);
+}
+
+/// In process (the rig's API, worker and store; the books as the
+/// scheduler builds them): an authorisation cobro holds that the provider
+/// voids on its own (Stripe expires one after seven days; here a void with
+/// cobro's key, as from the dashboard) is applied by the books through the
+/// webhooks' settle path once: the payment `canceled` with one
+/// `provider_voided` decision; the next run finds it matched.
+async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path(
+    backend: Backend,
+) {
+    use cobro_test_support::{RIG_SECRET_KEY, Rig, manual_payment_body};
+    let rig = Rig::new(backend).await;
+    let created = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    rig.drain(1).await;
+    let id: cobro_core::PaymentId = id_of(&created).parse().expect("payment id");
+    let store = &rig.app.db.store;
+    let payment = store
+        .payment_any_account(id)
+        .await
+        .expect("read")
+        .expect("payment");
+    assert_eq!(payment.status.as_str(), "authorized");
+    let charge = payment.provider_ref.clone().expect("provider_ref");
+    let voided = rig
+        .app
+        .client
+        .post(format!("{}/v1/charges/{charge}/void", rig.provider.url()))
+        .bearer_auth(RIG_SECRET_KEY)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(voided.status().as_u16(), 200);
+
+    let books = cobro_reconciler::books::Books::new(
+        store.clone(),
+        std::sync::Arc::new(rig.connector()),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        cobro_reconciler::books::BooksConfig {
+            provider: "fake".into(),
+            is_default: true,
+            clock_skew: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            overlap: Duration::from_secs(600),
+            settle_delay: Duration::from_secs(120),
+            first_window: Duration::from_secs(24 * 3600),
+            actor: "books:test".into(),
+        },
+    );
+    // Every creation time the fake can have given: the fake's clock and
+    // the rig's are not the same clock.
+    let all_time = (0, 4_000_000_000);
+    let first = books.run(all_time, false, "test").await.expect("books run");
+    let c = first.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.drifted, c.missing),
+        (1, 0, 1, 0),
+        "{first:?}"
+    );
+    assert_eq!(first.findings[0].action, "applied: provider_voided");
+    let payment = store
+        .payment_any_account(id)
+        .await
+        .expect("read")
+        .expect("payment");
+    assert_eq!(payment.status.as_str(), "canceled");
+    let decisions = "reconciliation_decisions WHERE decision = 'provider_voided'";
+    assert_eq!(rig.app.db.count(decisions).await, 1);
+
+    let second = books.run(all_time, false, "test").await.expect("books run");
+    let c = second.counts;
+    assert_eq!((c.objects, c.matched, c.drifted), (1, 1, 0), "{second:?}");
+    assert_eq!(rig.app.db.count(decisions).await, 1);
+    assert_eq!(rig.app.db.count("evidence_conflicts").await, 0);
+    let ledger = rig.provider.control().ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.voids), (1, 1));
 }

@@ -732,8 +732,15 @@ fn agrees(
         };
     }
     if attempt.state != AttemptState::Succeeded {
+        // No money moved, as cobro recorded: a decline, or an object
+        // cobro itself cancelled without capturing anything (a Stripe
+        // PaymentIntent left for the customer is failed and cancelled).
+        let nothing_taken = object.amount_captured.unwrap_or(0) == 0;
         return match object.status {
             S::Declined => Agreement::Yes,
+            S::Voided | S::Canceled if attempt.state.recorded_no_money() && nothing_taken => {
+                Agreement::Yes
+            }
             ref status => differs(format!(
                 "the provider's charge is {status}, cobro recorded the attempt {}",
                 attempt.state.as_str()

@@ -268,6 +268,13 @@ impl World {
             reconcile_stuck_after: Duration::from_secs(300),
             reconcile_escalate_after: Duration::from_secs(24 * 3600),
             reconcile_no_retry: false,
+            books: cobro::settings::BooksSettings {
+                books_schedule: "0 */5 * * * *".into(),
+                no_books: true,
+                books_overlap: Duration::from_secs(600),
+                books_settle_delay: Duration::from_secs(120),
+                books_first_window: Duration::from_secs(24 * 3600),
+            },
         };
         let spec = self.handle.registry.get(name).expect("spec");
         let mut config = settings.config(

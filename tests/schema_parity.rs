@@ -557,12 +557,31 @@ const GLOBAL_TABLES: &[(&str, &str)] = &[
         "one row per reconciler run, and a run sweeps every account (the \
          operators' log); under Citus a table of the coordinator",
     ),
+    (
+        "books_runs",
+        "one row per books run of a provider, and a run lists the provider's \
+         whole ledger, every account's objects (docs/books.md); under Citus \
+         a table of the coordinator",
+    ),
+    (
+        "books_cursors",
+        "how far a provider's ledger was read: one row per provider, whose \
+         credentials every account shares; under Citus a table of the \
+         coordinator",
+    ),
 ];
 
 /// Unique keys that do not name `account_id` (besides primary keys on a
 /// row's own `id`, see below, and the keys of GLOBAL_TABLES), each with why.
 /// An entry is `table (columns)`, as the schemas list it.
 const UNKEYED_UNIQUE_KEYS: &[(&str, &str)] = &[
+    (
+        "books_orphans (provider, object_id)",
+        "an orphan is an object at the provider that no attempt of cobro's \
+         has: its account_id is only what its metadata claims (text, maybe \
+         absent), so the provider's own id is the key; under Citus a table \
+         of the coordinator",
+    ),
     (
         "api_tokens (token_hash)",
         "a token is looked up by its hash before its account is known; under \

@@ -363,15 +363,17 @@ async fn search_refunds(
                 list(found)
             }
             Lookup::List(query) => {
-                let charge = query.charge.as_deref().unwrap_or_default();
-                if state.charge(charge, ctx.caller).is_none() {
+                let charge = query.charge.as_deref();
+                if let Some(charge) = charge
+                    && state.charge(charge, ctx.caller).is_none()
+                {
                     return ApiError::missing("charge", charge).into_stored();
                 }
                 let page = state.refunds.page(
                     ctx.caller,
-                    |refund| refund.charge == charge,
+                    |refund| charge.is_none_or(|charge| refund.charge == charge),
                     query.starting_after.as_deref(),
-                    |_| true,
+                    |refund| query.created.contains(refund.created),
                     query.limit(),
                 );
                 list_page(page, "refund", query.starting_after.as_deref())

@@ -349,7 +349,13 @@ impl Listed {
     fn list_params(self) -> &'static [&'static str] {
         match self {
             Listed::Charges => &["created[gte]", "created[lte]", "limit", "starting_after"],
-            Listed::Refunds => &["charge", "limit", "starting_after"],
+            Listed::Refunds => &[
+                "charge",
+                "created[gte]",
+                "created[lte]",
+                "limit",
+                "starting_after",
+            ],
         }
     }
 }
@@ -392,12 +398,19 @@ impl Lookup {
                     listed.list_params().join(", ")
                 ),
             )),
-            (Some(_), false) if listed == Listed::Refunds && list.charge.is_none() => {
+            // The refunds of one charge, or every refund created in a
+            // window (the books read the whole ledger by creation time).
+            (Some(_), false)
+                if listed == Listed::Refunds
+                    && list.charge.is_none()
+                    && list.created == Created::default() =>
+            {
                 Err(ApiError::new(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
                     "parameter_missing",
-                    "charge: the refund list is the refunds of one charge (charge=ch_...)",
+                    "charge or created[gte]/created[lte]: the refund list is the refunds of one \
+                     charge (charge=ch_...) or of a window of creation times",
                 ))
             }
             (Some(_), false) => Ok(Lookup::List(list)),
@@ -416,7 +429,7 @@ impl Lookup {
 /// search lag hides), newest first, paged.
 #[derive(Debug, Default)]
 pub(crate) struct ListQuery {
-    /// `created[gte]` / `created[lte]` (charges).
+    /// `created[gte]` / `created[lte]` (charges; refunds without `charge`).
     pub(crate) created: Created,
     /// `charge=ch_...` (refunds): whose refunds.
     pub(crate) charge: Option<String>,

@@ -280,6 +280,32 @@ async fn the_refund_list_of_a_charge_pages_its_refunds_newest_first() {
 }
 
 #[tokio::test]
+async fn every_refund_of_a_window_is_listed_whatever_its_charge() {
+    let p = provider().await;
+    let mut body = charge_body("o-1");
+    body["capture"] = json!(true);
+    let first = p.post("/v1/charges", None, &body).await.unwrap();
+    let early = p.refund(first.id(), 100, "o-1/r0").await.id().to_owned();
+    p.control.advance_clock(Duration::from_secs(10));
+    let second = p.post("/v1/charges", None, &body).await.unwrap();
+    let late_a = p.refund(first.id(), 100, "o-1/r1").await.id().to_owned();
+    let late_b = p.refund(second.id(), 100, "o-2/r0").await.id().to_owned();
+    let other = charge_as(&p, OTHER, "o-x").await;
+    let _ = other;
+    let at = |answer: &common::Answer| created_seconds(&answer.body);
+    let from = at(&second).to_string();
+
+    // Every refund of the caller created from `from`, both charges, newest
+    // first, paged; the earlier refund is outside the window.
+    let (listed, pages) = fake_pages(&p, CALLER, "refunds", &[("created[gte]", &from)], 1).await;
+    assert_eq!((listed, pages), (vec![late_b, late_a], vec![1, 1]));
+    let before = (at(&second) - 1).to_string();
+    let (listed, _) = fake_pages(&p, CALLER, "refunds", &[("created[lte]", &before)], 10).await;
+    assert_eq!(listed, vec![early]);
+    assert_eq!(p.totals(), charges(3).refunds(3));
+}
+
+#[tokio::test]
 async fn objects_hidden_from_search_by_search_lag_are_listed() {
     let p = provider().await;
     for operation in [Operation::Charge, Operation::Refund] {
@@ -417,10 +443,10 @@ async fn list_parameters_do_not_mix_with_search_and_bad_values_are_refused() {
             "charge",
         ),
         (
-            "/v1/refunds?created[gte]=1",
+            "/v1/refunds?created[gt]=1",
             400,
             "parameter_unknown",
-            "created[gte]",
+            "created[gt]",
         ),
         ("/v1/refunds?limit=5", 400, "parameter_missing", "charge"),
         (

@@ -158,12 +158,14 @@ fn age_seconds(now: DateTime<Utc>, since: Option<DateTime<Utc>>) -> i64 {
     since.map_or(0, |t| (now - t).num_seconds().max(0))
 }
 
-const CONFLICT_KINDS: [ConflictKind; 5] = [
+const CONFLICT_KINDS: [ConflictKind; 7] = [
     ConflictKind::EffectAfterNoEffect,
     ConflictKind::OtherObject,
     ConflictKind::Mismatch,
     ConflictKind::SeveralObjects,
     ConflictKind::Unmatched,
+    ConflictKind::MissingAtProvider,
+    ConflictKind::BooksDrift,
 ];
 
 /// The database-derived series, all or nothing. Every label value is
@@ -175,6 +177,7 @@ async fn database_metrics(store: &Store, now: DateTime<Utc>) -> Result<String, S
     let outbox = store.outbox_depth(now).await?;
     let unknown = store.unknown_attempts(now).await?;
     let conflicts = store.open_conflict_counts().await?;
+    let orphans = store.open_orphan_count().await?;
     let mut text = String::new();
     let payment = |status: PaymentStatus| payments.iter().find(|c| c.status == status);
     gauge_header(
@@ -275,5 +278,11 @@ async fn database_metrics(store: &Store, now: DateTime<Utc>) -> Result<String, S
             "cobro_evidence_conflicts_open{{kind=\"{kind}\"}} {n}\n"
         ));
     }
+    gauge_header(
+        &mut text,
+        "cobro_books_orphans_open",
+        "Objects at the provider with cobro's metadata and no attempt of cobro's, not yet resolved by an operator (table books_orphans; docs/books.md).",
+    );
+    text.push_str(&format!("cobro_books_orphans_open {orphans}\n"));
     Ok(text)
 }

@@ -34,6 +34,10 @@ string_enum!(
         /// card account closed, say): the refund is `failed` and its amount
         /// is refundable again.
         ProviderFailedRefund => "provider_failed_refund",
+        /// The books found a refund made at the provider without cobro
+        /// (in its dashboard) of a charge cobro holds: recorded as a
+        /// succeeded refund of the payment, with its event.
+        ProviderRefunded => "provider_refunded",
     }
 );
 

@@ -4,8 +4,8 @@
 //! ([`StripeProvider`], also the fake's Stripe dialect and localstripe).
 
 use crate::{
-    AuthorizeRequest, Credentials, HttpProvider, Mutation, Outcome, Provider, ProviderObject,
-    QueryError, RefundRequest, Sent, StripeProvider, Window,
+    AuthorizeRequest, Credentials, HttpProvider, LedgerKind, LedgerPage, Mutation, Outcome,
+    Provider, ProviderObject, QueryError, RefundRequest, Sent, StripeProvider, Window,
 };
 
 /// A configured provider of any kind; every call goes to the one inside.
@@ -82,6 +82,14 @@ impl Provider for Connector {
         charge: &str,
     ) -> Result<Vec<ProviderObject>, QueryError> {
         each!(self, p => p.list_refunds(reference, charge).await)
+    }
+    async fn ledger_page(
+        &self,
+        kind: LedgerKind,
+        window: Window,
+        after: Option<&str>,
+    ) -> Result<LedgerPage, QueryError> {
+        each!(self, p => p.ledger_page(kind, window, after).await)
     }
     async fn check_credentials(&self) -> Credentials {
         each!(self, p => p.check_credentials().await)

@@ -1,10 +1,10 @@
 //! The HTTP adapter for the fake provider's API (and any provider with the
 //! same shape): JSON over HTTP, `Authorization: Bearer`, `Idempotency-Key`.
 
-use crate::pages::{Page, read_to_end};
+use crate::pages::{Page, read_page, read_to_end};
 use crate::{
-    AuthorizeRequest, Credentials, Outcome, Provider, ProviderObject, QueryError, RefundRequest,
-    Window,
+    AuthorizeRequest, Credentials, LedgerKind, LedgerPage, Outcome, Provider, ProviderObject,
+    QueryError, RefundRequest, Window,
 };
 use reqwest::StatusCode;
 use serde::Deserialize;
@@ -237,31 +237,51 @@ impl HttpProvider {
         filter: &str,
         reference: &str,
     ) -> Result<Vec<ProviderObject>, QueryError> {
+        read_to_end(self.config.list_max_pages, operation, |after| async move {
+            let mut page = self.list_page(operation, path, filter, after).await?;
+            page.kept
+                .retain(|o| o.reference.as_deref() == Some(reference));
+            Ok(page)
+        })
+        .await
+    }
+
+    /// One page of a consistent list (`GET {path}?{filter}&limit=100`,
+    /// after the object `after`), every object of it.
+    async fn list_page(
+        &self,
+        operation: &'static str,
+        path: &str,
+        filter: &str,
+        after: Option<String>,
+    ) -> Result<Page, QueryError> {
         #[derive(Deserialize)]
         struct Listed {
             data: Vec<ProviderObject>,
             has_more: bool,
         }
-        read_to_end(self.config.list_max_pages, operation, |after| async move {
-            let cursor = after
-                .map(|id| format!("&starting_after={}", encoded(&id)))
-                .unwrap_or_default();
-            let page: Listed = self
-                .query(operation, &format!("{path}?{filter}&limit=100{cursor}"))
-                .await?
-                .ok_or_else(|| QueryError("the list endpoint answered 404".into()))?;
-            Ok(Page {
-                next: page.data.last().map(|o| o.id.clone()),
-                has_more: page.has_more,
-                kept: page
-                    .data
-                    .into_iter()
-                    .filter(|o| o.reference.as_deref() == Some(reference))
-                    .collect(),
-            })
+        let cursor = after
+            .map(|id| format!("&starting_after={}", encoded(&id)))
+            .unwrap_or_default();
+        let page: Listed = self
+            .query(operation, &format!("{path}?{filter}&limit=100{cursor}"))
+            .await?
+            .ok_or_else(|| QueryError("the list endpoint answered 404".into()))?;
+        Ok(Page {
+            next: page.data.last().map(|o| o.id.clone()),
+            has_more: page.has_more,
+            kept: page.data,
         })
-        .await
     }
+}
+
+/// `created[gte]=..&created[lte]=..` of a window (percent-encoded).
+fn created_filter(window: Window) -> String {
+    let mut filter = format!("created%5Bgte%5D={}", window.from);
+    if let Some(to) = window.to {
+        filter.push_str(&format!("&created%5Blte%5D={to}"));
+    }
+    filter
 }
 
 /// The W3C trace context of the current span (the `provider.*` span), for
@@ -466,12 +486,31 @@ impl Provider for HttpProvider {
         reference: &str,
         window: Window,
     ) -> Result<Vec<ProviderObject>, QueryError> {
-        let mut filter = format!("created%5Bgte%5D={}", window.from);
-        if let Some(to) = window.to {
-            filter.push_str(&format!("&created%5Blte%5D={to}"));
-        }
+        let filter = created_filter(window);
         self.list("list_charges", "/v1/charges", &filter, reference)
             .await
+    }
+
+    /// `GET /v1/charges?created[..]` or `GET /v1/refunds?created[..]`:
+    /// every object of the window, one page (read again on failure).
+    async fn ledger_page(
+        &self,
+        kind: LedgerKind,
+        window: Window,
+        after: Option<&str>,
+    ) -> Result<LedgerPage, QueryError> {
+        let (operation, path) = match kind {
+            LedgerKind::Charges => ("ledger_charges", "/v1/charges"),
+            LedgerKind::Refunds => ("ledger_refunds", "/v1/refunds"),
+        };
+        let filter = created_filter(window);
+        let after = after.map(str::to_owned);
+        let page = read_page(
+            &mut |after| self.list_page(operation, path, &filter, after),
+            &after,
+        )
+        .await?;
+        Ok(LedgerPage::from(page))
     }
 
     /// `GET /v1/refunds?charge=`: every refund of the charge.

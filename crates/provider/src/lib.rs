@@ -286,6 +286,34 @@ pub struct Window {
     pub to: Option<i64>,
 }
 
+/// Which of the provider's objects a ledger read lists (the books,
+/// docs/books.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerKind {
+    /// Charges (the fake) or PaymentIntents (Stripe).
+    Charges,
+    Refunds,
+}
+
+impl LedgerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LedgerKind::Charges => "charge",
+            LedgerKind::Refunds => "refund",
+        }
+    }
+}
+
+/// One page of a ledger read: every object of it, whatever its metadata,
+/// and the cursor of the next page when more follow.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LedgerPage {
+    pub objects: Vec<ProviderObject>,
+    /// `None`: this was the last page.
+    pub next: Option<String>,
+}
+
 /// Every call cobro makes to a payment provider. Mutations carry the
 /// attempt's stored provider idempotency key; a retry passes the same key.
 pub trait Provider: Send + Sync + 'static {
@@ -368,6 +396,26 @@ pub trait Provider: Send + Sync + 'static {
         async {
             Err(QueryError(
                 "this provider offers no consistent list of refunds".into(),
+            ))
+        }
+    }
+    /// One page of every object of `kind` created in `window` (whoever
+    /// made it, whatever its metadata), from the list the provider
+    /// documents as strongly consistent, after the object `after`
+    /// (`None`: the first page). The books read the ledger this way, page
+    /// by page, so a window of any size is matched in bounded memory. A
+    /// page that fails is read again before the read fails; a failed read
+    /// proves nothing. The default offers none.
+    fn ledger_page(
+        &self,
+        kind: LedgerKind,
+        window: Window,
+        after: Option<&str>,
+    ) -> impl Future<Output = Result<LedgerPage, QueryError>> + Send {
+        let _ = (kind, window, after);
+        async {
+            Err(QueryError(
+                "this provider offers no consistent list of its ledger".into(),
             ))
         }
     }

@@ -20,6 +20,15 @@ pub(crate) struct Page {
     pub(crate) has_more: bool,
 }
 
+impl From<Page> for crate::LedgerPage {
+    fn from(page: Page) -> Self {
+        crate::LedgerPage {
+            next: page.next.filter(|_| page.has_more),
+            objects: page.kept,
+        }
+    }
+}
+
 /// Reads of one page before the list fails.
 const READS_PER_PAGE: u32 = 3;
 /// The pause before a page's second read; doubled before each further one.
@@ -54,7 +63,11 @@ where
     Err(QueryError(format!("more than {max_pages} pages of {what}")))
 }
 
-async fn read_page<F, Fut>(read: &mut F, cursor: &Option<String>) -> Result<Page, QueryError>
+/// One page, read again (up to [`READS_PER_PAGE`] reads) while it fails.
+pub(crate) async fn read_page<F, Fut>(
+    read: &mut F,
+    cursor: &Option<String>,
+) -> Result<Page, QueryError>
 where
     F: FnMut(Option<String>) -> Fut,
     Fut: Future<Output = Result<Page, QueryError>>,

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+pub mod books;
+
 use chrono::{DateTime, Utc};
 use cobro_core::{
     AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent, PaymentId,

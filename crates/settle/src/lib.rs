@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod apply;
+pub mod books;
 pub mod call;
 pub mod evidence;
 pub mod webhook;

@@ -177,22 +177,15 @@ async fn process(
                 .await?
             {
                 Some(moved) => {
-                    let decision = NewDecision {
-                        run_id: None,
-                        payment: payment_id,
-                        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-                        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
-                        state_before: moved.before,
-                        state_after: moved.after,
-                        provider_said: payload.to_owned(),
-                        decision: moved.decision,
-                        actor: actor.clone(),
-                        reason: Some(format!(
-                            "event {} ({}, sequence {}): {}",
-                            event.id, event.type_name, event.sequence, moved.why
-                        )),
+                    let reason = format!(
+                        "event {} ({}, sequence {}): {}",
+                        event.id, event.type_name, event.sequence, moved.why
+                    );
+                    let source = Source {
+                        name: &actor,
+                        said: payload,
                     };
-                    tx.record_decision(&decision, now).await?;
+                    record_move(tx, &attempt, moved, &source, reason, now).await?;
                     WebhookOutcome::Applied
                 }
                 None => match proof_from(operation, &event.object) {
@@ -269,11 +262,36 @@ async fn process(
 }
 
 /// What the provider did on its own to what cobro had settled.
-struct Moved {
-    decision: Decision,
-    before: String,
-    after: String,
-    why: &'static str,
+pub(crate) struct Moved {
+    pub(crate) decision: Decision,
+    pub(crate) before: String,
+    pub(crate) after: String,
+    pub(crate) why: &'static str,
+}
+
+/// Writes the decision of a provider move ([`provider_moved`]) of
+/// `attempt`, in the transaction that applied it.
+pub(crate) async fn record_move(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    moved: Moved,
+    source: &Source<'_>,
+    reason: String,
+    now: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let decision = NewDecision {
+        run_id: None,
+        payment: PaymentId::from_uuid(attempt.payment_id.0),
+        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
+        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+        state_before: moved.before,
+        state_after: moved.after,
+        provider_said: source.said.to_owned(),
+        decision: moved.decision,
+        actor: source.name.to_owned(),
+        reason: Some(reason),
+    };
+    tx.record_decision(&decision, now).await
 }
 
 /// An event that shows the provider moved, on its own, what cobro had
@@ -290,7 +308,7 @@ struct Moved {
 ///   `failed` or `canceled`: the provider could not return the money after
 ///   all (Stripe's `refund.failed`, a closed card account). The refund is
 ///   `failed`, its amount refundable again, the payment's status follows.
-async fn provider_moved(
+pub(crate) async fn provider_moved(
     tx: &mut WriteTx,
     attempt: &AttemptRow,
     payment: &PaymentRow,

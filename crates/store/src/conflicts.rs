@@ -28,6 +28,12 @@ pub enum ConflictKind {
     SeveralObjects,
     /// Evidence that names no attempt of cobro's.
     Unmatched,
+    /// The books: a success cobro holds that the provider's ledger does
+    /// not have in a window that covers its whole send (critical).
+    MissingAtProvider,
+    /// The books: the provider's object differs from cobro's record in a
+    /// way no provider move explains (docs/books.md).
+    BooksDrift,
 }
 
 impl ConflictKind {
@@ -38,6 +44,8 @@ impl ConflictKind {
             ConflictKind::Mismatch => "mismatch",
             ConflictKind::SeveralObjects => "several_objects",
             ConflictKind::Unmatched => "unmatched",
+            ConflictKind::MissingAtProvider => "missing_at_provider",
+            ConflictKind::BooksDrift => "books_drift",
         }
     }
 }

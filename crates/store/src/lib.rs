@@ -2,6 +2,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod books;
 pub mod conflicts;
 mod db_types;
 pub mod events;

@@ -31,10 +31,13 @@ pub const CLOCK_GAP: &str = "cobro_clock_gap_seconds";
 pub const TRACE_PARENTS_LOST: &str = "cobro_trace_parents_lost_total";
 pub const SPANS_ENDED: &str = "cobro_trace_spans_ended_total";
 pub const SPANS_EXPORTED: &str = "cobro_trace_spans_exported_total";
+pub const BOOKS_OBJECTS: &str = "cobro_books_objects_total";
+pub const BOOKS_RUNS: &str = "cobro_books_runs_total";
+pub const BOOKS_UNMATCHED: &str = "cobro_books_last_run_unmatched";
 
 /// Every metric this module records (a counter appears on `/metrics` only
 /// once it was first incremented).
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 22] = [
     HTTP_REQUESTS,
     HTTP_DURATION,
     PROVIDER_CALLS,
@@ -54,6 +57,9 @@ pub const ALL: [&str; 19] = [
     TRACE_PARENTS_LOST,
     SPANS_ENDED,
     SPANS_EXPORTED,
+    BOOKS_OBJECTS,
+    BOOKS_RUNS,
+    BOOKS_UNMATCHED,
 ];
 
 /// Latency buckets (seconds) for requests and provider calls: a provider's
@@ -171,6 +177,18 @@ fn describe() {
         SPANS_EXPORTED,
         "Spans the OTLP exporter sent, by result (ok, failed: lost). Ended less exported is the spans queued plus those dropped by a full queue (OTEL_BSP_MAX_QUEUE_SIZE)."
     );
+    describe_counter!(
+        BOOKS_OBJECTS,
+        "Provider objects and cobro attempts a books run classed, by provider and class (matched, orphan, foreign, drifted, missing)."
+    );
+    describe_counter!(
+        BOOKS_RUNS,
+        "Books runs, by provider and result (finished; failed: a list that failed proves nothing)."
+    );
+    describe_gauge!(
+        BOOKS_UNMATCHED,
+        "Objects and attempts the last finished books run of this process left unmatched (orphans, drifted, missing), by provider."
+    );
 }
 
 /// What a proof's or a conflict's source is, without its instance
@@ -179,6 +197,7 @@ pub fn source_label(name: &str) -> &'static str {
     match name.split(':').next().unwrap_or_default() {
         "worker" => "worker",
         "reconciler" => "reconciler",
+        "books" => "books",
         "webhook" => "webhook",
         "operator" => "operator",
         _ => "other",
@@ -247,6 +266,24 @@ pub fn evidence_conflict(kind: &'static str, source: &str) {
 pub fn webhook_event(provider: &str, outcome: &'static str) {
     metrics::counter!(WEBHOOK_EVENTS, "provider" => provider.to_owned(), "outcome" => outcome)
         .increment(1);
+}
+
+/// Objects and attempts a books run classed (`class`: matched, orphan,
+/// foreign, drifted, missing), per provider (docs/books.md).
+pub fn books_classed(provider: &str, class: &'static str, count: u64) {
+    metrics::counter!(BOOKS_OBJECTS, "provider" => provider.to_owned(), "class" => class)
+        .increment(count);
+}
+
+/// A books run ended (`result`: `finished` or `failed`); when it finished,
+/// how many objects and attempts it left unmatched (everything but
+/// matched and foreign), which the alert CobroBooksUnmatched reads.
+pub fn books_run(provider: &str, result: &'static str, unmatched: Option<u64>) {
+    metrics::counter!(BOOKS_RUNS, "provider" => provider.to_owned(), "result" => result)
+        .increment(1);
+    if let Some(unmatched) = unmatched {
+        metrics::gauge!(BOOKS_UNMATCHED, "provider" => provider.to_owned()).set(unmatched as f64);
+    }
 }
 
 /// A remote parent that a span did not take

@@ -1158,9 +1158,11 @@ pub(crate) async fn get_refund(shared: &Shared, headers: &HeaderMap, id: String)
     .await
 }
 
-/// `GET /v1/refunds?payment_intent=...|charge=...&limit=N&starting_after=re_...`.
+/// `GET /v1/refunds?payment_intent=...|charge=...&created[...]=...&limit=N&starting_after=re_...`.
 struct ListParams {
     target: Option<Target>,
+    /// Stripe documents `created` on the refund list as on the others.
+    created: Created,
     limit: usize,
     starting_after: Option<String>,
 }
@@ -1168,9 +1170,16 @@ struct ListParams {
 impl ListParams {
     fn read(raw: Option<&str>) -> Result<Self, StripeError> {
         let mut form = Form::parse(raw.unwrap_or_default().as_bytes())?;
-        form.only(&["payment_intent", "charge", "limit", "starting_after"])?;
+        form.only(&[
+            "payment_intent",
+            "charge",
+            "created",
+            "limit",
+            "starting_after",
+        ])?;
         Ok(Self {
             target: Target::read(&mut form, false)?,
+            created: form.created()?,
             limit: limit(&mut form)?,
             starting_after: form.non_empty("starting_after")?,
         })
@@ -1213,7 +1222,7 @@ pub(crate) async fn list_refunds(
                     .is_none_or(|charge| &refund.charge == charge)
             },
             params.starting_after.as_deref(),
-            |_| true,
+            |refund| params.created.contains(refund.created),
             params.limit,
         );
         let Some(page) = page else {

@@ -22,7 +22,9 @@ Exit status (every command):
   1  error: the message is on stderr
   2  usage error: an unknown flag or a bad value (nothing ran)
   3  reconcile: the run worked, but attempts are still unresolved
-     (unknown, in review, in conflict, or candidates left past --max)
+     (unknown, in review, in conflict, or candidates left past --max);
+     books: the run worked, but objects or attempts are not matched
+     (orphan, drifted or missing)
 
 Results go to stdout (--json: one JSON document), logs to stderr.";
 
@@ -64,6 +66,13 @@ pub enum Command {
     /// attempts are still unknown or need review.
     #[command(after_help = EXIT_CODES)]
     Reconcile(reconcile::ReconcileArgs),
+    /// The books: list every object the provider holds in a window and
+    /// match it against cobro's attempts (matched, orphan, foreign,
+    /// drifted, missing); `orphans`, `acknowledge` and `runs` for what it
+    /// found. Exit code 0: everything matched (foreign objects are only
+    /// reported); 3: something is not.
+    #[command(after_help = EXIT_CODES)]
+    Books(Box<crate::books::BooksArgs>),
     /// Look at payments (any status, with their attempts and audit trail)
     /// and resolve the ones in `needs_review` by hand.
     #[command(subcommand)]
@@ -110,6 +119,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Purge(args) => admin::purge(global, &args).await,
         Command::Reconcile(args) => reconcile::run(global, &args).await,
         Command::Payments(command) => payments::run(global, command).await,
+        Command::Books(args) => crate::books::run(global, *args).await,
         Command::Events(command) => crate::events::run(global, command).await,
     }
 }
@@ -118,9 +128,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 /// worked but uncertain payments remain, 1 for anything else (2, a usage
 /// error, is clap's own).
 pub fn exit_code(error: &anyhow::Error) -> std::process::ExitCode {
-    match error.downcast_ref::<reconcile::Unresolved>() {
-        Some(_) => std::process::ExitCode::from(reconcile::EXIT_UNRESOLVED),
-        None => std::process::ExitCode::FAILURE,
+    let unresolved = error.downcast_ref::<reconcile::Unresolved>().is_some()
+        || error.downcast_ref::<crate::books::Unmatched>().is_some();
+    if unresolved {
+        std::process::ExitCode::from(reconcile::EXIT_UNRESOLVED)
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 

@@ -9,9 +9,10 @@
 //! | `serve` | `cobro serve`: signals, stdout lines, then the `app` |
 //! | `worker` | `cobro worker`: one outbox worker per provider, its `/metrics` |
 //! | `provider` | the provider registry (providers file or environment), its clients, webhook receivers, the embedded fake provider |
-//! | `schedule` | the scheduled purge and reconciler of long-running processes |
+//! | `schedule` | the scheduled purge, reconciler and books of long-running processes |
 //! | `shutdown` | SIGTERM/SIGINT and the `Stopper` every long-running part watches |
 //! | `reconcile` | `cobro reconcile` |
+//! | `books` | `cobro books` (run, orphans, acknowledge, runs) |
 //! | `payments` | `cobro payments list/show/resolve` |
 //! | `events` | `cobro events` and the event dispatcher's settings |
 //! | `admin` | `migrate`, `accounts`, `tokens`, `purge` |
@@ -23,6 +24,7 @@
 
 mod admin;
 pub mod app;
+mod books;
 pub mod cli;
 mod database;
 mod demo;

@@ -110,7 +110,7 @@ pub enum When {
 }
 
 impl When {
-    fn resolve(self, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+    pub(crate) fn resolve(self, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
         match self {
             When::At(t) => Ok(t),
             When::Ago(d) => chrono::Duration::from_std(d)
@@ -121,7 +121,7 @@ impl When {
     }
 }
 
-fn parse_when(text: &str) -> Result<When, String> {
+pub(crate) fn parse_when(text: &str) -> Result<When, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text.trim()) {
         return Ok(When::At(t.with_timezone(&Utc)));
     }

@@ -1,5 +1,6 @@
 //! The scheduled jobs of a long-running process: the purge (inside
-//! `serve`) and the reconciler (inside `serve` and `cobro worker`). A run
+//! `serve`), the reconciler and the books (inside `serve` and `cobro
+//! worker`). A run
 //! still going when the next is due makes the next one skip rather than
 //! pile up.
 
@@ -88,8 +89,58 @@ pub async fn reconcilers(
         let actor = format!("reconciler:{}", std::process::id());
         let config = settings.config(spec, handle.registry.scope(spec), actor);
         reconciler(scheduler, store, clock, client.clone(), config, schedule).await?;
+        if settings.books.no_books {
+            continue;
+        }
+        let actor = format!("books:{}", std::process::id());
+        let config = settings
+            .books
+            .config(spec, &handle.registry.scope(spec), actor);
+        books(
+            scheduler,
+            store,
+            clock,
+            client.clone(),
+            config,
+            &settings.books.books_schedule,
+        )
+        .await?;
+    }
+    if settings.books.no_books {
+        tracing::warn!("no scheduled books in this process (--no-books)");
     }
     Ok(())
+}
+
+/// The scheduled books of one provider: the same
+/// [`cobro_reconciler::books::Books`] as `cobro books`, from the
+/// provider's checkpoint. Runs never overlap in this process; across
+/// processes every write is idempotent (orphans once per object, moves
+/// and refunds under the payment's lock, conflicts once while open), so
+/// two processes reading one window at once record each thing once.
+async fn books(
+    scheduler: &JobScheduler,
+    store: &Store,
+    clock: &Arc<dyn Clock>,
+    client: cobro_provider::Connector,
+    config: cobro_reconciler::books::BooksConfig,
+    schedule: &str,
+) -> anyhow::Result<()> {
+    let books = Arc::new(cobro_reconciler::books::Books::new(
+        store.clone(),
+        Arc::new(client),
+        Arc::clone(clock),
+        config,
+    ));
+    exclusive(scheduler, schedule, "books", move || {
+        let books = Arc::clone(&books);
+        async move {
+            if let Err(error) = books.run_due("schedule").await {
+                tracing::error!(error = %error, "scheduled books run failed");
+            }
+        }
+    })
+    .await
 }
 
 async fn reconciler(
@@ -106,24 +157,49 @@ async fn reconciler(
         Arc::clone(clock),
         config,
     ));
-    let running = Arc::new(Mutex::new(()));
-    let job = Job::new_async(schedule, move |_id, _scheduler| {
-        let (reconciler, running) = (Arc::clone(&reconciler), Arc::clone(&running));
-        Box::pin(async move {
-            let Ok(_running) = running.try_lock() else {
-                tracing::warn!("the previous reconciliation is still running; skipping this one");
-                return;
-            };
+    exclusive(scheduler, schedule, "reconciliation", move || {
+        let reconciler = Arc::clone(&reconciler);
+        async move {
             let scope = cobro_reconciler::Scope::default();
             if let Err(error) = reconciler.run(&scope, false, "schedule", &|_, _| {}).await {
                 tracing::error!(error = %error, "scheduled reconciliation failed");
             }
+        }
+    })
+    .await
+}
+
+/// Adds `run` to `scheduler` on `schedule`; a run still going when the
+/// next is due makes the next one skip rather than pile up.
+async fn exclusive<F, Fut>(
+    scheduler: &JobScheduler,
+    schedule: &str,
+    what: &'static str,
+    run: F,
+) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let run = Arc::new(run);
+    let running = Arc::new(Mutex::new(()));
+    let job = Job::new_async(schedule, move |_id, _scheduler| {
+        let (run, running) = (Arc::clone(&run), Arc::clone(&running));
+        Box::pin(async move {
+            let Ok(_running) = running.try_lock() else {
+                tracing::warn!(
+                    job = what,
+                    "the previous run is still running; skipping this one"
+                );
+                return;
+            };
+            run().await;
         })
     })
-    .context("could not create the reconciliation job")?;
+    .with_context(|| format!("could not create the {what} job"))?;
     scheduler
         .add(job)
         .await
-        .context("could not schedule the reconciler")?;
+        .with_context(|| format!("could not schedule the {what}"))?;
     Ok(())
 }

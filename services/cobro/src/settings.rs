@@ -343,6 +343,59 @@ pub struct ReconcileSettings {
     /// new attempt with a new provider key.
     #[arg(long, env = "COBRO_RECONCILE_NO_RETRY")]
     pub reconcile_no_retry: bool,
+
+    #[command(flatten)]
+    pub books: BooksSettings,
+}
+
+/// The books (docs/books.md): the provider's ledger matched against
+/// cobro's record, scheduled beside the reconciler in every process that
+/// runs it, incrementally from a checkpoint per provider.
+#[derive(Args, Clone, Debug)]
+pub struct BooksSettings {
+    /// When the scheduled books run: cron with seconds, in UTC.
+    #[arg(long, env = "COBRO_BOOKS_SCHEDULE", default_value = "0 */5 * * * *", value_parser = parse_cron)]
+    pub books_schedule: String,
+
+    /// Run no scheduled books in this process.
+    #[arg(long, env = "COBRO_NO_BOOKS")]
+    pub no_books: bool,
+
+    /// How far before its checkpoint a scheduled run reads again (objects
+    /// dated earlier than they were listed: the provider's clock, requests
+    /// still executing).
+    #[arg(long, env = "COBRO_BOOKS_OVERLAP", default_value = "10m", value_parser = parse_duration)]
+    pub books_overlap: Duration,
+
+    /// A scheduled window ends this long before now, so objects being
+    /// created are listed by the next run.
+    #[arg(long, env = "COBRO_BOOKS_SETTLE_DELAY", default_value = "2m", value_parser = parse_duration)]
+    pub books_settle_delay: Duration,
+
+    /// How far back the first scheduled run reads (no checkpoint yet).
+    #[arg(long, env = "COBRO_BOOKS_FIRST_WINDOW", default_value = "24h", value_parser = parse_duration)]
+    pub books_first_window: Duration,
+}
+
+impl BooksSettings {
+    /// The books of one provider.
+    pub fn config(
+        &self,
+        provider: &crate::provider::ProviderSpec,
+        scope: &cobro_store::ProviderScope,
+        actor: String,
+    ) -> cobro_reconciler::books::BooksConfig {
+        cobro_reconciler::books::BooksConfig {
+            provider: scope.name.clone(),
+            is_default: scope.is_default,
+            clock_skew: provider.contract.clock_skew,
+            request_timeout: provider.contract.request_timeout,
+            overlap: self.books_overlap,
+            settle_delay: self.books_settle_delay,
+            first_window: self.books_first_window,
+            actor,
+        }
+    }
 }
 
 /// The outbox worker's leases and pace.

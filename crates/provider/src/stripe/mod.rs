@@ -37,8 +37,8 @@ pub use webhooks::StripeWebhooks;
 use crate::http::{encoded, redact, traceparent};
 use crate::pages::{self, read_to_end};
 use crate::{
-    AuthorizeRequest, CallInfo, Credentials, Mutation, Outcome, Provider, ProviderObject,
-    QueryError, RefundRequest, Sent, Window, metadata,
+    AuthorizeRequest, CallInfo, Credentials, LedgerKind, LedgerPage, Mutation, Outcome, Provider,
+    ProviderObject, QueryError, RefundRequest, Sent, Window, metadata,
 };
 use classify::{Answer, Body, Heard, Op};
 use form::{Form, Unsent};
@@ -764,6 +764,20 @@ impl Provider for StripeProvider {
             "list_charges",
             self.list_payment_intents(reference, window),
             |found| !found.is_empty(),
+        )
+        .await
+    }
+
+    async fn ledger_page(
+        &self,
+        kind: LedgerKind,
+        window: Window,
+        after: Option<&str>,
+    ) -> Result<LedgerPage, QueryError> {
+        self.query(
+            "ledger_page",
+            self.ledger_page_of(kind, window, after),
+            |page| !page.objects.is_empty(),
         )
         .await
     }

@@ -1,0 +1,251 @@
+//! What the books (docs/books.md) apply: a provider object that differs
+//! from cobro's record, through the same moves a webhook applies
+//! ([`provider_moved`](crate::webhook)), a refund made at the provider
+//! without cobro, and the conflicts the books raise. Each is one
+//! transaction under the payment's lock, re-reading what it decides from,
+//! so two runs at once (or a run and a webhook) apply a move once.
+
+use crate::apply::{Source, stop_the_line};
+use crate::evidence::{Fit, fit};
+use crate::webhook::{provider_moved, record_move};
+use chrono::{DateTime, Utc};
+use cobro_core::{AttemptId, Decision, IntentName, PaymentId, RefundId, RefundStatus};
+use cobro_provider::{ProviderObject, ProviderStatus};
+use cobro_store::audit::NewDecision;
+use cobro_store::conflicts::ConflictKind;
+use cobro_store::{AttemptRow, NewRefund, Store, StoreError, WriteTx};
+
+/// What the books did with an object that differs from cobro's record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Drift {
+    /// Applied as the provider's move, with its decision and event.
+    Applied(Decision),
+    /// Already as the provider says (a webhook or another run applied it
+    /// first): nothing written.
+    AlreadyRecorded,
+    /// Contradicts cobro's record: kept as a conflict, the payment in review.
+    Conflict(String),
+    /// Kept already (an open conflict of the same finding): nothing written.
+    ConflictKept,
+}
+
+/// Applies what the provider's `object` shows about `attempt` (found by
+/// the object's `cobro_attempt` metadata): a provider move (an expired
+/// authorisation voided, a refund failed after it succeeded) or, when no
+/// move explains the difference, a conflict. `said` is the object as
+/// listed (JSON), kept with the decision or the conflict.
+pub async fn apply_drift(
+    store: &Store,
+    attempt: AttemptId,
+    object: &ProviderObject,
+    why: &str,
+    actor: &str,
+    said: &str,
+    now: DateTime<Utc>,
+) -> Result<Drift, StoreError> {
+    let mut tx = store.begin().await?;
+    let attempt = tx
+        .attempt_any_account(attempt)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the drifted attempt vanished".into()))?;
+    let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
+    let payment = tx
+        .lock_payment_any_account(payment_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
+    let refund = match attempt.refund_id {
+        Some(r) => tx.refund_any_account(RefundId::from_uuid(r.0)).await?,
+        None => None,
+    };
+    let source = Source { name: actor, said };
+    let ours = fit(
+        attempt.operation,
+        &attempt,
+        &payment,
+        refund.as_ref(),
+        object,
+    ) == Fit::Ours;
+    if ours
+        && let Some(moved) =
+            provider_moved(&mut tx, &attempt, &payment, refund.as_ref(), object, now).await?
+    {
+        let decision = moved.decision;
+        let reason = format!("books: {}", moved.why);
+        record_move(&mut tx, &attempt, moved, &source, reason, now).await?;
+        tx.commit().await?;
+        return Ok(Drift::Applied(decision));
+    }
+    let detail = format!("the provider's {} differs: {why}", object.id);
+    let finding = Finding {
+        attempt: Some(&attempt),
+        payment: payment_id,
+        kind: ConflictKind::BooksDrift,
+        detail,
+    };
+    keep_once(tx, finding, &source, now).await
+}
+
+/// A conflict the books raise, about an attempt or (a refund made outside
+/// cobro) only its payment.
+struct Finding<'a> {
+    attempt: Option<&'a AttemptRow>,
+    payment: PaymentId,
+    kind: ConflictKind,
+    detail: String,
+}
+
+/// Keeps `finding` and stops the line, in `tx`, unless the same finding
+/// is kept and open already (each run over an overlapping window sees it
+/// again); commits or rolls back.
+async fn keep_once(
+    mut tx: WriteTx,
+    finding: Finding<'_>,
+    source: &Source<'_>,
+    now: DateTime<Utc>,
+) -> Result<Drift, StoreError> {
+    let Finding {
+        attempt,
+        payment,
+        kind,
+        detail,
+    } = finding;
+    let kept = match attempt {
+        Some(a) => {
+            let id = AttemptId::from_uuid(a.id.0);
+            tx.conflict_is_open(id, kind, &detail).await?
+        }
+        None => {
+            tx.conflict_is_open_for_payment(payment, kind, &detail)
+                .await?
+        }
+    };
+    if kept {
+        tx.rollback().await?;
+        return Ok(Drift::ConflictKept);
+    }
+    stop_the_line(&mut tx, attempt, Some(payment), kind, &detail, source, now).await?;
+    tx.commit().await?;
+    Ok(Drift::Conflict(detail))
+}
+
+/// Records a refund the provider made of `payment`'s charge without cobro
+/// (no cobro metadata: the provider's dashboard): a `succeeded` refund of
+/// the payment, its amount refunded, with the refund's event and a
+/// decision. Once per provider refund: a refund already recorded under the
+/// object's id is [`Drift::AlreadyRecorded`]. More than the payment can
+/// still refund is a conflict.
+pub async fn adopt_outside_refund(
+    store: &Store,
+    payment: PaymentId,
+    object: &ProviderObject,
+    actor: &str,
+    said: &str,
+    now: DateTime<Utc>,
+) -> Result<Drift, StoreError> {
+    let mut tx = store.begin().await?;
+    let payment = tx
+        .lock_payment_any_account(payment)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the refunded payment vanished".into()))?;
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    if tx.refund_by_provider_ref(payment_id, &object.id).await? {
+        tx.rollback().await?;
+        return Ok(Drift::AlreadyRecorded);
+    }
+    let source = Source { name: actor, said };
+    let amount = object.amount.unwrap_or_default();
+    let account = cobro_core::AccountId::from_uuid(payment.account_id.0);
+    let reserved = if amount > 0 && object.status == ProviderStatus::Succeeded {
+        tx.reserve_refund(account, payment_id, amount, now)
+            .await?
+            .is_ok()
+    } else {
+        false
+    };
+    if !reserved {
+        let detail = format!(
+            "the provider holds refund {} ({} of {}, {}) made outside cobro, which this payment \
+             cannot record",
+            object.id, amount, payment.amount_captured, object.status
+        );
+        let finding = Finding {
+            attempt: None,
+            payment: payment_id,
+            kind: ConflictKind::BooksDrift,
+            detail,
+        };
+        return keep_once(tx, finding, &source, now).await;
+    }
+    let refund = NewRefund {
+        id: RefundId::new(),
+        account,
+        payment: payment_id,
+        // Named after the provider's refund: no intent of cobro's made it.
+        intent: IntentName::from_stored(format!(
+            "{}:provider-refund/{}",
+            payment.intent, object.id
+        )),
+        amount,
+        reason: Some("refunded at the provider outside cobro".into()),
+    };
+    tx.insert_refund(&refund, now).await?;
+    let settled = tx
+        .settle_refund(
+            refund.id,
+            RefundStatus::Processing,
+            RefundStatus::Succeeded,
+            Some(&object.id),
+            None,
+            now,
+        )
+        .await?;
+    if settled.is_none() {
+        return Err(StoreError::Corrupt("a refund just inserted moved".into()));
+    }
+    let decision = NewDecision {
+        run_id: None,
+        payment: payment_id,
+        refund: Some(refund.id),
+        attempt: None,
+        state_before: RefundStatus::Processing.as_str().to_owned(),
+        state_after: RefundStatus::Succeeded.as_str().to_owned(),
+        provider_said: said.to_owned(),
+        decision: Decision::ProviderRefunded,
+        actor: actor.to_owned(),
+        reason: Some(format!(
+            "books: refund {} made at the provider outside cobro",
+            object.id
+        )),
+    };
+    tx.record_decision(&decision, now).await?;
+    tx.commit().await?;
+    Ok(Drift::Applied(Decision::ProviderRefunded))
+}
+
+/// Raises a success cobro holds that the provider's ledger does not have
+/// (critical): a conflict on the attempt, its payment in review. Once
+/// while it is open.
+pub async fn raise_missing(
+    store: &Store,
+    attempt: AttemptId,
+    detail: &str,
+    actor: &str,
+    now: DateTime<Utc>,
+) -> Result<Drift, StoreError> {
+    let mut tx = store.begin().await?;
+    let attempt_row = tx
+        .attempt_any_account(attempt)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the missing attempt vanished".into()))?;
+    let source = Source {
+        name: actor,
+        said: "{}",
+    };
+    let finding = Finding {
+        attempt: Some(&attempt_row),
+        payment: PaymentId::from_uuid(attempt_row.payment_id.0),
+        kind: ConflictKind::MissingAtProvider,
+        detail: detail.to_owned(),
+    };
+    keep_once(tx, finding, &source, now).await
+}

@@ -1,0 +1,552 @@
+//! The books (docs/books.md) at process level, on both stores: real
+//! `cobro serve` processes make payments against the fake provider, the
+//! database is taken back to a backup (PostgreSQL `pg_dump`/`pg_restore`,
+//! SQLite `VACUUM INTO` and a file swap while no process runs), and
+//! `cobro books` must find exactly what the restore lost as orphans, and
+//! nothing else. Every test counts the provider's ledger: the books list
+//! and record, they never move money.
+
+use cobro_test_support::site::{SETTLE, Site, id_of};
+use cobro_test_support::{Backend, Dialect, on_both_backends, payment_body, wait_for};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+
+on_both_backends!(
+    a_restored_backup_leaves_exactly_the_lost_charges_and_refunds_as_orphans,
+    a_restored_backup_leaves_exactly_the_lost_payment_intents_and_refunds_as_orphans_on_stripe,
+    a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once,
+    an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path,
+);
+
+/// Processes of these tests run no scheduled books: each run is the
+/// test's own `cobro books`.
+const NO_BOOKS: [(&str, &str); 1] = [("COBRO_NO_BOOKS", "true")];
+
+/// A consistent copy of the site's database.
+struct Backup {
+    file: PathBuf,
+}
+
+/// Copies the database while no `cobro` process runs: PostgreSQL with
+/// `pg_dump` (custom format), SQLite with `VACUUM INTO` (a consistent copy
+/// that includes what is still in the WAL).
+async fn back_up(site: &Site) -> Backup {
+    let dir = std::env::temp_dir().join(format!("cobro-books-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("backup dir");
+    let file = dir.join("backup");
+    if site.db.url.starts_with("postgres") {
+        let status = std::process::Command::new(pg_tool("pg_dump"))
+            .args(["--format=custom", "--file"])
+            .arg(&file)
+            .arg(&site.db.url)
+            .status()
+            .expect("pg_dump runs");
+        assert!(status.success(), "pg_dump: {status:?}");
+    } else {
+        site.db
+            .exec(&format!("VACUUM INTO '{}'", file.display()))
+            .await;
+    }
+    Backup { file }
+}
+
+/// Puts the backup back while no `cobro` process runs. The test's own
+/// store is closed first (on SQLite its connections would otherwise keep
+/// the replaced file's WAL, and could delete the new one by name).
+async fn restore(site: &Site, backup: &Backup) {
+    site.db.store.close().await;
+    if site.db.url.starts_with("postgres") {
+        let status = std::process::Command::new(pg_tool("pg_restore"))
+            .args(["--clean", "--if-exists", "--single-transaction", "--dbname"])
+            .arg(&site.db.url)
+            .arg(&backup.file)
+            .status()
+            .expect("pg_restore runs");
+        assert!(status.success(), "pg_restore: {status:?}");
+    } else {
+        let path = PathBuf::from(site.db.url.trim_start_matches("sqlite://"));
+        let staged = path.with_extension("restore");
+        std::fs::copy(&backup.file, &staged).expect("stage the backup");
+        for suffix in ["-wal", "-shm"] {
+            let mut side = path.clone().into_os_string();
+            side.push(suffix);
+            let _ = std::fs::remove_file(PathBuf::from(side));
+        }
+        std::fs::rename(&staged, &path).expect("swap the backup in");
+    }
+}
+
+/// `pg_dump`/`pg_restore` of the throwaway cluster's binaries (`PG_BIN`,
+/// exported by ops/throwaway-postgres.sh), else from the PATH.
+fn pg_tool(name: &str) -> PathBuf {
+    match std::env::var_os("PG_BIN") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(name),
+    }
+}
+
+/// `cobro books ARGS --json` to its end: exit code and the report.
+async fn books(site: &Site, args: &[&str]) -> (Option<i32>, Value) {
+    let mut all = vec!["books"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (code, out) = site.run_cli(&all, &NO_BOOKS).await;
+    let report = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("cobro books printed no report ({e}): {out:?}"));
+    (code, report)
+}
+
+/// A books run over `window` (RFC 3339 instants): exit code and its one
+/// provider's report.
+async fn run_books(site: &Site, window: &(String, String)) -> (Option<i32>, Value) {
+    let (code, all) = books(site, &["--from", &window.0, "--to", &window.1]).await;
+    let runs = all["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 1, "one provider: {all}");
+    (code, runs[0].clone())
+}
+
+fn counts(report: &Value) -> [u64; 6] {
+    let c = &report["counts"];
+    [
+        "objects", "matched", "orphan", "foreign", "drifted", "missing",
+    ]
+    .map(|k| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {report}")))
+}
+
+/// A window around the test: a minute either side of now.
+fn window_around_now() -> (String, String) {
+    let now = chrono::Utc::now();
+    let at =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    (
+        at(now - chrono::Duration::minutes(10)),
+        at(now + chrono::Duration::minutes(1)),
+    )
+}
+
+/// Creates and waits out an automatic payment of `token`'s account.
+async fn captured(site: &Site, url: &str, token: &str, key: &str, order: &str) -> Value {
+    let created = site
+        .post_as(token, url, "/v1/payments", key, &payment_body(order))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(created.status().as_u16(), 201, "create {key}");
+    let payment: Value = created.json().await.expect("json");
+    let id = id_of(&payment);
+    wait_for(&format!("payment {id} captured"), SETTLE, async || {
+        let (_, p) = site.get_as(token, url, &format!("/v1/payments/{id}")).await;
+        (p["status"] == "captured").then_some(p)
+    })
+    .await
+}
+
+async fn refunded(site: &Site, url: &str, token: &str, payment: &Value, amount: i64) -> Value {
+    let id = id_of(payment);
+    let answer = site
+        .post_as(
+            token,
+            url,
+            &format!("/v1/payments/{id}/refunds"),
+            &format!("refund-{id}"),
+            &json!({ "amount": amount }),
+        )
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status().as_u16(), 201, "refund of {id}");
+    let refund: Value = answer.json().await.expect("json");
+    let refund_id = refund["id"].as_str().expect("refund id").to_owned();
+    wait_for(
+        &format!("refund {refund_id} succeeded"),
+        SETTLE,
+        async || {
+            let (_, r) = site
+                .get_as(
+                    token,
+                    url,
+                    &format!("/v1/payments/{id}/refunds/{refund_id}"),
+                )
+                .await;
+            (r["status"] == "succeeded").then_some(r)
+        },
+    )
+    .await
+}
+
+/// The provider's ledger, once it is checked to hold exactly `charges`
+/// charges and `refunds` refunds in all.
+fn ledger_holds(site: &Site, charges: u64, refunds: u64) -> fake_provider::Ledger {
+    let ledger = site.ledger();
+    assert_eq!(
+        (ledger.totals.charges, ledger.totals.refunds),
+        (charges, refunds),
+        "{:?}",
+        ledger.totals
+    );
+    ledger
+}
+
+async fn stop(mut serve: cobro_test_support::process::Cobro) {
+    serve.sigterm();
+    let status = serve.exit_within(Duration::from_secs(30)).await;
+    assert!(status.success(), "cobro serve stopped: {status:?}");
+}
+
+/// Two accounts share every order ref. The backup holds their first
+/// payments; after it, each account captures a second payment and the
+/// first of account A is partly refunded. Restored, cobro has lost two
+/// charges and one refund the provider holds: the books find exactly
+/// those three as orphans (with what their metadata says), match the two
+/// charges the backup kept, and a second run changes nothing. Once an
+/// operator acknowledged them, every object is matched and a further run
+/// changes nothing. The provider's ledger never moves.
+async fn a_restored_backup_leaves_exactly_the_lost_charges_and_refunds_as_orphans(
+    backend: Backend,
+) {
+    restored_backup(backend, Dialect::Fake).await;
+}
+
+/// The same through the Stripe connector against the fake's Stripe
+/// dialect: the books list PaymentIntents and refunds by `created`.
+async fn a_restored_backup_leaves_exactly_the_lost_payment_intents_and_refunds_as_orphans_on_stripe(
+    backend: Backend,
+) {
+    restored_backup(backend, Dialect::Stripe).await;
+}
+
+async fn restored_backup(backend: Backend, dialect: Dialect) {
+    let site = Site::new_in(backend, dialect).await;
+    let token_b = site.new_account("other merchant").await;
+    let window = window_around_now();
+    let (serve, url) = site.serve("serve-1", &[], &NO_BOOKS).await;
+    let kept_a = captured(&site, &url, &site.token, "k-1", "order-1").await;
+    let kept_b = captured(&site, &url, &token_b, "k-1", "order-1").await;
+    stop(serve).await;
+    let backup = back_up(&site).await;
+
+    let (serve, url) = site.serve("serve-2", &[], &NO_BOOKS).await;
+    let lost_a = captured(&site, &url, &site.token, "k-2", "order-2").await;
+    let lost_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
+    let lost_refund = refunded(&site, &url, &site.token, &kept_a, 500).await;
+    stop(serve).await;
+    ledger_holds(&site, 4, 1);
+    restore(&site, &backup).await;
+    assert_eq!(site.count("payments").await, 2);
+    assert_eq!(site.count("refunds").await, 0);
+
+    let (code, report) = run_books(&site, &window).await;
+    assert_eq!(code, Some(3), "orphans are not matched: {report}");
+    assert_eq!(counts(&report), [5, 2, 3, 0, 0, 0], "{report}");
+    let orphans: Vec<&Value> = report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .collect();
+    let mut found: Vec<(String, String)> = orphans
+        .iter()
+        .map(|f| {
+            assert_eq!(f["class"], "orphan", "{f}");
+            assert_eq!(f["action"], "recorded", "{f}");
+            (
+                f["kind"].as_str().expect("kind").to_owned(),
+                f["payment"].as_str().expect("payment").to_owned(),
+            )
+        })
+        .collect();
+    found.sort();
+    let mut lost = vec![
+        ("charge".to_owned(), id_of(&lost_a)),
+        ("charge".to_owned(), id_of(&lost_b)),
+        ("refund".to_owned(), id_of(&kept_a)),
+    ];
+    lost.sort();
+    assert_eq!(found, lost, "{report}");
+
+    // What each orphan's metadata says, as kept: account, payment,
+    // attempt, the provider's id, amount, currency and status.
+    let (code, listed) = books(&site, &["orphans"]).await;
+    assert_eq!(code, Some(0), "{listed}");
+    let kept = listed["orphans"].as_array().expect("orphans").clone();
+    assert_eq!(kept.len(), 3, "{listed}");
+    let ledger = site.ledger();
+    for orphan in &kept {
+        let object = orphan["object"].as_str().expect("object");
+        let (amount, currency, status, metadata) = match orphan["kind"].as_str() {
+            Some("charge") => {
+                // A charge of the fake's API, or the one a Stripe
+                // PaymentIntent's confirmation made.
+                let charge = ledger
+                    .charge(object)
+                    .or_else(|| ledger.charge_of_payment_intent(object))
+                    .expect("a charge of the ledger");
+                (
+                    charge.amount,
+                    charge.currency.clone(),
+                    charge.status.clone(),
+                    charge.metadata.clone(),
+                )
+            }
+            _ => {
+                let refund = ledger
+                    .refunds
+                    .iter()
+                    .find(|r| r.id == object)
+                    .expect("a refund of the ledger");
+                assert_eq!(refund.amount, 500);
+                (
+                    refund.amount,
+                    refund.currency.clone(),
+                    refund.status.clone(),
+                    refund.metadata.clone(),
+                )
+            }
+        };
+        assert_eq!(orphan["amount"], amount, "{orphan}");
+        let listed_currency = orphan["currency"].as_str().expect("currency");
+        assert!(listed_currency.eq_ignore_ascii_case(&currency), "{orphan}");
+        assert_eq!(orphan["status"], status.as_str(), "{orphan}");
+        for (field, key) in [
+            ("account", "cobro_account"),
+            ("payment", "cobro_payment"),
+            ("attempt", "cobro_attempt"),
+            ("intent", "cobro_intent"),
+        ] {
+            assert_eq!(orphan[field], metadata[key].as_str(), "{field} of {orphan}");
+        }
+        assert_eq!(orphan["state"], "open");
+    }
+    let accounts: std::collections::BTreeSet<&str> = kept
+        .iter()
+        .filter(|o| o["kind"] == "charge")
+        .map(|o| o["account"].as_str().expect("account"))
+        .collect();
+    assert_eq!(accounts.len(), 2, "one lost charge per account: {listed}");
+    let refund_orphan = kept
+        .iter()
+        .find(|o| o["kind"] == "refund")
+        .expect("the lost refund");
+    assert_eq!(
+        refund_orphan["charge"], kept_a["provider_ref"],
+        "{refund_orphan}"
+    );
+    assert_eq!(lost_refund["amount"], 500);
+
+    // A second run over the same window changes nothing.
+    let (code, again) = run_books(&site, &window).await;
+    assert_eq!(code, Some(3));
+    assert_eq!(counts(&again), [5, 2, 3, 0, 0, 0], "{again}");
+    assert!(
+        again["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .all(|f| f["action"] == "already recorded"),
+        "{again}"
+    );
+    assert_eq!(site.count("books_orphans").await, 3);
+    assert_eq!(site.count("evidence_conflicts").await, 0);
+    assert_eq!(site.count("books_runs").await, 2);
+
+    // The operator acknowledges each (audited), and the books match them.
+    for orphan in &kept {
+        let id = orphan["id"].as_str().expect("id");
+        let (code, out) = site
+            .run_cli(
+                &[
+                    "books",
+                    "acknowledge",
+                    id,
+                    "--reason",
+                    "lost in the restore of the 1st; refunded by hand",
+                    "--operator",
+                    "ana",
+                ],
+                &NO_BOOKS,
+            )
+            .await;
+        assert_eq!(code, Some(0), "{out}");
+    }
+    let (code, listed) = books(&site, &["orphans", "--all"]).await;
+    assert_eq!(code, Some(0));
+    for orphan in listed["orphans"].as_array().expect("orphans") {
+        assert_eq!(orphan["state"], "acknowledged", "{orphan}");
+        assert_eq!(orphan["resolved_by"], "operator:ana", "{orphan}");
+        assert!(
+            orphan["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("restore"))
+        );
+    }
+    let (code, settled) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{settled}");
+    assert_eq!(counts(&settled), [5, 5, 0, 0, 0, 0], "{settled}");
+    let (code, once_more) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0));
+    assert_eq!(counts(&once_more), [5, 5, 0, 0, 0, 0], "{once_more}");
+    assert_eq!(site.count("books_orphans WHERE state = 'open'").await, 0);
+    assert_eq!(site.count("payments").await, 2);
+    assert_eq!(site.count("refunds").await, 0);
+    assert_eq!(site.count("books_runs").await, 4);
+    let (_, runs) = books(&site, &["runs"]).await;
+    let runs = runs["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 4);
+    assert_eq!(
+        (runs[0]["matched"].as_i64(), runs[3]["orphan"].as_i64()),
+        (Some(5), Some(3))
+    );
+
+    // The books never moved money, and the kept payments are their charges.
+    let ledger = ledger_holds(&site, 4, 1);
+    for payment in [&kept_a, &kept_b, &lost_a, &lost_b] {
+        let charges = ledger.charges_with_metadata("cobro_payment", &id_of(payment));
+        assert_eq!(charges.len(), 1, "{payment}");
+        assert_eq!(charges[0].amount, 1999);
+    }
+}
+
+/// A refund made with cobro's key but not by cobro (no metadata: the
+/// provider's dashboard) of a payment cobro captured: the books record it
+/// once as a succeeded refund of that payment with its event, and a
+/// second run finds it matched and changes nothing. The other account's
+/// payment of the same order is untouched.
+async fn a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once(backend: Backend) {
+    let site = Site::new(backend).await;
+    let token_b = site.new_account("other merchant").await;
+    let window = window_around_now();
+    let (serve, url) = site.serve("serve", &[], &NO_BOOKS).await;
+    let ours = captured(&site, &url, &site.token, "k-1", "order-1").await;
+    let theirs = captured(&site, &url, &token_b, "k-1", "order-1").await;
+    let charge = ours["provider_ref"]
+        .as_str()
+        .expect("provider_ref")
+        .to_owned();
+    let made: Value = site
+        .http
+        .post(format!("{}/v1/refunds", site.provider.url()))
+        .bearer_auth("sk_test_cobro")
+        .json(&json!({ "charge": charge, "amount": 700, "reference": "dashboard" }))
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("json");
+    let outside = made["id"].as_str().expect("refund id").to_owned();
+
+    let (code, report) = run_books(&site, &window).await;
+    assert_eq!(code, Some(3), "{report}");
+    assert_eq!(counts(&report), [3, 2, 0, 0, 1, 0], "{report}");
+    let finding = &report["findings"][0];
+    assert_eq!(finding["class"], "drifted", "{report}");
+    assert_eq!(finding["object"], outside.as_str());
+    assert_eq!(finding["payment"], id_of(&ours).as_str());
+    assert_eq!(finding["action"], "applied: provider_refunded", "{report}");
+
+    let payment = site.payment(&url, &id_of(&ours)).await;
+    assert_eq!(payment["status"], "partially_refunded", "{payment}");
+    assert_eq!(payment["amount_refunded"], 700, "{payment}");
+    let refunds = format!("refunds WHERE provider_ref = '{outside}'");
+    assert_eq!(site.count(&refunds).await, 1);
+    let events = format!(
+        "events WHERE type = 'refund.succeeded' AND object_id IN \
+         (SELECT id FROM refunds WHERE provider_ref = '{outside}')"
+    );
+    assert_eq!(site.count(&events).await, 1, "the refund's event");
+    let decisions = "reconciliation_decisions WHERE decision = 'provider_refunded'";
+    assert_eq!(site.count(decisions).await, 1);
+
+    let (code, again) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{again}");
+    assert_eq!(counts(&again), [3, 3, 0, 0, 0, 0], "{again}");
+    assert_eq!(site.count(&refunds).await, 1);
+    assert_eq!(site.count(decisions).await, 1);
+    assert_eq!(site.count("refunds").await, 1);
+    assert_eq!(site.count(&events).await, 1);
+    let (_, other) = site
+        .get_as(&token_b, &url, &format!("/v1/payments/{}", id_of(&theirs)))
+        .await;
+    assert_eq!(other["status"], "captured", "{other}");
+    assert_eq!(other["amount_refunded"], 0, "{other}");
+    stop(serve).await;
+
+    let ledger = ledger_holds(&site, 2, 1);
+    assert_eq!(ledger.refunds_of_charge(&charge).len(), 1);
+}
+
+/// In process (the rig's API, worker and store; the books as the
+/// scheduler builds them): an authorisation cobro holds that the provider
+/// voids on its own (Stripe expires one after seven days; here a void with
+/// cobro's key, as from the dashboard) is applied by the books through the
+/// webhooks' settle path once: the payment `canceled` with one
+/// `provider_voided` decision; the next run finds it matched.
+async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path(
+    backend: Backend,
+) {
+    use cobro_test_support::{RIG_SECRET_KEY, Rig, manual_payment_body};
+    let rig = Rig::new(backend).await;
+    let created = rig.create_payment("k-1", &manual_payment_body("o-1")).await;
+    rig.drain(1).await;
+    let id: cobro_core::PaymentId = id_of(&created).parse().expect("payment id");
+    let store = &rig.app.db.store;
+    let payment = store
+        .payment_any_account(id)
+        .await
+        .expect("read")
+        .expect("payment");
+    assert_eq!(payment.status.as_str(), "authorized");
+    let charge = payment.provider_ref.clone().expect("provider_ref");
+    let voided = rig
+        .app
+        .client
+        .post(format!("{}/v1/charges/{charge}/void", rig.provider.url()))
+        .bearer_auth(RIG_SECRET_KEY)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(voided.status().as_u16(), 200);
+
+    let books = cobro_reconciler::books::Books::new(
+        store.clone(),
+        std::sync::Arc::new(rig.connector()),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        cobro_reconciler::books::BooksConfig {
+            provider: "fake".into(),
+            is_default: true,
+            clock_skew: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            overlap: Duration::from_secs(600),
+            settle_delay: Duration::from_secs(120),
+            first_window: Duration::from_secs(24 * 3600),
+            actor: "books:test".into(),
+        },
+    );
+    // Every creation time the fake can have given: the fake's clock and
+    // the rig's are not the same clock.
+    let all_time = (0, 4_000_000_000);
+    let first = books.run(all_time, false, "test").await.expect("books run");
+    let c = first.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.drifted, c.missing),
+        (1, 0, 1, 0),
+        "{first:?}"
+    );
+    assert_eq!(first.findings[0].action, "applied: provider_voided");
+    let payment = store
+        .payment_any_account(id)
+        .await
+        .expect("read")
+        .expect("payment");
+    assert_eq!(payment.status.as_str(), "canceled");
+    let decisions = "reconciliation_decisions WHERE decision = 'provider_voided'";
+    assert_eq!(rig.app.db.count(decisions).await, 1);
+
+    let second = books.run(all_time, false, "test").await.expect("books run");
+    let c = second.counts;
+    assert_eq!((c.objects, c.matched, c.drifted), (1, 1, 0), "{second:?}");
+    assert_eq!(rig.app.db.count(decisions).await, 1);
+    assert_eq!(rig.app.db.count("evidence_conflicts").await, 0);
+    let ledger = rig.provider.control().ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.voids), (1, 1));
+}

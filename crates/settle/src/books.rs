@@ -187,6 +187,7 @@ pub async fn adopt_outside_refund(
         )),
         amount,
         reason: Some("refunded at the provider outside cobro".into()),
+        reference: None,
     };
     tx.insert_refund(&refund, now).await?;
     let settled = tx

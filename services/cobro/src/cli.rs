@@ -65,7 +65,7 @@ pub enum Command {
     /// proves (audited). Exit code 0: nothing left unresolved; 3: some
     /// attempts are still unknown or need review.
     #[command(after_help = EXIT_CODES)]
-    Reconcile(reconcile::ReconcileArgs),
+    Reconcile(Box<reconcile::ReconcileArgs>),
     /// The books: list every object the provider holds in a window and
     /// match it against cobro's attempts (matched, orphan, foreign,
     /// drifted, missing); `orphans`, `acknowledge` and `runs` for what it

@@ -7,3 +7,15 @@
 ALTER TABLE refunds ADD COLUMN reference TEXT;
 CREATE UNIQUE INDEX refunds_one_per_reference ON refunds (account_id, payment_id, reference)
     WHERE reference IS NOT NULL;
+
+-- Events carry the reference like the API's view of the refund.
+CREATE OR REPLACE VIEW refund_event_objects AS
+SELECT r.id, r.account_id, r.payment_id, r.updated_at, jsonb_build_object(
+    'id', r.id, 'payment_id', r.payment_id, 'intent', r.intent, 'amount', r.amount,
+    'reason', r.reason, 'status', r.status, 'provider_ref', r.provider_ref,
+    'failure', CASE WHEN r.failure_code IS NULL THEN NULL
+               ELSE jsonb_build_object('code', r.failure_code, 'message', r.failure_message) END,
+    'created_at', cobro_json_time(r.created_at), 'updated_at', cobro_json_time(r.updated_at),
+    'reference', r.reference
+)::text AS data
+FROM refunds r;

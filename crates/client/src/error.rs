@@ -25,6 +25,7 @@ string_enum!(
         PaymentNotCancelable = "payment-not-cancelable",
         PaymentNotRefundable = "payment-not-refundable",
         RefundExceedsCaptured = "refund-exceeds-captured",
+        RefundReferenceExists = "refund-reference-exists",
         /// An event endpoint's URL may not be delivered to (an internal
         /// address, plain http, a name that does not resolve).
         EndpointUrlNotAllowed = "endpoint-url-not-allowed",

@@ -550,7 +550,7 @@ impl<P: Provider> crate::Reconciler<P> {
                     .await
                     .map_err(|e| ResolveError::Unproven(format!("{id} could not be read: {e}")))?
                     .ok_or_else(|| {
-                        ResolveError::Contradicted(format!("the provider has no {id}"))
+                        ResolveError::Contradicted(format!("the provider has no charge {id}"))
                     })?;
                 if let Fit::NotOurs(why) | Fit::Mismatch(why) =
                     fit(operation, &attempt, &payment, refund.as_ref(), &object)

@@ -12,7 +12,7 @@
 #   ops/ha/cluster.sh switchover      # planned: leader -> its synchronous standby
 #   ops/ha/cluster.sh kill-primary    # SIGKILL of the leader's postmaster (Patroni restarts it)
 #   ops/ha/cluster.sh kill-node [S]   # SIGKILL of the leader's Patroni and postmaster: a failover;
-#                                     # the node is started again after S seconds (default 15) and rejoins
+#                                     # the node is started again after S seconds (default 30) and rejoins
 #   ops/ha/cluster.sh freeze-primary [S]  # SIGSTOP the leader's Patroni and PostgreSQL for S seconds
 #                                         # (default 25, past the leader key's TTL), then SIGCONT
 #   ops/ha/cluster.sh down            # stops everything and removes the data directory
@@ -63,7 +63,11 @@ install_missing() {
   id postgres >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin postgres
   # The venv's interpreter must be one the postgres user can run: a
   # python3 under /root (pyenv) is not, so Debian's comes first.
-  if ! "$VENV/bin/pip" show patroni 2>/dev/null | grep -q "^Version: $PATRONI_VERSION$" \
+  # pip's output is read whole first: `grep -q` closing the pipe early
+  # failed the pipeline (pipefail) and reinstalled every time.
+  local installed
+  installed=$("$VENV/bin/pip" show patroni 2>/dev/null || true)
+  if ! grep -q "^Version: $PATRONI_VERSION$" <<<"$installed" \
     || ! runuser -u postgres -- "$VENV/bin/python3" -c '' 2>/dev/null; then
     log "installing patroni $PATRONI_VERSION into $VENV"
     rm -rf "$VENV"
@@ -203,7 +207,22 @@ for m in json.load(sys.stdin)["members"]:
         print(m["name"]); break' "$1"
 }
 
-leader() { member_with_role leader; }
+# The leader as HAProxy sees it: the one node whose REST API answers 200 on
+# /primary. None, or more than one, is an error (more than one would be a
+# split brain, and worth the failure).
+leader() {
+  local i found=()
+  for i in "${!NODES[@]}"; do
+    if curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$(api_port "$i")/primary" 2>/dev/null; then
+      found+=("${NODES[$i]}")
+    fi
+  done
+  if [ "${#found[@]}" != 1 ]; then
+    log "${#found[@]} nodes answer 200 on /primary: ${found[*]}"
+    return 1
+  fi
+  echo "${found[0]}"
+}
 node_index() { local i; for i in "${!NODES[@]}"; do [ "${NODES[$i]}" = "$1" ] && echo "$i"; done; }
 
 postmaster_pid() { head -1 "$DIR/$1/data/postmaster.pid"; }
@@ -331,7 +350,7 @@ cmd_kill_node() {
   log "SIGKILL of $name (Patroni and PostgreSQL: ${pids[*]})"
   kill -KILL "${pids[@]}" 2>/dev/null || true
   (
-    sleep "${1:-15}"
+    sleep "${1:-30}"
     # What the killed postmaster's children left behind goes first.
     for _ in $(seq 1 50); do [ -z "$(pgrep -u postgres -f "$DIR/$name/data")" ] && break; sleep 0.1; done
     start_patroni "$name"
@@ -358,7 +377,7 @@ case "${1:-}" in
   wait-sync) wait_sync_standby "${2:-90}" ;;
   switchover) cmd_switchover ;;
   kill-primary) cmd_kill_primary ;;
-  kill-node) cmd_kill_node "${2:-15}" ;;
+  kill-node) cmd_kill_node "${2:-30}" ;;
   freeze-primary) cmd_freeze_primary "${2:-25}" ;;
   *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

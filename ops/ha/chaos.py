@@ -139,13 +139,17 @@ def run_faults(args):
                    "freeze": ["freeze-primary", str(args.freeze)]}[kind]
         t0 = time.time()
         done = cluster(args, *command, check=False)
+        t_done = time.time()
         if done.returncode != 0:
             print(f"chaos: {kind} failed: {done.stderr.strip()}", file=sys.stderr)
+        # Back: a payment created by a request sent after the fault's
+        # command returned (one sent before it may have committed before
+        # the fault took effect).
         back = None
         while back is None and time.time() < t0 + 120:
             time.sleep(0.2)
             with LOCK:
-                firsts = [r for (s, r, st, rep) in ATTEMPTS if s >= t0 and st == 201 and not rep]
+                firsts = [r for (s, r, st, rep) in ATTEMPTS if s >= t_done and st == 201 and not rep]
             if firsts:
                 back = min(firsts) - t0
         results.append({"fault": kind, "leader": leader, "t0": t0, "first_commit_s": back})
@@ -249,10 +253,12 @@ def main():
     faults = run_faults(args)
     time.sleep(args.tail)
     STOP.set()
-    commits = measure(faults, time.time())
     for t in threads:
         t.join(args.give_up + 35)
     load_s = time.time() - started
+    # After the merchants' last retries: an outage that outlasted the
+    # load ends with the commits of those retries.
+    commits = measure(faults, time.time())
 
     found = settle(args, tokens)
     status, _, ledger = request("GET", f"{args.provider}/__admin/ledger")

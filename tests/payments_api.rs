@@ -987,3 +987,109 @@ async fn a_sane_request_id_is_kept_and_any_other_replaced(backend: Backend) {
         );
     }
 }
+
+/// Ends every connection of this test's database as PostgreSQL's fast
+/// shutdown does at a switchover (`57P01 admin_shutdown`), from outside
+/// cobro's pool.
+async fn end_cobro_connections(app: &TestApp) -> i64 {
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&app.db.url)
+        .await
+        .expect("connect");
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) t",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("terminate");
+    admin.close().await.expect("close");
+    ended
+}
+
+/// Creates `key` until it is not 503, asserting that nothing else (a 500
+/// above all) is ever answered in between; returns the final answer and how
+/// many 503s came first.
+async fn create_retrying_503(app: &TestApp, key: &str, order: &str) -> (reqwest::Response, usize) {
+    for unavailable in 0..20 {
+        let r = create(app, key, &payment_body(order)).await;
+        if r.status() != StatusCode::SERVICE_UNAVAILABLE {
+            return (r, unavailable);
+        }
+        assert_eq!(header(&r, "retry-after"), Some("1"));
+        assert_problem(r, 503, "service-unavailable").await;
+    }
+    panic!("still 503 after 20 tries");
+}
+
+/// A switchover ends the primary's connections under cobro's pool
+/// (`57P01`): each pooled connection fails its next statement, which is a
+/// retryable 503 (it was a 500), the dead connection is dropped, and the
+/// client's retry with the same key executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_ended_by_the_server_answer_503_and_the_retry_executes_once() {
+    let app = TestApp::spawn(cobro_test_support::Backend::Postgres).await;
+    assert_eq!(
+        create(&app, "k-1", &payment_body("o-1")).await.status(),
+        StatusCode::CREATED
+    );
+    assert!(
+        end_cobro_connections(&app).await >= 1,
+        "cobro held a connection"
+    );
+    let (r, unavailable) = create_retrying_503(&app, "k-2", "o-2").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert!(
+        unavailable >= 1,
+        "the first request met an ended connection"
+    );
+    assert_eq!(effects(&app).await, (2, 2, 2), "k-2 executed once");
+    let again = create(&app, "k-2", &payment_body("o-2")).await;
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(effects(&app).await, (2, 2, 2));
+}
+
+/// A connection that reaches a standby (a demoted primary, or a router
+/// that has not noticed the failover yet) is refused every write
+/// (`25006 read_only_sql_transaction`): 503, nothing written, and once
+/// the connection reaches a primary again the same key executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_server_answers_503_and_writes_nothing() {
+    let app = TestApp::spawn(cobro_test_support::Backend::Postgres).await;
+    assert_eq!(
+        create(&app, "k-1", &payment_body("o-1")).await.status(),
+        StatusCode::CREATED
+    );
+    let database: String = app.db.scalar("SELECT current_database()").await;
+    app.db
+        .exec(&format!(
+            "ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"
+        ))
+        .await;
+    end_cobro_connections(&app).await;
+    // Every new connection is now read-only, as a standby's are.
+    for _ in 0..3 {
+        let r = create(&app, "k-2", &payment_body("o-2")).await;
+        assert_eq!(header(&r, "retry-after"), Some("1"));
+        assert_problem(r, 503, "service-unavailable").await;
+    }
+    assert_eq!(effects(&app).await, (1, 1, 1), "nothing was written");
+    // From the server's own database: a session in this one is read-only.
+    {
+        use sqlx::Connection;
+        let mut admin = sqlx::PgConnection::connect(&cobro_test_support::postgres_admin_url())
+            .await
+            .expect("connect");
+        sqlx::query(&format!(
+            "ALTER DATABASE \"{database}\" RESET default_transaction_read_only"
+        ))
+        .execute(&mut admin)
+        .await
+        .expect("reset");
+        admin.close().await.expect("close");
+    }
+    end_cobro_connections(&app).await;
+    let (r, _) = create_retrying_503(&app, "k-2", "o-2").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(effects(&app).await, (2, 2, 2), "k-2 executed once");
+}

@@ -605,7 +605,7 @@ pub(crate) fn explain(error: &ApiError) -> &'static str {
             "The request was not answered within the request timeout (`COBRO_HTTP_REQUEST_TIMEOUT`, from the end of its headers, body included): typically a body that never arrived. The connection is closed. If the request began executing it still completes and its answer is stored against the key: retry with the same key."
         }
         E::Unavailable(_) => {
-            "The database is unreachable; nothing was stored. Retry with the same key after `Retry-After`."
+            "The database is unreachable or cannot serve now (a failover). If the connection died during the commit the request may have been stored: retry with the same key after `Retry-After`, which replays it or executes it once."
         }
         E::Internal(_) => {
             "An unexpected error; the body carries no detail (the cause is logged under the request id). Retry with the same key."

@@ -90,6 +90,9 @@ impl From<sqlx::Error> for StoreError {
                 if code == "55P03" || sqlite_busy {
                     return StoreError::Busy;
                 }
+                if server_unavailable(&code) {
+                    return StoreError::Unavailable(e);
+                }
                 if code == "CB001" || db.message().contains("cobro_send_blocked") {
                     return StoreError::SendBlocked;
                 }
@@ -113,6 +116,26 @@ impl From<sqlx::Error> for StoreError {
             _ => StoreError::Database(e),
         }
     }
+}
+
+/// SQLSTATEs by which a PostgreSQL server says it cannot serve this
+/// connection now, not that the statement was wrong: what a failover
+/// answers (ops/ha/README.md). The statement's transaction is rolled back
+/// (or, for a COMMIT the server never answered, unknown, as with a cut
+/// connection); a retry with the same key replays or executes once.
+/// - `08...` connection exception;
+/// - `57P01` admin_shutdown: a switchover's fast shutdown, or
+///   `pg_terminate_backend`, ends the connection;
+/// - `57P02` crash_shutdown: another backend crashed (the postmaster's
+///   SIGKILL recovery);
+/// - `57P03` cannot_connect_now: the server is starting or stopping;
+/// - `25006` read_only_sql_transaction: the connection reached a standby
+///   (a demoted primary, or a router that has not noticed yet);
+/// - `53300` too_many_connections.
+///
+/// Before this, all of them were `Database` and answered 500.
+fn server_unavailable(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "25006" | "53300")
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

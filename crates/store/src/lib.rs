@@ -797,7 +797,8 @@ impl Store {
     pub async fn listen_for_work(&self) -> Result<Option<WorkSignal>> {
         match &self.backend {
             Backend::Postgres(pool) => {
-                let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+                let mut listener =
+                    sqlx::postgres::PgListener::connect_with(&listening_pool(pool)).await?;
                 listener.listen("cobro_outbox").await?;
                 Ok(Some(WorkSignal { listener }))
             }
@@ -806,19 +807,36 @@ impl Store {
     }
 }
 
+/// A pool of one connection of its own for a LISTEN, with the request
+/// pool's settings. A listener never borrows a request connection: sqlx's
+/// listener hands its connection back to the pool it came from when it is
+/// dropped (after `UNLISTEN *`, in a background task), and a notification
+/// already on its way then reached a request reading that connection
+/// ("unexpected message: NotificationResponse", 17 requests in a failover
+/// run, ops/ha/README.md).
+fn listening_pool(pool: &PgPool) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
 /// Bumps `moves` on every `cobro_payment_settled` notification, for as long
 /// as anyone may wait (the task ends when the pool is closed).
 async fn listen_for_payment_moves(pool: sqlx::PgPool, moves: Arc<PaymentMoves>) {
+    let own = listening_pool(&pool);
     while !pool.is_closed() {
         let listening = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
             listener.listen("cobro_payment_settled").await?;
             loop {
                 listener.recv().await?;
                 moves.bump();
             }
         };
-        let broke: std::result::Result<(), sqlx::Error> = listening.await;
+        let broke: std::result::Result<(), sqlx::Error> = tokio::select! {
+            broke = listening => broke,
+            () = pool.close_event() => break,
+        };
         if let Err(e) = broke {
             tracing::warn!(error = %e, "long-poll listener lost; polling until it is back");
         }
@@ -826,4 +844,5 @@ async fn listen_for_payment_moves(pool: sqlx::PgPool, moves: Arc<PaymentMoves>) 
         moves.bump();
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
+    own.close().await;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on both backends: checks the Prometheus alert rules
-# (installing promtool if needed), starts a throwaway PostgreSQL (installing
+# (installing promtool if needed) and the dependencies (cargo deny,
+# installing it if needed), starts a throwaway PostgreSQL (installing
 # it if needed), runs every test with nextest (and cobro-client's doc tests),
 # then a bounded schemathesis pass on both stores (ops/fuzz.sh, installing
 # schemathesis into a virtualenv under the build directory), stops it.
@@ -33,6 +34,16 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 promtool check rules ops/prometheus/alerts.yml
 (cd ops/prometheus && promtool test rules alerts.test.yml)
+
+# Dependency hygiene (deny.toml): licences, bans (wildcards; duplicate
+# versions are reported), sources. cargo-deny installs from crates.io when
+# missing, like promtool from Debian. Advisories need GitHub, which CI
+# cannot reach (deny.toml).
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  echo "test.sh: cargo-deny not found; installing it from crates.io" >&2
+  cargo install cargo-deny --locked --version 0.20.2 --quiet
+fi
+cargo deny --log-level error check --hide-inclusion-graph licenses bans sources
 
 pg_up
 # pg_up's EXIT trap stops PostgreSQL; this one stops localstripe too. It

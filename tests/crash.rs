@@ -544,10 +544,15 @@ async fn a_webhook_killed_while_it_waits_on_the_payment_keeps_nothing_and_its_re
         .expect("X in the ledger")
         .reference
         .clone();
-    let b_before = site
-        .get_as(&token_b, &url, &format!("/v1/payments/{b}"))
-        .await;
-    assert_eq!(b_before.1["status"], "captured", "{}", b_before.1);
+    // B's payment settles on its own time (the worker may take it after
+    // A's): waited for, not assumed.
+    let b_before = wait_for("B's payment is captured", SETTLE, async || {
+        let b_now = site
+            .get_as(&token_b, &url, &format!("/v1/payments/{b}"))
+            .await;
+        (b_now.1["status"] == "captured").then_some(b_now)
+    })
+    .await;
     let deliver = |base: &str, (body, signature): (Vec<u8>, String)| {
         site.http
             .post(site.webhook_url(base))

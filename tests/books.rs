@@ -17,6 +17,8 @@ on_both_backends!(
     a_restored_backup_leaves_exactly_the_lost_payment_intents_and_refunds_as_orphans_on_stripe,
     a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once,
     an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path,
+    successes_the_provider_does_not_hold_are_missing_and_raised_once,
+    scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overlaps,
 );
 
 /// Processes of these tests run no scheduled books: each run is the
@@ -507,21 +509,7 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
         .expect("an answer");
     assert_eq!(voided.status().as_u16(), 200);
 
-    let books = cobro_reconciler::books::Books::new(
-        store.clone(),
-        std::sync::Arc::new(rig.connector()),
-        std::sync::Arc::new(rig.app.clock.clone()),
-        cobro_reconciler::books::BooksConfig {
-            provider: "fake".into(),
-            is_default: true,
-            clock_skew: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(10),
-            overlap: Duration::from_secs(600),
-            settle_delay: Duration::from_secs(120),
-            first_window: Duration::from_secs(24 * 3600),
-            actor: "books:test".into(),
-        },
-    );
+    let books = rig_books(&rig, rig.connector());
     // Every creation time the fake can have given: the fake's clock and
     // the rig's are not the same clock.
     let all_time = (0, 4_000_000_000);
@@ -549,4 +537,208 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
     assert_eq!(rig.app.db.count("evidence_conflicts").await, 0);
     let ledger = rig.provider.control().ledger();
     assert_eq!((ledger.totals.charges, ledger.totals.voids), (1, 1));
+}
+
+/// The books of a rig's store as the scheduler builds them, listing
+/// through `connector`.
+fn rig_books(
+    rig: &cobro_test_support::Rig,
+    connector: cobro_provider::Connector,
+) -> cobro_reconciler::books::Books<cobro_provider::Connector> {
+    cobro_reconciler::books::Books::new(
+        rig.app.db.store.clone(),
+        std::sync::Arc::new(connector),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        cobro_reconciler::books::BooksConfig {
+            provider: "fake".into(),
+            is_default: true,
+            clock_skew: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            overlap: Duration::from_secs(600),
+            settle_delay: Duration::from_secs(120),
+            first_window: Duration::from_secs(24 * 3600),
+            actor: "books:test".into(),
+        },
+    )
+}
+
+/// Every creation time the fake can have given: the fake's clock and the
+/// rig's are not the same clock.
+const ALL_TIME: (i64, i64) = (0, 4_000_000_000);
+
+/// cobro holds a captured payment and a succeeded refund of it, and the
+/// books list a provider whose ledger has neither (another fake with the
+/// same key: what a provider account swapped or wiped looks like): both
+/// attempts are missing, each raises one critical `missing_at_provider`
+/// conflict and sends its payment to `needs_review`; a second run counts
+/// them missing again and raises nothing more. A payment the provider
+/// declined moved no money and is never missing. The books move no money
+/// at either provider.
+async fn successes_the_provider_does_not_hold_are_missing_and_raised_once(backend: Backend) {
+    use cobro_test_support::{ProviderClient, Rig};
+    let rig = Rig::new(backend).await;
+    let paid = rig
+        .create_payment("k-1", &cobro_test_support::payment_body("o-1"))
+        .await;
+    rig.drain(2).await;
+    let id = id_of(&paid);
+    rig.post_ok(
+        &format!("/v1/payments/{id}/refunds"),
+        "r-1",
+        json!({ "amount": 500 }),
+    )
+    .await;
+    rig.drain(2).await;
+    let mut declined_body = cobro_test_support::payment_body("o-2");
+    declined_body["payment_method"] = json!("pm_card_declined");
+    let declined = rig.create_payment("k-2", &declined_body).await;
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "partially_refunded");
+    assert_eq!(rig.payment(&id_of(&declined)).await["status"], "declined");
+    let held = rig.ledger();
+    assert_eq!((held.totals.charges, held.totals.refunds), (1, 1));
+
+    let elsewhere = fake_provider::start(fake_provider::Config::default())
+        .await
+        .expect("a second fake provider");
+    let client = ProviderClient {
+        base_url: elsewhere.url(),
+        request_timeout: Duration::from_secs(2),
+    };
+    let books = rig_books(&rig, client.connector(rig.dialect));
+    let missing = "evidence_conflicts WHERE kind = 'missing_at_provider'";
+    for run in 0..2 {
+        let report = books.run(ALL_TIME, false, "test").await.expect("books run");
+        let c = report.counts;
+        assert_eq!(
+            (c.objects, c.matched, c.missing),
+            (0, 0, 2),
+            "run {run}: {report:?}"
+        );
+        assert!(
+            report
+                .findings
+                .iter()
+                .all(|f| f.class == cobro_reconciler::books::Class::Missing
+                    && f.payment.as_deref() == Some(id.as_str())),
+            "run {run}: {report:?}"
+        );
+        assert_eq!(rig.app.db.count(missing).await, 2, "run {run}");
+        assert_eq!(
+            rig.payment(&id).await["status"],
+            "needs_review",
+            "run {run}"
+        );
+        assert_eq!(rig.payment(&id_of(&declined)).await["status"], "declined");
+    }
+    let after = rig.ledger();
+    assert_eq!((after.totals.charges, after.totals.refunds), (1, 1));
+    let there = elsewhere.control().ledger();
+    assert_eq!((there.totals.charges, there.totals.refunds), (0, 0));
+    elsewhere.shutdown().await;
+}
+
+/// The scheduled path (`Books::run_due`, as every reconciling process
+/// runs it): the first run reads its first window and sets the
+/// checkpoint; the next reads from the checkpoint less the overlap, so an
+/// object seen before is seen again and stays matched; a refund made at
+/// the provider between runs is applied once although two overlapping
+/// windows list it; a run that cannot list fails without moving the
+/// checkpoint. Both clocks (cobro's and the provider's) move together.
+async fn scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overlaps(
+    backend: Backend,
+) {
+    use cobro_test_support::{ProviderClient, RIG_SECRET_KEY, Rig, payment_body};
+    let rig = Rig::new(backend).await;
+    let store = &rig.app.db.store;
+    let advance = |minutes: i64| {
+        rig.app.clock.advance(chrono::Duration::minutes(minutes));
+        rig.provider
+            .control()
+            .advance_clock(Duration::from_secs(60 * minutes as u64));
+    };
+    let books = rig_books(&rig, rig.connector());
+    let first_paid = rig.create_payment("k-1", &payment_body("o-1")).await;
+    rig.drain(2).await;
+    advance(5);
+
+    let first = books.run_due("schedule").await.expect("run").expect("due");
+    let c = first.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.unmatched()),
+        (1, 1, 0),
+        "{first:?}"
+    );
+    let checkpoint = store.books_checkpoint("fake").await.expect("read");
+    assert_eq!(checkpoint, Some(first.window.1), "{first:?}");
+
+    let second_paid = rig.create_payment("k-2", &payment_body("o-2")).await;
+    rig.drain(2).await;
+    advance(5);
+    let second = books.run_due("schedule").await.expect("run").expect("due");
+    assert_eq!(
+        second.window.0,
+        first.window.1 - 600,
+        "from the checkpoint less the overlap"
+    );
+    let c = second.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.unmatched()),
+        (2, 2, 0),
+        "{second:?}"
+    );
+
+    let charge = rig.payment(&id_of(&first_paid)).await["provider_ref"]
+        .as_str()
+        .expect("provider_ref")
+        .to_owned();
+    let made = rig
+        .app
+        .client
+        .post(format!("{}/v1/refunds", rig.provider.url()))
+        .bearer_auth(RIG_SECRET_KEY)
+        .json(&json!({ "charge": charge, "amount": 300, "reference": "dashboard" }))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(made.status().as_u16(), 201);
+    advance(5);
+    let applied = "reconciliation_decisions WHERE decision = 'provider_refunded'";
+    let third = books.run_due("schedule").await.expect("run").expect("due");
+    let c = third.counts;
+    assert_eq!((c.objects, c.matched, c.drifted), (3, 2, 1), "{third:?}");
+    assert_eq!(rig.app.db.count(applied).await, 1);
+    advance(5);
+    let fourth = books.run_due("schedule").await.expect("run").expect("due");
+    assert!(fourth.window.0 < third.window.1, "the windows overlap");
+    // The second charge and the refund: the first charge is behind it now.
+    let c = fourth.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.unmatched()),
+        (2, 2, 0),
+        "{fourth:?}"
+    );
+    assert_eq!(rig.app.db.count(applied).await, 1, "applied once");
+    assert_eq!(
+        rig.payment(&id_of(&first_paid)).await["amount_refunded"],
+        300
+    );
+    assert_eq!(
+        rig.payment(&id_of(&second_paid)).await["amount_refunded"],
+        0
+    );
+
+    let before = store.books_checkpoint("fake").await.expect("read");
+    advance(5);
+    let unreachable = ProviderClient {
+        base_url: "http://127.0.0.1:9".into(),
+        request_timeout: Duration::from_secs(2),
+    };
+    let failing = rig_books(&rig, unreachable.connector(rig.dialect));
+    assert!(failing.run_due("schedule").await.is_err());
+    assert_eq!(store.books_checkpoint("fake").await.expect("read"), before);
+    let runs = store.books_runs(10).await.expect("runs");
+    assert_eq!(runs.len(), 5, "every run, the failed one too, has its row");
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.refunds), (2, 1));
 }

@@ -6,7 +6,7 @@ use crate::conflicts::ConflictKind;
 use crate::payments::ATTEMPT_COLUMNS;
 use crate::{AttemptRow, DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx, on_write_pool};
 use chrono::{DateTime, Utc};
-use cobro_core::PaymentId;
+use cobro_core::{Operation, PaymentId};
 
 /// A books run as it starts.
 #[derive(Clone, Debug)]
@@ -351,9 +351,13 @@ impl Store {
         } else {
             ""
         };
+        // The operations are literals, not parameters, so that the query
+        // planner can use the partial index `attempts_settled_by_send`,
+        // whose predicate names them the same way (migration 0019).
+        let (authorize, refund) = (Operation::Authorize.as_str(), Operation::Refund.as_str());
         let sql = format!(
             "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state = 'succeeded' \
-             AND operation IN ('authorize', 'refund') AND first_send_at >= $2 \
+             AND operation IN ('{authorize}', '{refund}') AND first_send_at >= $2 \
              AND first_send_at < $3 AND (provider = $1{unnamed}) \
              AND (first_send_at > $4 OR (first_send_at = $4 AND id > $5)) \
              ORDER BY first_send_at, id LIMIT $6"

@@ -18,6 +18,8 @@ on_both_backends!(
     a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once,
     an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path,
     successes_the_provider_does_not_hold_are_missing_and_raised_once,
+    adopting_the_orphans_of_a_restore_brings_the_books_to_all_matched,
+    adopting_the_orphans_of_a_restore_on_stripe,
     scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overlaps,
 );
 
@@ -741,4 +743,179 @@ async fn scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overla
     assert_eq!(runs.len(), 5, "every run, the failed one too, has its row");
     let ledger = rig.ledger();
     assert_eq!((ledger.totals.charges, ledger.totals.refunds), (2, 1));
+}
+
+async fn adopting_the_orphans_of_a_restore_brings_the_books_to_all_matched(backend: Backend) {
+    adopted_after_restore(backend, Dialect::Fake).await;
+}
+
+async fn adopting_the_orphans_of_a_restore_on_stripe(backend: Backend) {
+    adopted_after_restore(backend, Dialect::Stripe).await;
+}
+
+/// `cobro books adopt ID --json` as operator `ana`: exit code and output.
+async fn adopt(site: &Site, id: &str) -> (Option<i32>, String) {
+    let reason = "lost in the restore; the merchant still wants it";
+    site.run_cli(
+        &[
+            "books",
+            "adopt",
+            id,
+            "--reason",
+            reason,
+            "--operator",
+            "ana",
+            "--json",
+        ],
+        &NO_BOOKS,
+    )
+    .await
+}
+
+/// The open orphan of `kind` whose metadata names `payment`.
+fn orphan_of<'a>(listed: &'a Value, kind: &str, payment: &Value) -> &'a str {
+    listed["orphans"]
+        .as_array()
+        .expect("orphans")
+        .iter()
+        .find(|o| o["kind"] == kind && o["payment"] == id_of(payment).as_str())
+        .and_then(|o| o["id"].as_str())
+        .unwrap_or_else(|| panic!("a {kind} orphan of {payment} in {listed}"))
+}
+
+/// A restore loses, for account A, a captured payment and its refund and
+/// a refund of a payment the backup kept; for account B (same order refs),
+/// a captured payment that B's client then pays again under the same key
+/// (cobro had forgotten the key: a second charge for one order). The
+/// operator adopts A's charge (its refund comes with it) and the lone
+/// refund, each read again at the provider first; B's adoption is refused
+/// with nothing written (the order has a payment again: the orphan is the
+/// second charge) and is acknowledged instead. The books then match every
+/// object, a second run changes nothing, and the adopted payment is an
+/// ordinary one: its merchant reads it and refunds the rest through the
+/// API and the outbox, which the provider's ledger shows.
+async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
+    let site = Site::new_in(backend, dialect).await;
+    let token_b = site.new_account("other merchant").await;
+    let window = window_around_now();
+    let (serve, url) = site.serve("serve-1", &[], &NO_BOOKS).await;
+    let kept_a = captured(&site, &url, &site.token, "k-1", "order-1").await;
+    captured(&site, &url, &token_b, "k-1", "order-1").await;
+    stop(serve).await;
+    let backup = back_up(&site).await;
+
+    let (serve, url) = site.serve("serve-2", &[], &NO_BOOKS).await;
+    let lost_a = captured(&site, &url, &site.token, "k-2", "order-2").await;
+    let lost_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
+    refunded(&site, &url, &site.token, &lost_a, 500).await;
+    refunded(&site, &url, &site.token, &kept_a, 300).await;
+    stop(serve).await;
+    ledger_holds(&site, 4, 2);
+    restore(&site, &backup).await;
+
+    let (serve, url) = site.serve("serve-3", &[], &NO_BOOKS).await;
+    let again_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
+    assert_ne!(id_of(&again_b), id_of(&lost_b), "cobro forgot the key");
+    ledger_holds(&site, 5, 2);
+
+    let (code, report) = run_books(&site, &window).await;
+    assert_eq!(code, Some(3), "{report}");
+    assert_eq!(counts(&report), [7, 3, 4, 0, 0, 0], "{report}");
+    let (_, listed) = books(&site, &["orphans"]).await;
+
+    let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_a)).await;
+    assert_eq!(code, Some(0), "{out}");
+    let adopted: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(adopted["payment"], id_of(&lost_a).as_str(), "{adopted}");
+    assert_eq!(adopted["status"], "partially_refunded", "{adopted}");
+    assert_eq!(adopted["refunds"].as_array().map(Vec::len), Some(1));
+    let (code, out) = adopt(&site, orphan_of(&listed, "refund", &kept_a)).await;
+    assert_eq!(code, Some(0), "{out}");
+
+    let payments = site.count("payments").await;
+    let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_b)).await;
+    assert_ne!(code, Some(0), "{out}");
+    assert_eq!(site.count("payments").await, payments, "nothing written");
+    let second_charge = orphan_of(&listed, "charge", &lost_b);
+    let (code, out) = site
+        .run_cli(
+            &[
+                "books",
+                "acknowledge",
+                second_charge,
+                "--reason",
+                "refunded by hand",
+            ],
+            &NO_BOOKS,
+        )
+        .await;
+    assert_eq!(code, Some(0), "{out}");
+    let adoptions = "reconciliation_decisions WHERE decision = 'books_adopted'";
+    assert_eq!(site.count(adoptions).await, 3);
+
+    let (code, settled) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{settled}");
+    assert_eq!(counts(&settled), [7, 7, 0, 0, 0, 0], "{settled}");
+    assert_eq!(site.count("books_orphans WHERE state = 'open'").await, 0);
+
+    // The merchant reads the adopted payment and refunds the rest.
+    let (status, payment) = site
+        .get_as(
+            &site.token,
+            &url,
+            &format!("/v1/payments/{}", id_of(&lost_a)),
+        )
+        .await;
+    assert_eq!(status, 200, "{payment}");
+    assert_eq!(
+        (
+            payment["status"].as_str(),
+            payment["amount_refunded"].as_i64()
+        ),
+        (Some("partially_refunded"), Some(500)),
+        "{payment}"
+    );
+    let (_, kept) = site
+        .get_as(
+            &site.token,
+            &url,
+            &format!("/v1/payments/{}", id_of(&kept_a)),
+        )
+        .await;
+    assert_eq!(kept["amount_refunded"], 300, "{kept}");
+    let id = id_of(&lost_a);
+    let answer = site
+        .post_as(
+            &site.token,
+            &url,
+            &format!("/v1/payments/{id}/refunds"),
+            "refund-the-rest",
+            &json!({ "amount": 1499 }),
+        )
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status().as_u16(), 201);
+    wait_for("the rest refunded", SETTLE, async || {
+        let (_, p) = site
+            .get_as(&site.token, &url, &format!("/v1/payments/{id}"))
+            .await;
+        (p["status"] == "refunded").then_some(())
+    })
+    .await;
+    stop(serve).await;
+    let (code, last) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{last}");
+    assert_eq!(counts(&last), [8, 8, 0, 0, 0, 0], "{last}");
+    assert_eq!(site.count(adoptions).await, 3);
+
+    let ledger = ledger_holds(&site, 5, 3);
+    let charge = lost_a["provider_ref"].as_str().expect("provider_ref");
+    let charge = ledger
+        .charge(charge)
+        .or_else(|| ledger.charge_of_payment_intent(charge))
+        .expect("the adopted charge")
+        .id
+        .clone();
+    assert_eq!(ledger.refunds_of_charge(&charge).len(), 2);
 }

@@ -831,6 +831,15 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
     assert_eq!(adopted["refunds"].as_array().map(Vec::len), Some(1));
     let (code, out) = adopt(&site, orphan_of(&listed, "refund", &kept_a)).await;
     assert_eq!(code, Some(0), "{out}");
+    // Its merchant hears it as any payment: created, then captured, then
+    // partially refunded.
+    for kind in ["created", "captured", "partially_refunded"] {
+        let events = format!(
+            "events WHERE type = 'payment.{kind}' AND object_id = '{}'",
+            id_of(&lost_a)
+        );
+        assert_eq!(site.count(&events).await, 1, "{kind}");
+    }
 
     let payments = site.count("payments").await;
     let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_b)).await;

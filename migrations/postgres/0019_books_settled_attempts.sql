@@ -6,7 +6,3 @@
 DROP INDEX attempts_settled_by_send;
 CREATE INDEX attempts_settled_by_send ON attempts (first_send_at, id)
     WHERE state = 'succeeded' AND operation IN ('payment.authorize', 'refund.create');
-
--- An orphan an operator adopted (`cobro books adopt`): the payment it was
--- recorded under again. Adopted orphans are `acknowledged` too: resolved.
-ALTER TABLE books_orphans ADD COLUMN adopted_payment TEXT;

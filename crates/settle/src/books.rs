@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, Decision, IntentName, Operation, PaymentId, RefundId, RefundStatus};
 use cobro_provider::{ProviderObject, ProviderStatus};
 use cobro_store::audit::NewDecision;
-use cobro_store::books::AdoptedAttempt;
+use cobro_store::books::{AdoptedAttempt, intent_number};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{AttemptRow, DbId, NewRefund, Store, StoreError, WriteTx};
 
@@ -304,6 +304,21 @@ pub async fn adopt_refund_orphan(
     if tx.refund_by_provider_ref(a.payment, &a.object.id).await? {
         tx.rollback().await?;
         return Ok(RefundAdopted::AlreadyRecorded);
+    }
+    let existing = tx
+        .intents_of_order(
+            cobro_core::AccountId::from_uuid(payment.account_id.0),
+            &payment.order_ref,
+            Operation::Refund,
+        )
+        .await?;
+    if intent_number(a.intent) != Some(existing + 1) {
+        tx.rollback().await?;
+        return Ok(RefundAdopted::CannotRecord(format!(
+            "its intent {} would leave a gap after the order's {existing} refund intent(s) \
+             (cobro numbers the next refund after the count)",
+            a.intent
+        )));
     }
     let intent = IntentName::from_stored(a.intent.to_owned());
     let reason = "adopted by the books";

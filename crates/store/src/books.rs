@@ -511,6 +511,17 @@ pub enum AdoptRefused {
     },
     #[error("{0} is recorded already (intent, payment or attempt): run the books again")]
     AlreadyRecorded(String),
+    #[error(
+        "payment {0} already holds this charge: the object's metadata names another payment \
+         (edited at the provider?); an operator must look"
+    )]
+    ChargeHeld(String),
+    #[error(
+        "its intent {intent} would leave a gap after the order's {existing} intent(s) of this \
+         operation (one lost before it), and cobro numbers the next intent after the count: \
+         refund or void it at the provider, then acknowledge it"
+    )]
+    SequenceGap { intent: String, existing: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -544,6 +555,18 @@ impl Store {
                 order_ref: a.order_ref.to_owned(),
                 payment: payment.0.to_string(),
                 status,
+            });
+        }
+        if let Some(holder) = tx.payment_holding_charge(a.charge).await? {
+            return Err(AdoptRefused::ChargeHeld(holder.0.to_string()));
+        }
+        let existing = tx
+            .intents_of_order(a.account, a.order_ref, Operation::Authorize)
+            .await?;
+        if intent_number(a.intent) != Some(existing + 1) {
+            return Err(AdoptRefused::SequenceGap {
+                intent: a.intent.to_owned(),
+                existing,
             });
         }
         let inserted = tx.insert_adopted_payment(a, now).await;
@@ -637,12 +660,43 @@ impl WriteTx {
             .await?))
     }
 
+    /// The payment whose charge is `charge`, if any.
+    async fn payment_holding_charge(&mut self, charge: &str) -> Result<Option<DbId>> {
+        Ok(on_tx!(self, conn => sqlx::query_scalar(
+            "SELECT id FROM payments WHERE provider_ref = $1 LIMIT 1")
+            .bind(charge)
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
+    /// How many intents of `operation` the order has: what the next one's
+    /// number follows (`next_intent_sequence`; authorisations count the
+    /// order's payments, one intent each).
+    pub async fn intents_of_order(
+        &mut self,
+        account: AccountId,
+        order_ref: &str,
+        operation: Operation,
+    ) -> Result<i64> {
+        let sql = "SELECT COUNT(*) FROM intents i JOIN payments p ON p.id = i.payment_id \
+            WHERE p.account_id = $1 AND p.order_ref = $2 AND i.operation = $3";
+        Ok(on_tx!(self, conn => sqlx::query_scalar(sql)
+            .bind(DbId::from(account))
+            .bind(order_ref)
+            .bind(operation)
+            .fetch_one(&mut *conn)
+            .await?))
+    }
+
+    /// The adopted payment, inserted `processing` and then moved to its
+    /// status, so its merchant hears `payment.created` and then the
+    /// status's own event (`payment.captured`), as for any payment.
     async fn insert_adopted_payment(&mut self, a: &Adoption<'_>, now: DateTime<Utc>) -> Result<()> {
         on_tx!(self, conn => sqlx::query(
             "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
-             capture_method, payment_method, metadata, status, amount_captured, provider_ref, \
-             provider, status_changed_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, \
-             $6, $7, 'unknown', '{}', $8, $9, $10, $11, $12, $12, $12)")
+             capture_method, payment_method, metadata, status, provider_ref, provider, \
+             status_changed_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, \
+             'unknown', '{}', 'processing', $8, $9, $10, $10, $10)")
             .bind(DbId::from(a.payment))
             .bind(DbId::from(a.account))
             .bind(a.order_ref)
@@ -650,11 +704,17 @@ impl WriteTx {
             .bind(a.amount)
             .bind(a.currency)
             .bind(a.capture_method.as_str())
-            .bind(a.status.as_str())
-            .bind(a.amount_captured)
             .bind(a.charge)
             .bind(a.provider)
             .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        on_tx!(self, conn => sqlx::query(
+            "UPDATE payments SET status = $2, amount_captured = $3 WHERE id = $1")
+            .bind(DbId::from(a.payment))
+            .bind(a.status.as_str())
+            .bind(a.amount_captured)
             .execute(&mut *conn)
             .await?
             .rows_affected());
@@ -706,4 +766,11 @@ impl WriteTx {
             .rows_affected());
         Ok(())
     }
+}
+
+/// `n` of an intent named `{order_ref}:{verb}-v{n}`.
+pub fn intent_number(intent: &str) -> Option<i64> {
+    let (_, verb) = intent.rsplit_once(':')?;
+    let (_, n) = verb.rsplit_once("-v")?;
+    n.parse().ok().filter(|n| *n > 0)
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use cobro_core::{Clock, SystemClock};
 use cobro_provider::Connector;
-use cobro_reconciler::books::{Books, BooksReport};
+use cobro_reconciler::books::{Adopted, Books, BooksReport};
 use cobro_store::{DbId, Store};
 use comfy_table::Table;
 use std::sync::Arc;
@@ -370,7 +370,21 @@ async fn adopt(store: &Store, args: AdoptArgs) -> anyhow::Result<()> {
     let books = books_of(store, &handle, (spec, client), &args.settings, &actor);
     let adopted = books.adopt(DbId(id), &actor, &args.reason).await?;
     if args.output.json {
-        return say_json(&serde_json::to_value(&adopted)?);
+        say_json(&serde_json::to_value(&adopted)?)?;
+    } else {
+        say_adopted(&adopted)?;
+    }
+    if !adopted.refunds_not_adopted.is_empty() {
+        return Err(Unmatched(adopted.refunds_not_adopted.len() as u64).into());
+    }
+    Ok(())
+}
+
+fn say_adopted(adopted: &Adopted) -> anyhow::Result<()> {
+    for (refund, why) in &adopted.refunds_not_adopted {
+        say(format!(
+            "refund {refund} not adopted (its orphan stays open): {why}"
+        ))?;
     }
     say(format!(
         "orphan {} adopted: payment {} of account {} (order {}) is {}, charge {}{}",
@@ -385,7 +399,11 @@ async fn adopt(store: &Store, args: AdoptArgs) -> anyhow::Result<()> {
         } else {
             format!(", with refunds {}", adopted.refunds.join(", "))
         }
-    ))
+    ))?;
+    say(
+        "run the books again over the window the orphan was found in: refunds of this charge \
+         made at the provider without cobro's metadata are recorded then",
+    )
 }
 
 async fn runs(store: &Store, limit: u32, output: JsonFlag) -> anyhow::Result<()> {

@@ -8,10 +8,12 @@
 //! matches it.
 
 use super::Books;
-use cobro_core::{AccountId, AttemptId, CaptureMethod, OrderRef, PaymentId, PaymentStatus};
+use cobro_core::{
+    AccountId, AttemptId, CaptureMethod, OrderRef, PaymentId, PaymentStatus, attempt_reference,
+};
 use cobro_provider::{Provider, ProviderObject, ProviderStatus, metadata};
 use cobro_settle::books::{RefundAdopted, RefundAdoption, adopt_refund_orphan};
-use cobro_store::books::{AdoptRefused, Adoption, OrphanRow};
+use cobro_store::books::{AdoptRefused, Adoption, OrphanRow, intent_number};
 use cobro_store::{DbId, StoreError};
 use serde::Serialize;
 
@@ -26,9 +28,14 @@ pub struct Adopted {
     pub charge: String,
     /// The provider's ids of the refunds adopted with it.
     pub refunds: Vec<String>,
+    /// Refund orphans of the charge that could not be adopted after it,
+    /// with why: each stays open, to adopt alone (or acknowledge) later.
+    pub refunds_not_adopted: Vec<(String, String)>,
 }
 
-/// Why nothing was adopted. Nothing is written in any of these cases.
+/// Why nothing was adopted. Nothing is written in any of these cases
+/// (refund orphans that fail after their charge was adopted are reported
+/// in [`Adopted::refunds_not_adopted`] instead).
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
     #[error("no orphan {0}")]
@@ -97,6 +104,7 @@ impl<P: Provider> Books<P> {
             .map_err(|e| AdoptError::Query(object_id.clone(), e.0))?
             .ok_or_else(|| AdoptError::Gone(object_id.clone()))?;
         let identity = Identity::of(&orphan, &object)?;
+        identity.names("authorize", &object_id)?;
         let (status, captured) = match object.status {
             ProviderStatus::Authorized => (PaymentStatus::Authorized, 0),
             ProviderStatus::Captured => (
@@ -123,6 +131,20 @@ impl<P: Provider> Books<P> {
             None if status == PaymentStatus::Captured => CaptureMethod::Automatic,
             None => CaptureMethod::Manual,
         };
+        // Every read before any write: a refund orphan that cannot be read
+        // or is not final refuses the whole adoption, with nothing written.
+        let mut refunds = Vec::new();
+        let refund_orphans = self
+            .store
+            .open_refund_orphans_of(&orphan.provider, &orphan.object_id)
+            .await?;
+        for refund in &refund_orphans {
+            if let Some(read) = self.read_refund(refund, &identity).await? {
+                refunds.push((refund, read));
+            }
+        }
+        // Adopted in their intents' order: each must be the order's next.
+        refunds.sort_by_key(|(_, read)| intent_number(&read.identity.intent));
         let said = serde_json::to_string(&object).unwrap_or_else(|_| "{}".into());
         let adoption = Adoption {
             orphan: id,
@@ -150,19 +172,17 @@ impl<P: Provider> Books<P> {
             status = status.as_str(),
             "orphan adopted"
         );
-        // Its refunds, each in a transaction of its own: one that fails
-        // leaves its orphan open, to adopt alone once it can be.
-        let mut refunds = Vec::new();
-        let refund_orphans = self
-            .store
-            .open_refund_orphans_of(&orphan.provider, &orphan.object_id)
-            .await?;
-        for refund in &refund_orphans {
-            if let Some(object) = self
-                .adopt_refund(refund, identity.payment, actor, reason)
-                .await?
+        // Its refunds, each in a transaction of its own under the
+        // payment's lock: one that fails leaves its orphan open.
+        let mut adopted_refunds = Vec::new();
+        let mut not_adopted = Vec::new();
+        for (row, read) in &refunds {
+            match self
+                .write_refund(row, read, identity.payment, actor, reason)
+                .await
             {
-                refunds.push(object);
+                Ok(()) => adopted_refunds.push(read.object.id.clone()),
+                Err(e) => not_adopted.push((read.object.id.clone(), e.to_string())),
             }
         }
         let status = match self.store.payment_any_account(identity.payment).await? {
@@ -176,7 +196,8 @@ impl<P: Provider> Books<P> {
             order_ref: identity.order_ref.as_str().to_owned(),
             status,
             charge: object.id.clone(),
-            refunds,
+            refunds: adopted_refunds,
+            refunds_not_adopted: not_adopted,
         })
     }
 
@@ -196,10 +217,22 @@ impl<P: Provider> Books<P> {
             .await?
             .ok_or_else(|| AdoptError::ChargeNotHeld(name.clone(), charge.clone()))?;
         let payment_id = PaymentId::from_uuid(payment.id.0);
-        let object = self
-            .adopt_refund(orphan, payment_id, actor, reason)
+        let holder = Identity {
+            account: AccountId::from_uuid(payment.account_id.0),
+            payment: payment_id,
+            intent: payment.intent.clone(),
+            order_ref: OrderRef::parse(&payment.order_ref)
+                .map_err(|_| AdoptError::Differs(charge.clone(), "its order ref".into()))?,
+            attempt: AttemptId::from_uuid(uuid::Uuid::nil()),
+            reference: String::new(),
+        };
+        let read = self
+            .read_refund(orphan, &holder)
             .await?
             .ok_or_else(|| AdoptError::NoMoney(orphan.object_id.clone(), "not succeeded".into()))?;
+        self.write_refund(orphan, &read, payment_id, actor, reason)
+            .await?;
+        let object = read.object.id.clone();
         let payment = self
             .store
             .payment_any_account(payment_id)
@@ -213,20 +246,19 @@ impl<P: Provider> Books<P> {
             status: payment.status.as_str().to_owned(),
             charge,
             refunds: vec![object],
+            refunds_not_adopted: Vec::new(),
         })
     }
 
     /// Reads the refund orphan again in the provider's consistent list of
-    /// its charge's refunds and adopts it into `payment`: `Some` (its id)
-    /// when adopted, `None` when it moved no money (it stays open, for an
-    /// operator to acknowledge).
-    async fn adopt_refund(
+    /// its charge's refunds: `Some` when it succeeded and its metadata
+    /// names the charge's payment and account (`holder`), `None` when it
+    /// moved no money (it stays open, for an operator to acknowledge).
+    async fn read_refund(
         &self,
         orphan: &OrphanRow,
-        payment: PaymentId,
-        actor: &str,
-        reason: &str,
-    ) -> Result<Option<String>, AdoptError> {
+        holder: &Identity,
+    ) -> Result<Option<RefundRead>, AdoptError> {
         let object_id = orphan.object_id.clone();
         let charge = orphan.charge.clone().unwrap_or_default();
         let reference = orphan.reference.clone().unwrap_or_default();
@@ -240,12 +272,13 @@ impl<P: Provider> Books<P> {
             .find(|o| o.id == object_id)
             .ok_or_else(|| AdoptError::Gone(object_id.clone()))?;
         let identity = Identity::of(orphan, &object)?;
-        if identity.payment != payment {
+        identity.names("refund", &object_id)?;
+        if identity.payment != holder.payment || identity.account != holder.account {
             return Err(AdoptError::Differs(
                 object_id,
                 format!(
-                    "its metadata names payment {}, not {payment}",
-                    identity.payment
+                    "its metadata names payment {} of account {}, not {} of {}",
+                    identity.payment, identity.account, holder.payment, holder.account
                 ),
             ));
         }
@@ -254,21 +287,34 @@ impl<P: Provider> Books<P> {
             ProviderStatus::Failed | ProviderStatus::Canceled => return Ok(None),
             _ => return Err(AdoptError::NotFinal(object_id, object.status.to_string())),
         }
-        let said = serde_json::to_string(&object).unwrap_or_else(|_| "{}".into());
+        Ok(Some(RefundRead { object, identity }))
+    }
+
+    /// Adopts a refund read by [`Self::read_refund`] into `payment`.
+    async fn write_refund(
+        &self,
+        orphan: &OrphanRow,
+        read: &RefundRead,
+        payment: PaymentId,
+        actor: &str,
+        reason: &str,
+    ) -> Result<(), AdoptError> {
+        let object_id = read.object.id.clone();
+        let said = serde_json::to_string(&read.object).unwrap_or_else(|_| "{}".into());
         let adoption = RefundAdoption {
             orphan: orphan.id,
             provider: &orphan.provider,
             payment,
-            object: &object,
-            intent: &identity.intent,
-            attempt: identity.attempt,
-            reference: &identity.reference,
+            object: &read.object,
+            intent: &read.identity.intent,
+            attempt: read.identity.attempt,
+            reference: &read.identity.reference,
             actor,
             reason,
             said: &said,
         };
         match adopt_refund_orphan(&self.store, &adoption, self.clock.now()).await? {
-            RefundAdopted::Adopted(_) => Ok(Some(object_id)),
+            RefundAdopted::Adopted(_) => Ok(()),
             RefundAdopted::NotOpen => Err(AdoptError::Refused(AdoptRefused::NotOpen)),
             RefundAdopted::AlreadyRecorded => Err(AdoptError::RefundNotAdopted(
                 object_id,
@@ -277,6 +323,12 @@ impl<P: Provider> Books<P> {
             RefundAdopted::CannotRecord(why) => Err(AdoptError::RefundNotAdopted(object_id, why)),
         }
     }
+}
+
+/// A refund orphan read again at the provider, about to be adopted.
+struct RefundRead {
+    object: ProviderObject,
+    identity: Identity,
 }
 
 /// What an object's metadata says about whose it is, checked against the
@@ -291,6 +343,26 @@ struct Identity {
 }
 
 impl Identity {
+    /// Whether the intent is `{order_ref}:{verb}-v{n}` and the reference
+    /// the attempt's own (`{intent}/{attempt}`), as cobro names them.
+    fn names(&self, verb: &str, object: &str) -> Result<(), AdoptError> {
+        let named = self
+            .intent
+            .rsplit_once(':')
+            .is_some_and(|(_, v)| v.strip_prefix(verb).is_some_and(|n| n.starts_with("-v")))
+            && intent_number(&self.intent).is_some();
+        if !named || self.reference != attempt_reference(&self.intent, self.attempt) {
+            return Err(AdoptError::Differs(
+                object.to_owned(),
+                format!(
+                    "its intent {} or reference {} is not a {verb} of cobro's",
+                    self.intent, self.reference
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn of(orphan: &OrphanRow, object: &ProviderObject) -> Result<Self, AdoptError> {
         let differs = |why: String| AdoptError::Differs(object.id.clone(), why);
         let said = |key: &str| object.metadata.get(key).cloned();

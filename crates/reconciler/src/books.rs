@@ -338,8 +338,15 @@ impl<P: Provider> Books<P> {
     /// last-send bound is checked per attempt.
     fn inner_window(&self, (from, to): (i64, i64)) -> (DateTime<Utc>, DateTime<Utc>) {
         let skew = secs(self.config.clock_skew);
-        let timeout = secs(self.config.request_timeout);
-        (at(from + skew + 1), at(to - skew - timeout))
+        (at(from + skew + 1), at(to - secs(self.send_reach())))
+    }
+
+    /// How long after an attempt's last recorded send its object may still
+    /// be created at the provider: a send is at most two requests (a Stripe
+    /// refund reads its PaymentIntent before it posts), each bounded by the
+    /// request timeout, plus the clock skew between the hosts.
+    fn send_reach(&self) -> Duration {
+        2 * self.config.request_timeout + self.config.clock_skew
     }
 }
 
@@ -622,8 +629,8 @@ impl<P: Provider> Pass<'_, P> {
         }
         let config = &self.books.config;
         let store = &self.books.store;
-        let reach = chrono::Duration::from_std(config.request_timeout + config.clock_skew)
-            .unwrap_or(chrono::Duration::MAX);
+        let reach =
+            chrono::Duration::from_std(self.books.send_reach()).unwrap_or(chrono::Duration::MAX);
         let listed_to = to + reach;
         let mut after = None;
         loop {

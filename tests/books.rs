@@ -753,23 +753,30 @@ async fn adopting_the_orphans_of_a_restore_on_stripe(backend: Backend) {
     adopted_after_restore(backend, Dialect::Stripe).await;
 }
 
-/// `cobro books adopt ID --json` as operator `ana`: exit code and output.
+/// `cobro books adopt ID --json` as operator `ana`: exit code and output
+/// (standard output, then standard error).
 async fn adopt(site: &Site, id: &str) -> (Option<i32>, String) {
     let reason = "lost in the restore; the merchant still wants it";
-    site.run_cli(
-        &[
-            "books",
-            "adopt",
-            id,
-            "--reason",
-            reason,
-            "--operator",
-            "ana",
-            "--json",
-        ],
-        &NO_BOOKS,
+    let args = [
+        "books",
+        "adopt",
+        id,
+        "--reason",
+        reason,
+        "--operator",
+        "ana",
+        "--json",
+    ];
+    let mut command = site.command(&args, &NO_BOOKS);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("cobro runs");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (
+        output.status.code(),
+        text(&output.stdout) + &text(&output.stderr),
     )
-    .await
 }
 
 /// The open orphan of `kind` whose metadata names `payment`.
@@ -809,23 +816,44 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
     let lost_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
     refunded(&site, &url, &site.token, &lost_a, 500).await;
     refunded(&site, &url, &site.token, &kept_a, 300).await;
+    // Order 3 of A: declined (`authorize-v1`), then paid (`authorize-v2`).
+    let mut declining = payment_body("order-3");
+    declining["payment_method"] = json!("pm_card_declined");
+    let declined = site
+        .post_as(&site.token, &url, "/v1/payments", "k-3", &declining)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(declined.status().as_u16(), 201);
+    let declined: Value = declined.json().await.expect("json");
+    wait_for("order 3's first payment declined", SETTLE, async || {
+        let path = format!("/v1/payments/{}", id_of(&declined));
+        let (_, p) = site.get_as(&site.token, &url, &path).await;
+        (p["status"] == "declined").then_some(())
+    })
+    .await;
+    let second_try = captured(&site, &url, &site.token, "k-4", "order-3").await;
     stop(serve).await;
-    ledger_holds(&site, 4, 2);
+    ledger_holds(&site, 5, 2);
     restore(&site, &backup).await;
 
     let (serve, url) = site.serve("serve-3", &[], &NO_BOOKS).await;
     let again_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
     assert_ne!(id_of(&again_b), id_of(&lost_b), "cobro forgot the key");
-    ledger_holds(&site, 5, 2);
+    ledger_holds(&site, 6, 2);
 
     let (code, report) = run_books(&site, &window).await;
     assert_eq!(code, Some(3), "{report}");
-    assert_eq!(counts(&report), [7, 3, 4, 0, 0, 0], "{report}");
+    assert_eq!(counts(&report), [9, 3, 6, 0, 0, 0], "{report}");
     let (_, listed) = books(&site, &["orphans"]).await;
 
     let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_a)).await;
     assert_eq!(code, Some(0), "{out}");
-    let adopted: Value = serde_json::from_str(&out).expect("json");
+    let adopted: Value = serde_json::Deserializer::from_str(&out)
+        .into_iter()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("a JSON answer: {out}"));
     assert_eq!(adopted["payment"], id_of(&lost_a).as_str(), "{adopted}");
     assert_eq!(adopted["status"], "partially_refunded", "{adopted}");
     assert_eq!(adopted["refunds"].as_array().map(Vec::len), Some(1));
@@ -844,6 +872,7 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
     let payments = site.count("payments").await;
     let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_b)).await;
     assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("already has payment"), "{out}");
     assert_eq!(site.count("payments").await, payments, "nothing written");
     let second_charge = orphan_of(&listed, "charge", &lost_b);
     let (code, out) = site
@@ -859,12 +888,39 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
         )
         .await;
     assert_eq!(code, Some(0), "{out}");
+    // Order 3's second try cannot be adopted without its first: cobro
+    // would number the order's next intent after one intent, onto it. Nor
+    // can the decline, which holds no money. Both are acknowledged.
+    for (lost, what) in [(&second_try, "gap"), (&declined, "holds no money")] {
+        let orphan = orphan_of(&listed, "charge", lost);
+        let (code, out) = adopt(&site, orphan).await;
+        assert_ne!(code, Some(0), "{what}: {out}");
+        assert!(out.contains(what), "{what}: {out}");
+        assert_eq!(
+            site.count("payments").await,
+            payments,
+            "{what}: nothing written"
+        );
+        let (code, out) = site
+            .run_cli(
+                &[
+                    "books",
+                    "acknowledge",
+                    orphan,
+                    "--reason",
+                    "refunded by hand",
+                ],
+                &NO_BOOKS,
+            )
+            .await;
+        assert_eq!(code, Some(0), "{out}");
+    }
     let adoptions = "reconciliation_decisions WHERE decision = 'books_adopted'";
     assert_eq!(site.count(adoptions).await, 3);
 
     let (code, settled) = run_books(&site, &window).await;
     assert_eq!(code, Some(0), "{settled}");
-    assert_eq!(counts(&settled), [7, 7, 0, 0, 0, 0], "{settled}");
+    assert_eq!(counts(&settled), [9, 9, 0, 0, 0, 0], "{settled}");
     assert_eq!(site.count("books_orphans WHERE state = 'open'").await, 0);
 
     // The merchant reads the adopted payment and refunds the rest.
@@ -915,10 +971,10 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
     stop(serve).await;
     let (code, last) = run_books(&site, &window).await;
     assert_eq!(code, Some(0), "{last}");
-    assert_eq!(counts(&last), [8, 8, 0, 0, 0, 0], "{last}");
+    assert_eq!(counts(&last), [10, 10, 0, 0, 0, 0], "{last}");
     assert_eq!(site.count(adoptions).await, 3);
 
-    let ledger = ledger_holds(&site, 5, 3);
+    let ledger = ledger_holds(&site, 6, 3);
     let charge = lost_a["provider_ref"].as_str().expect("provider_ref");
     let charge = ledger
         .charge(charge)

@@ -9,7 +9,6 @@
 use cobro_test_support::site::{SETTLE, Site, id_of};
 use cobro_test_support::{Backend, Dialect, on_both_backends, payment_body, wait_for};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 
 on_both_backends!(
@@ -26,69 +25,6 @@ on_both_backends!(
 /// Processes of these tests run no scheduled books: each run is the
 /// test's own `cobro books`.
 const NO_BOOKS: [(&str, &str); 1] = [("COBRO_NO_BOOKS", "true")];
-
-/// A consistent copy of the site's database.
-struct Backup {
-    file: PathBuf,
-}
-
-/// Copies the database while no `cobro` process runs: PostgreSQL with
-/// `pg_dump` (custom format), SQLite with `VACUUM INTO` (a consistent copy
-/// that includes what is still in the WAL).
-async fn back_up(site: &Site) -> Backup {
-    let dir = std::env::temp_dir().join(format!("cobro-books-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).expect("backup dir");
-    let file = dir.join("backup");
-    if site.db.url.starts_with("postgres") {
-        let status = std::process::Command::new(pg_tool("pg_dump"))
-            .args(["--format=custom", "--file"])
-            .arg(&file)
-            .arg(&site.db.url)
-            .status()
-            .expect("pg_dump runs");
-        assert!(status.success(), "pg_dump: {status:?}");
-    } else {
-        site.db
-            .exec(&format!("VACUUM INTO '{}'", file.display()))
-            .await;
-    }
-    Backup { file }
-}
-
-/// Puts the backup back while no `cobro` process runs. The test's own
-/// store is closed first (on SQLite its connections would otherwise keep
-/// the replaced file's WAL, and could delete the new one by name).
-async fn restore(site: &Site, backup: &Backup) {
-    site.db.store.close().await;
-    if site.db.url.starts_with("postgres") {
-        let status = std::process::Command::new(pg_tool("pg_restore"))
-            .args(["--clean", "--if-exists", "--single-transaction", "--dbname"])
-            .arg(&site.db.url)
-            .arg(&backup.file)
-            .status()
-            .expect("pg_restore runs");
-        assert!(status.success(), "pg_restore: {status:?}");
-    } else {
-        let path = PathBuf::from(site.db.url.trim_start_matches("sqlite://"));
-        let staged = path.with_extension("restore");
-        std::fs::copy(&backup.file, &staged).expect("stage the backup");
-        for suffix in ["-wal", "-shm"] {
-            let mut side = path.clone().into_os_string();
-            side.push(suffix);
-            let _ = std::fs::remove_file(PathBuf::from(side));
-        }
-        std::fs::rename(&staged, &path).expect("swap the backup in");
-    }
-}
-
-/// `pg_dump`/`pg_restore` of the throwaway cluster's binaries (`PG_BIN`,
-/// exported by ops/throwaway-postgres.sh), else from the PATH.
-fn pg_tool(name: &str) -> PathBuf {
-    match std::env::var_os("PG_BIN") {
-        Some(dir) => PathBuf::from(dir).join(name),
-        None => PathBuf::from(name),
-    }
-}
 
 /// `cobro books ARGS --json` to its end: exit code and the report.
 async fn books(site: &Site, args: &[&str]) -> (Option<i32>, Value) {
@@ -228,7 +164,7 @@ async fn restored_backup(backend: Backend, dialect: Dialect) {
     let kept_a = captured(&site, &url, &site.token, "k-1", "order-1").await;
     let kept_b = captured(&site, &url, &token_b, "k-1", "order-1").await;
     stop(serve).await;
-    let backup = back_up(&site).await;
+    let backup = site.back_up().await;
 
     let (serve, url) = site.serve("serve-2", &[], &NO_BOOKS).await;
     let lost_a = captured(&site, &url, &site.token, "k-2", "order-2").await;
@@ -236,7 +172,7 @@ async fn restored_backup(backend: Backend, dialect: Dialect) {
     let lost_refund = refunded(&site, &url, &site.token, &kept_a, 500).await;
     stop(serve).await;
     ledger_holds(&site, 4, 1);
-    restore(&site, &backup).await;
+    site.restore(&backup).await;
     assert_eq!(site.count("payments").await, 2);
     assert_eq!(site.count("refunds").await, 0);
 
@@ -809,7 +745,7 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
     let kept_a = captured(&site, &url, &site.token, "k-1", "order-1").await;
     captured(&site, &url, &token_b, "k-1", "order-1").await;
     stop(serve).await;
-    let backup = back_up(&site).await;
+    let backup = site.back_up().await;
 
     let (serve, url) = site.serve("serve-2", &[], &NO_BOOKS).await;
     let lost_a = captured(&site, &url, &site.token, "k-2", "order-2").await;
@@ -835,7 +771,7 @@ async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
     let second_try = captured(&site, &url, &site.token, "k-4", "order-3").await;
     stop(serve).await;
     ledger_holds(&site, 5, 2);
-    restore(&site, &backup).await;
+    site.restore(&backup).await;
 
     let (serve, url) = site.serve("serve-3", &[], &NO_BOOKS).await;
     let again_b = captured(&site, &url, &token_b, "k-2", "order-2").await;

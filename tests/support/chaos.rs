@@ -123,7 +123,7 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
     ];
     // Two API processes; the first also receives the provider's webhooks
     // and is never killed, the second is killed and restarted.
-    let (_api_a, url_a) = site.serve("api a", &["--no-worker"], env).await;
+    let (mut api_a, url_a) = site.serve("api a", &["--no-worker"], env).await;
     let (mut api_b, url_b) = site.serve("api b", &["--no-worker"], env).await;
     control.set_webhook(Some(fake_provider::WebhookTarget {
         url: site.webhook_url(&url_a),
@@ -136,23 +136,7 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
     }
 
     // Each order of each account, driven by a merchant's client to its end.
-    let journeys = {
-        let (http, tokens, urls) = (site.http.clone(), tokens.clone(), Arc::clone(&urls));
-        tokio::spawn(async move {
-            stream::iter((0..ORDERS).flat_map(|order| [(order, 0usize), (order, 1usize)]))
-                .map(|(order, account)| {
-                    let client = Merchant {
-                        http: http.clone(),
-                        token: tokens[account].clone(),
-                        urls: Arc::clone(&urls),
-                    };
-                    async move { client.journey(order, account).await }
-                })
-                .buffer_unordered(16)
-                .collect::<Vec<Journey>>()
-                .await
-        })
-    };
+    let journeys = drive_orders(&site, &tokens, &urls, 0..ORDERS);
 
     // Kill a worker, start a new one, again and again while payments flow;
     // three times, the second API process too. The rounds are spread over
@@ -193,33 +177,7 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
     assert_eq!(journeys.len(), 2 * ORDERS);
 
     // Two reconcilers at once, until nothing is unsettled.
-    let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
-                     UNION ALL SELECT id FROM refunds WHERE status IN ('processing', 'requires_reconciliation', 'needs_review')) AS unsettled";
-    wait_for(
-        "every payment and refund is settled",
-        Duration::from_secs(120),
-        async || {
-            let runs: Vec<_> = (0..2)
-                .map(|_| {
-                    site.command(&["reconcile", "--json"], env)
-                        .stdout(std::process::Stdio::null())
-                        .stderr(std::process::Stdio::piped())
-                        .spawn()
-                        .expect("cobro reconcile runs")
-                })
-                .collect();
-            for run in runs {
-                let out = run.wait_with_output().expect("reconcile ends");
-                assert!(
-                    matches!(out.status.code(), Some(0 | 3)),
-                    "reconcile failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            (site.count(unsettled).await == 0).then_some(())
-        },
-    )
-    .await;
+    settle_everything(&site, env).await;
 
     // The judge.
     control.clear_faults();
@@ -327,6 +285,189 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
         site.count("reconciliation_decisions").await,
         site.count("attempts WHERE state = 'no_effect'").await,
     );
+
+    // A restore that loses a wave of payments made under the same chaos
+    // (docs/books.md, "Orphans"). The backup holds everything above, all
+    // settled; a second wave of orders of both accounts runs under the
+    // faults with a worker killed, and settles; every process is killed and
+    // the database taken back to the backup. One books run finds exactly
+    // the second wave's objects as orphans and nothing else; the operator
+    // adopts each that holds money (its refunds come with it) and
+    // acknowledges the rest; the books then match everything, a second run
+    // changes nothing, and no run moved money.
+    const WAVE: usize = 40;
+    let backup = site.back_up().await;
+    let kept = site.count("payments").await;
+    for rule in rules.iter().filter(|r| {
+        matches!(
+            r.operation,
+            FOp::Charge | FOp::Capture | FOp::Void | FOp::Refund
+        )
+    }) {
+        control.add_fault(rule.clone());
+    }
+    let wave = drive_orders(&site, &tokens, &urls, ORDERS..ORDERS + WAVE);
+    workers[0].kill9();
+    workers[0] = site.worker("worker 0 (wave)", env).await.0;
+    let wave = wave.await.expect("the second wave");
+    settle_everything(&site, env).await;
+    control.clear_faults();
+    let before = site.ledger();
+    let lost: std::collections::BTreeSet<String> =
+        wave.iter().map(|j| j.payment_id.clone()).collect();
+    let with_objects: std::collections::BTreeSet<String> = lost
+        .iter()
+        .filter(|p| !before.charges_with_metadata("cobro_payment", p).is_empty())
+        .cloned()
+        .collect();
+    api_a.kill9();
+    api_b.kill9();
+    for worker in &mut workers {
+        worker.kill9();
+    }
+    site.restore(&backup).await;
+    assert_eq!(site.count("payments").await, kept);
+
+    let books_to = (chrono::Utc::now() + chrono::Duration::minutes(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let books = async |what: &str| {
+        let (code, out) = site
+            .run_cli(
+                &["books", "--from", &books_from, "--to", &books_to, "--json"],
+                env,
+            )
+            .await;
+        let report: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("{what}: cobro books printed no report ({e}): {out:?}"));
+        (code, report["runs"][0].clone())
+    };
+    let count = |report: &Value, class: &str| report["counts"][class].as_u64().unwrap_or(u64::MAX);
+    let (code, found) = books("after the restore").await;
+    assert_eq!(code, Some(3), "{found}");
+    for class in ["foreign", "drifted", "missing"] {
+        assert_eq!(count(&found, class), 0, "{class}: {found}");
+    }
+    let findings = found["findings"].as_array().expect("findings");
+    assert_eq!(findings.len() as u64, count(&found, "orphan"), "{found}");
+    let orphaned: std::collections::BTreeSet<String> = findings
+        .iter()
+        .map(|f| f["payment"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        orphaned.is_subset(&lost) && with_objects.is_subset(&orphaned),
+        "the orphans are exactly the lost wave's objects: {found}"
+    );
+
+    // The operator: adopt what holds money, acknowledge the rest.
+    let open_orphans = async || {
+        let (_, out) = site.run_cli(&["books", "orphans", "--json"], env).await;
+        let listed: Value = serde_json::from_str(&out).expect("orphans as JSON");
+        listed["orphans"].as_array().cloned().unwrap_or_default()
+    };
+    let reason = "lost in the restore after the chaos";
+    let mut adopted = 0;
+    for orphan in open_orphans().await {
+        let holds_money = orphan["kind"] == "charge"
+            && matches!(orphan["status"].as_str(), Some("authorized" | "captured"));
+        if holds_money {
+            let id = orphan["id"].as_str().expect("id");
+            let (code, out) = site
+                .run_cli(&["books", "adopt", id, "--reason", reason], env)
+                .await;
+            assert_eq!(code, Some(0), "adopt {orphan}: {out}");
+            adopted += 1;
+        }
+    }
+    for orphan in open_orphans().await {
+        assert_eq!(
+            orphan["kind"], "charge",
+            "refunds come with their charges: {orphan}"
+        );
+        let id = orphan["id"].as_str().expect("id");
+        let (code, out) = site
+            .run_cli(&["books", "acknowledge", id, "--reason", reason], env)
+            .await;
+        assert_eq!(code, Some(0), "acknowledge {orphan}: {out}");
+    }
+    assert!(adopted > 0, "something held money");
+    assert_eq!(site.count("payments").await, kept + adopted);
+    let (code, matched) = books("after the operator").await;
+    assert_eq!(code, Some(0), "{matched}");
+    assert_eq!(count(&matched, "objects"), count(&found, "objects"));
+    assert_eq!(
+        count(&matched, "matched"),
+        count(&matched, "objects"),
+        "{matched}"
+    );
+    let decisions = site.count("reconciliation_decisions").await;
+    let (code, again) = books("once more").await;
+    assert_eq!(code, Some(0), "{again}");
+    assert_eq!(again["counts"], matched["counts"]);
+    assert_eq!(site.count("reconciliation_decisions").await, decisions);
+    assert_eq!(site.ledger().totals, before.totals, "the books moved money");
+    eprintln!(
+        "chaos restore: {} payments lost ({} with provider objects), {} orphans, {adopted} adopted",
+        lost.len(),
+        with_objects.len(),
+        count(&found, "orphan"),
+    );
+}
+
+/// Each order of `orders` of each of the two accounts, driven by a
+/// merchant's client to its end, 16 at a time, in a task of its own.
+fn drive_orders(
+    site: &Site,
+    tokens: &[String; 2],
+    urls: &Arc<Mutex<Vec<String>>>,
+    orders: std::ops::Range<usize>,
+) -> tokio::task::JoinHandle<Vec<Journey>> {
+    let (http, tokens, urls) = (site.http.clone(), tokens.clone(), Arc::clone(urls));
+    tokio::spawn(async move {
+        stream::iter(orders.flat_map(|order| [(order, 0usize), (order, 1usize)]))
+            .map(|(order, account)| {
+                let client = Merchant {
+                    http: http.clone(),
+                    token: tokens[account].clone(),
+                    urls: Arc::clone(&urls),
+                };
+                async move { client.journey(order, account).await }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<Journey>>()
+            .await
+    })
+}
+
+/// Runs two `cobro reconcile` at once, again and again, until no payment
+/// or refund is unsettled.
+async fn settle_everything(site: &Site, env: &[(&str, &str)]) {
+    let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
+                     UNION ALL SELECT id FROM refunds WHERE status IN ('processing', 'requires_reconciliation', 'needs_review')) AS unsettled";
+    wait_for(
+        "every payment and refund is settled",
+        Duration::from_secs(120),
+        async || {
+            let runs: Vec<_> = (0..2)
+                .map(|_| {
+                    site.command(&["reconcile", "--json"], env)
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
+                        .expect("cobro reconcile runs")
+                })
+                .collect();
+            for run in runs {
+                let out = run.wait_with_output().expect("reconcile ends");
+                assert!(
+                    matches!(out.status.code(), Some(0 | 3)),
+                    "reconcile failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            (site.count(unsettled).await == 0).then_some(())
+        },
+    )
+    .await;
 }
 
 /// What a chaos order becomes (by its index): the merchant's plan for it.

@@ -564,3 +564,68 @@ pub async fn assert_captured_once(site: &Site, payment: &Value, sends: u64) {
     assert_eq!(ledger.totals.charges, 1);
     assert!(ledger.duplicate_charge_references.is_empty());
 }
+
+/// A consistent copy of a site's database ([`Site::back_up`]).
+pub struct Backup {
+    file: PathBuf,
+}
+
+impl Site {
+    /// Copies the database: PostgreSQL with `pg_dump` (custom format, one
+    /// snapshot), SQLite with `VACUUM INTO` (a consistent copy that
+    /// includes what is still in the WAL).
+    pub async fn back_up(&self) -> Backup {
+        let dir = std::env::temp_dir().join(format!("cobro-backup-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("backup dir");
+        let file = dir.join("backup");
+        if self.db.url.starts_with("postgres") {
+            let status = Command::new(pg_tool("pg_dump"))
+                .args(["--format=custom", "--file"])
+                .arg(&file)
+                .arg(&self.db.url)
+                .status()
+                .expect("pg_dump runs");
+            assert!(status.success(), "pg_dump: {status:?}");
+        } else {
+            self.db
+                .exec(&format!("VACUUM INTO '{}'", file.display()))
+                .await;
+        }
+        Backup { file }
+    }
+
+    /// Puts `backup` back while no `cobro` process runs. The test's own
+    /// store is closed first (on SQLite its connections would otherwise
+    /// keep the replaced file's WAL, and could delete the new one by name).
+    pub async fn restore(&self, backup: &Backup) {
+        self.db.store.close().await;
+        if self.db.url.starts_with("postgres") {
+            let status = Command::new(pg_tool("pg_restore"))
+                .args(["--clean", "--if-exists", "--single-transaction", "--dbname"])
+                .arg(&self.db.url)
+                .arg(&backup.file)
+                .status()
+                .expect("pg_restore runs");
+            assert!(status.success(), "pg_restore: {status:?}");
+        } else {
+            let path = PathBuf::from(self.db.url.trim_start_matches("sqlite://"));
+            let staged = path.with_extension("restore");
+            std::fs::copy(&backup.file, &staged).expect("stage the backup");
+            for suffix in ["-wal", "-shm"] {
+                let mut side = path.clone().into_os_string();
+                side.push(suffix);
+                let _ = std::fs::remove_file(PathBuf::from(side));
+            }
+            std::fs::rename(&staged, &path).expect("swap the backup in");
+        }
+    }
+}
+
+/// `pg_dump`/`pg_restore` of the throwaway cluster's binaries (`PG_BIN`,
+/// exported by ops/throwaway-postgres.sh), else from the PATH.
+fn pg_tool(name: &str) -> PathBuf {
+    match std::env::var_os("PG_BIN") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(name),
+    }
+}

@@ -1247,9 +1247,9 @@ fn the_api_never_calls_an_any_account_read() {
     );
 }
 
-/// The vendored sqlx-postgres (crates/vendor/README.md) skips the pool's
-/// release ping on a connection that is already in sync with the server.
-/// A transaction dropped open (a handler that returned early, a task
+/// cobro's PostgreSQL pool (crates/store/src/pg_pool.rs) sends nothing when
+/// a connection in sync with the server goes back, unlike sqlx's pool,
+/// which pings every connection it takes back. A transaction dropped open (a handler that returned early, a task
 /// aborted) must still be rolled back when its connection goes back to the
 /// pool, not when someone next uses that connection: until then its row
 /// locks would stop every other writer of those rows. On a pool of one
@@ -1261,12 +1261,11 @@ fn the_api_never_calls_an_any_account_read() {
 async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once() {
     use sqlx::Connection;
     let db = TestDb::new(Backend::Postgres).await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&db.url)
-        .await
-        .expect("pool");
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let pool =
+        cobro_store::pg_pool::PgPool::connect(options, 1, std::time::Duration::from_secs(10))
+            .await
+            .expect("pool");
     let mut other = sqlx::PgConnection::connect(&db.url)
         .await
         .expect("another session");
@@ -1276,10 +1275,8 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
         .expect("create");
     // The connection is back in the pool when the pool hands it out again.
     // Taking it sends nothing (no test before acquire), so the rollback
-    // seen below was done on the way back, not by this use. (Waiting for
-    // `num_idle() > 0` instead was flaky: sqlx's idle count can read -1,
-    // as `usize::MAX`, while the connection is still on its way back.)
-    let back = |pool: &sqlx::PgPool| {
+    // seen below was done on the way back, not by this use.
+    let back = |pool: &cobro_store::pg_pool::PgPool| {
         let pool = pool.clone();
         async move {
             tokio::time::timeout(std::time::Duration::from_secs(10), pool.acquire())

@@ -472,12 +472,7 @@ impl Store {
                 })
                 .connect_with(options)
                 .await?;
-            // sqlx's in-memory URLs open SQLite's shared cache.
-            let shared_cache = [":memory:", "mode=memory", "cache=shared"]
-                .iter()
-                .any(|marker| url.contains(marker));
-            let writer =
-                group::GroupWriter::new(write, config.lock_timeout, rollbacks, !shared_cache);
+            let writer = group::GroupWriter::new(write, config.lock_timeout, rollbacks);
             Backend::Sqlite(SqlitePools { read, writer })
         } else {
             return Err(StoreError::InvalidUrl(

@@ -36,7 +36,7 @@
 //! its next statement, which cobro reports as `Unavailable` (503,
 //! retryable), and is then closed on its way back (its ping fails).
 
-use deadpool::managed::{self, Metrics, Object, PoolError, RecycleResult};
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
 use futures_util::TryStreamExt;
@@ -53,6 +53,11 @@ use std::time::Duration;
 
 type TransactionManager = <Postgres as Database>::TransactionManager;
 
+/// sqlx's pool's defaults, kept: a connection lives at most 30 minutes, and
+/// one not taken out for 10 minutes is replaced when next taken.
+const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
 /// Makes connections with cobro's options; takes them back as they are.
 #[derive(Debug)]
 struct Manager {
@@ -67,9 +72,14 @@ impl managed::Manager for Manager {
         self.options.connect().await
     }
 
-    /// Nothing to check: a connection is settled before it goes back
-    /// (module doc), and no round trip is spent before a use.
-    async fn recycle(&self, _: &mut PgConnection, _: &Metrics) -> RecycleResult<sqlx::Error> {
+    /// No round trip: a connection is settled before it goes back (module
+    /// doc). Only its age is checked, as sqlx's pool did by default (cobro
+    /// set neither): one older than [`MAX_LIFETIME`], or not taken out for
+    /// [`IDLE_TIMEOUT`], is closed and another one taken or opened.
+    async fn recycle(&self, _: &mut PgConnection, metrics: &Metrics) -> RecycleResult<sqlx::Error> {
+        if metrics.age() > MAX_LIFETIME || metrics.last_used() > IDLE_TIMEOUT {
+            return Err(RecycleError::message("too old or idle too long"));
+        }
         Ok(())
     }
 }

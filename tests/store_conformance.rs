@@ -1247,9 +1247,9 @@ fn the_api_never_calls_an_any_account_read() {
     );
 }
 
-/// The vendored sqlx-postgres (crates/vendor/README.md) skips the pool's
-/// release ping on a connection that is already in sync with the server.
-/// A transaction dropped open (a handler that returned early, a task
+/// cobro's PostgreSQL pool (crates/store/src/pg_pool.rs) sends nothing when
+/// a connection in sync with the server goes back, unlike sqlx's pool,
+/// which pings every connection it takes back. A transaction dropped open (a handler that returned early, a task
 /// aborted) must still be rolled back when its connection goes back to the
 /// pool, not when someone next uses that connection: until then its row
 /// locks would stop every other writer of those rows. On a pool of one
@@ -1261,12 +1261,11 @@ fn the_api_never_calls_an_any_account_read() {
 async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once() {
     use sqlx::Connection;
     let db = TestDb::new(Backend::Postgres).await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&db.url)
-        .await
-        .expect("pool");
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let pool =
+        cobro_store::pg_pool::PgPool::connect(options, 1, std::time::Duration::from_secs(10))
+            .await
+            .expect("pool");
     let mut other = sqlx::PgConnection::connect(&db.url)
         .await
         .expect("another session");
@@ -1276,10 +1275,8 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
         .expect("create");
     // The connection is back in the pool when the pool hands it out again.
     // Taking it sends nothing (no test before acquire), so the rollback
-    // seen below was done on the way back, not by this use. (Waiting for
-    // `num_idle() > 0` instead was flaky: sqlx's idle count can read -1,
-    // as `usize::MAX`, while the connection is still on its way back.)
-    let back = |pool: &sqlx::PgPool| {
+    // seen below was done on the way back, not by this use.
+    let back = |pool: &cobro_store::pg_pool::PgPool| {
         let pool = pool.clone();
         async move {
             tokio::time::timeout(std::time::Duration::from_secs(10), pool.acquire())
@@ -2114,77 +2111,6 @@ fn sqlite_a_closer_lost_with_its_runtime_does_not_hang_the_next_commit() {
                 .is_some()
         );
     });
-}
-
-/// The patched sqlx-sqlite (crates/vendor/README.md) that SQLite's writer
-/// runs on: a connection set to inline execution runs its statements on
-/// the calling thread, and never ahead of a command already handed to the
-/// connection's own thread. Here a transaction dropped open queues its
-/// ROLLBACK on that thread, and the next statement must find it done.
-#[tokio::test(flavor = "current_thread")]
-async fn sqlite_an_inline_connection_runs_on_the_callers_thread_and_never_ahead_of_its_own() {
-    use sqlx::{Connection, Executor};
-    let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
-        .await
-        .expect("connect");
-    conn.execute("CREATE TABLE t (x INTEGER)")
-        .await
-        .expect("create");
-    // SQLite calls the update hook on the thread that runs the statement.
-    let ran_on = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let seen = Arc::clone(&ran_on);
-    conn.lock_handle()
-        .await
-        .expect("lock")
-        .set_update_hook(move |_| {
-            let name = std::thread::current().name().unwrap_or("?").to_owned();
-            seen.lock().expect("hook").push(name);
-        });
-    let here = std::thread::current().name().unwrap_or("?").to_owned();
-    conn.set_inline_execution(true);
-    conn.execute("INSERT INTO t VALUES (1)")
-        .await
-        .expect("inline");
-    conn.set_inline_execution(false);
-    conn.execute("INSERT INTO t VALUES (2)")
-        .await
-        .expect("on its thread");
-    let threads = ran_on.lock().expect("threads").clone();
-    assert_eq!(threads.len(), 2, "{threads:?}");
-    assert_eq!(
-        threads[0], here,
-        "the inline statement ran on {}",
-        threads[0]
-    );
-    assert!(
-        threads[1].starts_with("sqlx-sqlite-worker"),
-        "the other ran on {}",
-        threads[1]
-    );
-
-    conn.set_inline_execution(true);
-    for round in 0..50 {
-        let mut tx = conn.begin().await.expect("begin");
-        // Right after a command the thread answered (the BEGIN), the next
-        // statement is inline again: it waits for the thread to be done
-        // rather than queue behind it.
-        tx.execute("INSERT INTO t VALUES (3)")
-            .await
-            .expect("insert");
-        let last = ran_on.lock().expect("threads").last().cloned();
-        assert_eq!(last.as_deref(), Some(here.as_str()), "round {round}");
-        // Dropped open: sqlx hands its ROLLBACK to the connection's thread
-        // and returns at once.
-        drop(tx);
-        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
-            .fetch_one(&mut conn)
-            .await
-            .expect("count");
-        assert_eq!(
-            rows, 2,
-            "round {round}: a statement ran before the ROLLBACK queued ahead of it"
-        );
-    }
 }
 
 /// One create as the API runs it: number the intent, insert, open it,

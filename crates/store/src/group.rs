@@ -124,9 +124,6 @@ pub(crate) struct GroupWriter {
     /// Groups committed, and members committed in them, since start.
     groups: AtomicU64,
     members: AtomicU64,
-    /// Whether the statements of an open group run on the calling task's
-    /// thread (see [`begin_group`]).
-    inline: bool,
 }
 
 impl std::fmt::Debug for GroupWriter {
@@ -181,17 +178,7 @@ pub(crate) async fn count_rollbacks(
 }
 
 impl GroupWriter {
-    /// `inline`: run the statements of an open group on the calling
-    /// task's thread ([`begin_group`]); false for a database in SQLite's
-    /// shared-cache mode (sqlx's in-memory URLs), where a statement can
-    /// block until a reader of the same cache is done, which inline would
-    /// do on a tokio thread.
-    pub(crate) fn new(
-        pool: SqlitePool,
-        wait: Duration,
-        rollbacks: Arc<AtomicU64>,
-        inline: bool,
-    ) -> Arc<Self> {
+    pub(crate) fn new(pool: SqlitePool, wait: Duration, rollbacks: Arc<AtomicU64>) -> Arc<Self> {
         Arc::new(Self {
             pool,
             slot: Arc::new(Mutex::new(None)),
@@ -201,7 +188,6 @@ impl GroupWriter {
             queued: AtomicUsize::new(0),
             groups: AtomicU64::new(0),
             members: AtomicU64::new(0),
-            inline,
         })
     }
 
@@ -300,7 +286,7 @@ impl GroupWriter {
         } else {
             BEGIN
         };
-        if let Err(e) = begin_group(&mut conn, begin, self.inline).await {
+        if let Err(e) = run(&mut conn, begin).await {
             // The BEGIN may have run and the SAVEPOINT not.
             end_transaction(&mut conn, None).await;
             return Err(e.into());
@@ -377,7 +363,7 @@ impl GroupWriter {
             released,
             ..
         } = group;
-        let committed = end_group(&mut conn, "COMMIT").await;
+        let committed = run(&mut conn, "COMMIT").await;
         let result = match committed {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -520,7 +506,7 @@ impl GroupWriter {
 /// failure leaves the connection in a state nobody knows, so it is closed
 /// instead of going back to the pool.
 async fn end_transaction(conn: &mut PoolConnection<Sqlite>, why: Option<&sqlx::Error>) {
-    if let Err(e) = end_group(conn, "ROLLBACK").await
+    if let Err(e) = run(conn, "ROLLBACK").await
         && !e.to_string().contains("no transaction is active")
     {
         tracing::error!(error = %e, cause = ?why.map(ToString::to_string), "the SQLite writer connection could not roll back; it is closed");
@@ -534,38 +520,6 @@ async fn run(
     sql: &'static str,
 ) -> std::result::Result<(), sqlx::Error> {
     conn.execute(sql).await.map(|_| ())
-}
-
-/// Opens the group's SQLite transaction with `sql` (`BEGIN IMMEDIATE`,
-/// with or without a savepoint) on the connection's own thread: it can
-/// wait up to the busy timeout for another process's write lock, and that
-/// wait must not block a tokio thread. Then, with `inline`, the statements
-/// of the group run on the calling task's thread (the patched sqlx-sqlite,
-/// crates/vendor/README.md): the writer is the serial resource of every
-/// write, and a hop to its own thread and back per statement was most of
-/// its time. Inside `BEGIN IMMEDIATE` in WAL mode no statement waits for a
-/// lock. Everything else on the writer connection (migrations, the pool's
-/// own use) stays on its thread, as upstream.
-async fn begin_group(
-    conn: &mut SqliteConnection,
-    sql: &'static str,
-    inline: bool,
-) -> std::result::Result<(), sqlx::Error> {
-    conn.set_inline_execution(false);
-    run(conn, sql).await?;
-    conn.set_inline_execution(inline);
-    Ok(())
-}
-
-/// Ends the group's SQLite transaction with `sql` (`COMMIT`, which waits
-/// for the disk, or `ROLLBACK`) on the connection's own thread, and leaves
-/// the connection's statements there.
-async fn end_group(
-    conn: &mut SqliteConnection,
-    sql: &'static str,
-) -> std::result::Result<(), sqlx::Error> {
-    conn.set_inline_execution(false);
-    run(conn, sql).await
 }
 
 /// Spawns a closer when dropped while armed (`writer` set): a member

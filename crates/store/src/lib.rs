@@ -11,6 +11,7 @@ pub mod idempotency;
 pub mod observe;
 pub mod outbox;
 pub mod payments;
+pub mod pg_pool;
 pub mod purge;
 pub mod reconcile;
 pub mod settle;
@@ -22,10 +23,10 @@ pub use idempotency::{KeyScope, Reservation, StoredRecord};
 pub use outbox::{Claim, Claimed, NewAttempt, ProviderScope, SendMark, UnreadableClaim};
 pub use payments::{AttemptRow, NewPayment, NewRefund, PaymentFilter, PaymentRow, RefundRow};
 
+use pg_pool::{PgPool, PgTx};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{Postgres, Transaction};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -326,7 +327,7 @@ macro_rules! on_tx {
 pub(crate) use {on_pool, on_pool_of, on_tx, on_write_pool};
 
 enum TxInner {
-    Postgres(Transaction<'static, Postgres>),
+    Postgres(PgTx),
     Sqlite(group::Member),
 }
 
@@ -430,16 +431,13 @@ impl Store {
                 // on the hot path, and no statement of cobro should ever wait
                 // longer than this for a lock.
                 .options([("lock_timeout", lock_timeout.as_str())]);
-            let pool = PgPoolOptions::new()
-                .max_connections(config.max_connections)
-                // No ping before every checkout: it is a round trip on every
-                // request (measured by ops/bench.sh). A connection that died
-                // fails its first statement instead, which surfaces as
-                // `Unavailable` (503, retryable) and is not reused.
-                .test_before_acquire(false)
-                .acquire_timeout(config.acquire_timeout)
-                .connect_with(options)
-                .await?;
+            // deadpool over sqlx's connections, not sqlx's pool: no round
+            // trip when a connection goes back or is taken out (src/pg_pool.rs).
+            // A connection that died fails its first statement instead,
+            // which surfaces as `Unavailable` (503, retryable), and is not
+            // reused.
+            let pool =
+                PgPool::connect(options, config.max_connections, config.acquire_timeout).await?;
             Backend::Postgres(pool)
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
@@ -474,12 +472,7 @@ impl Store {
                 })
                 .connect_with(options)
                 .await?;
-            // sqlx's in-memory URLs open SQLite's shared cache.
-            let shared_cache = [":memory:", "mode=memory", "cache=shared"]
-                .iter()
-                .any(|marker| url.contains(marker));
-            let writer =
-                group::GroupWriter::new(write, config.lock_timeout, rollbacks, !shared_cache);
+            let writer = group::GroupWriter::new(write, config.lock_timeout, rollbacks);
             Backend::Sqlite(SqlitePools { read, writer })
         } else {
             return Err(StoreError::InvalidUrl(
@@ -530,7 +523,7 @@ impl Store {
         // Migrations manage their own transactions: on SQLite they run on
         // the writer's pool directly, never inside a group.
         match &self.backend {
-            Backend::Postgres(pool) => self.migrator().run(pool).await?,
+            Backend::Postgres(pool) => self.migrator().run(&mut *pool.acquire().await?).await?,
             Backend::Sqlite(pools) => self.migrator().run(pools.writer.pool()).await?,
         }
         Ok(())
@@ -814,15 +807,15 @@ impl Store {
 /// already on its way then reached a request reading that connection
 /// ("unexpected message: NotificationResponse", 17 requests in a failover
 /// run, ops/ha/README.md).
-fn listening_pool(pool: &PgPool) -> PgPool {
+fn listening_pool(pool: &PgPool) -> sqlx::PgPool {
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
-        .connect_lazy_with((*pool.connect_options()).clone())
+        .connect_lazy_with(pool.connect_options().clone())
 }
 
 /// Bumps `moves` on every `cobro_payment_settled` notification, for as long
 /// as anyone may wait (the task ends when the pool is closed).
-async fn listen_for_payment_moves(pool: sqlx::PgPool, moves: Arc<PaymentMoves>) {
+async fn listen_for_payment_moves(pool: PgPool, moves: Arc<PaymentMoves>) {
     let own = listening_pool(&pool);
     while !pool.is_closed() {
         let listening = async {

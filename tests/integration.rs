@@ -4,6 +4,7 @@
 //! its own, so the modules share nothing at run time; filter them by path,
 //! e.g. `ops/test.sh -E 'test(/^crash::/)'`.
 
+mod authentication;
 mod books;
 mod contention;
 mod crash;

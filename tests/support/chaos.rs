@@ -189,7 +189,7 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
     assert_eq!(journeys.len(), 2 * ORDERS);
 
     // Two reconcilers at once, until nothing is unsettled.
-    let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
+    let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_action', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
                      UNION ALL SELECT id FROM refunds WHERE status IN ('processing', 'requires_reconciliation', 'needs_review')) AS unsettled";
     wait_for(
         "every payment and refund is settled",

@@ -7,11 +7,14 @@ use cobro_core::{
     AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent, PaymentId,
     PaymentStatus, RefundId, RefundStatus, RunId,
 };
-use cobro_provider::{Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window};
+use cobro_provider::{
+    NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
+};
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
 use cobro_settle::{
-    Applied, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
+    Applied, Fit, Proof, Source, apply_proof, await_customer, fit, settle_held_cancels,
+    stop_the_line,
 };
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
@@ -76,6 +79,10 @@ pub struct ReconcilerConfig {
     /// with that provider's `clock_skew`, `request_timeout` and key window), or every
     /// attempt (`None`: a single-provider setup, tests).
     pub provider: Option<ProviderScope>,
+    /// How long a payment found waiting for its customer (3-D Secure)
+    /// waits before it is canceled as abandoned (the worker's
+    /// `action_expiry`).
+    pub action_expiry: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -92,6 +99,7 @@ impl Default for ReconcilerConfig {
             max_clock_gap: None,
             page: 500,
             provider: None,
+            action_expiry: Duration::from_secs(3600),
         }
     }
 }
@@ -255,6 +263,9 @@ enum Finding {
     Conflict(ConflictKind, String),
     /// Nothing proven.
     Unknown(String),
+    /// The attempt's own object waits for the customer (3-D Secure): not
+    /// unknown, never escalated; recorded `requires_action`.
+    RequiresAction(String, NextAction),
 }
 
 pub struct Reconciler<P: Provider> {
@@ -782,6 +793,9 @@ impl<P: Provider> Reconciler<P> {
                     .await?
             }
             Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
+            Finding::RequiresAction(provider_ref, action) => {
+                self.await_customer(&ctx, &provider_ref, &action).await?
+            }
             Finding::NoEffect => {
                 match self
                     .replay(attempt, &payment, refund.as_ref(), dry_run)
@@ -900,6 +914,16 @@ impl<P: Provider> Reconciler<P> {
         {
             return Finding::Proof(proof.clone());
         }
+        if operation == Operation::Authorize
+            && let Some(waiting) = ours
+                .iter()
+                .find(|o| o.status == ProviderStatus::RequiresAction)
+        {
+            return Finding::RequiresAction(
+                waiting.id.clone(),
+                waiting.next_action.clone().unwrap_or_default(),
+            );
+        }
         if !ours.is_empty() {
             return Finding::Unknown("the provider reports it in progress".into());
         }
@@ -967,7 +991,9 @@ impl<P: Provider> Reconciler<P> {
         refund: Option<&RefundRow>,
     ) -> Result<Verdict, ReconcileError> {
         let (said, reason) = match &answered {
-            Answered::Proof(_, said) | Answered::Conflict(_, said) => (said.clone(), None),
+            Answered::Proof(_, said)
+            | Answered::Conflict(_, said)
+            | Answered::RequiresAction { said, .. } => (said.clone(), None),
             Answered::NotSent(why) | Answered::Unknown(why) | Answered::InProgress(why) => {
                 (String::new(), Some(why.clone()))
             }
@@ -981,6 +1007,11 @@ impl<P: Provider> Reconciler<P> {
         match answered {
             Answered::Proof(proof, _) => self.adopt(&ctx, &proof).await,
             Answered::Conflict(why, _) => self.conflict(&ctx, ConflictKind::Mismatch, &why).await,
+            Answered::RequiresAction {
+                provider_ref,
+                action,
+                ..
+            } => self.await_customer(&ctx, &provider_ref, &action).await,
             Answered::NotSent(_) | Answered::Unknown(_) | Answered::InProgress(_) => {
                 let reason = format!(
                     "not found by the consistent read, but the replay of its key proves nothing yet: {}",
@@ -1075,6 +1106,38 @@ impl<P: Provider> Reconciler<P> {
                 tx.rollback().await?;
                 return Ok(Verdict::AlreadySettled);
             }
+        };
+        finish(tx, ctx.dry_run).await?;
+        Ok(verdict)
+    }
+
+    /// The attempt's own object waits for its customer: recorded like the
+    /// worker records that answer ([`cobro_settle::await_customer`]).
+    async fn await_customer(
+        &self,
+        ctx: &Ctx<'_>,
+        provider_ref: &str,
+        action: &NextAction,
+    ) -> Result<Verdict, ReconcileError> {
+        let mut tx = self.store.begin().await?;
+        let expires_at = ctx.now + to_chrono(self.config.action_expiry);
+        let verdict = match await_customer(
+            &mut tx,
+            ctx.attempt,
+            provider_ref,
+            action,
+            expires_at,
+            ctx.now,
+        )
+        .await?
+        {
+            Applied::AlreadySettled => {
+                tx.rollback().await?;
+                return Ok(Verdict::AlreadySettled);
+            }
+            _ => Verdict::Resolved {
+                outcome: "requires_action".into(),
+            },
         };
         finish(tx, ctx.dry_run).await?;
         Ok(verdict)

@@ -511,6 +511,66 @@ async fn apply_proof_in_span(
     })
 }
 
+/// The provider answered (or a read showed) that the customer must act
+/// (3-D Secure) on `attempt`'s own object `provider_ref`: the attempt
+/// waits (`awaiting_customer`: answered, never resent, never a new key, no
+/// outbox row) and the payment moves to `requires_action` with the action
+/// the merchant's front end uses, until `expires_at`. In the caller's
+/// transaction, compare-and-sets like [`apply_proof`]: an attempt settled
+/// meanwhile (a webhook was faster) is [`Applied::AlreadySettled`].
+pub async fn await_customer(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    provider_ref: &str,
+    action: &cobro_provider::NextAction,
+    expires_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    let (attempt_id, payment_id, _) = ids(attempt);
+    if attempt.operation != Operation::Authorize {
+        return Err(corrupt("only an authorisation waits for the customer"));
+    }
+    let payment = tx
+        .lock_payment_any_account(payment_id)
+        .await?
+        .ok_or_else(|| corrupt("attempt without payment"))?;
+    if !tx
+        .resolve_attempt(
+            attempt_id,
+            AttemptState::AwaitingCustomer,
+            Some(provider_ref),
+            Some("waiting for the customer to authenticate"),
+            now,
+        )
+        .await?
+    {
+        return Ok(Applied::AlreadySettled);
+    }
+    let before = payment.status;
+    let Ok(after) = before.apply(PaymentEvent::ActionRequired) else {
+        // Under review (an operator decides): the attempt waits all the
+        // same, the payment stays where it is.
+        return Ok(Applied::Settled {
+            before: before.as_str().to_owned(),
+            after: before.as_str().to_owned(),
+        });
+    };
+    let shown = action
+        .for_merchant(payment.return_url.as_deref())
+        .to_string();
+    if tx
+        .require_action(payment_id, before, provider_ref, &shown, expires_at, now)
+        .await?
+        .is_none()
+    {
+        return Err(corrupt("payment moved inside the transaction"));
+    }
+    Ok(Applied::Settled {
+        before: before.as_str().to_owned(),
+        after: after.as_str().to_owned(),
+    })
+}
+
 /// A cancel asked for while the authorisation was unknown runs now that
 /// the outcome is known: once, if it is an authorisation (the payment goes
 /// `canceling` and the held attempt becomes sendable, in this

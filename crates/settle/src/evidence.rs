@@ -268,6 +268,10 @@ mod tests {
             review_reason: None,
             review_from: None,
             provider: None,
+            return_url: None,
+            next_action: None,
+            action_expires_at: None,
+            action_refreshed_at: None,
         }
     }
 
@@ -310,6 +314,7 @@ mod tests {
             capture_method: Some(p.capture_method.to_string()),
             charge: None,
             metadata: identity(a, p),
+            next_action: None,
         }
     }
 

@@ -6,6 +6,7 @@
 
 mod authentication;
 mod books;
+mod browser;
 mod contention;
 mod crash;
 mod delivery;

@@ -19,6 +19,9 @@ on_both_backends!(
     a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler,
     the_same_order_refs_in_two_accounts_wait_and_end_apart,
     a_bad_return_url_is_refused_and_changes_nothing,
+    an_abandoned_automatic_payment_is_canceled_at_its_expiry_without_review,
+    an_abandoned_manual_payment_is_canceled_at_its_expiry_without_review,
+    a_customer_completing_as_the_expiry_cancel_is_sent_wins,
 );
 
 const SECRET: &str = "whsec_test_cobro";
@@ -331,5 +334,127 @@ async fn a_bad_return_url_is_refused_and_changes_nothing(backend: Backend) {
     assert_eq!(rig.app.db.count("payments").await, 1);
     rig.drain(3).await;
     assert_eq!(rig.ledger().totals.charges, 0);
+    rig.shutdown().await;
+}
+
+/// Both clocks (cobro's and the provider's, which signs its webhooks) past
+/// the default expiry of one hour, then one reconciler run.
+async fn past_the_expiry(rig: &Rig) {
+    rig.app
+        .clock
+        .advance(chrono::Duration::hours(1) + chrono::Duration::minutes(1));
+    rig.provider
+        .control()
+        .advance_clock(Duration::from_secs(3660));
+    rig.reconcile_once().await;
+}
+
+/// The acknowledged deliveries of `event_type`.
+fn acked(rig: &Rig, event_type: &str) -> usize {
+    rig.provider
+        .control()
+        .webhook_deliveries()
+        .iter()
+        .filter(|d| d.event_type == event_type && d.status == Some(200))
+        .count()
+}
+
+/// Stripe's `payment_intent.canceled` for cobro's own cancel of an
+/// abandoned PaymentIntent agrees with the canceled payment: no false
+/// `needs_review` (the reproduced bug), in either capture mode.
+async fn abandoned_is_canceled_at_its_expiry(backend: Backend, manual: bool) {
+    let rig = rig(backend).await;
+    let order = if manual { "pedido-m" } else { "pedido-a" };
+    let mut body = body_3ds(order);
+    if manual {
+        body["capture_method"] = json!("manual");
+    }
+    let created = rig.create_payment("k-abandoned", &body).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    rig.drain(3).await;
+    let waiting = rig.payment(&id).await;
+    assert_eq!(waiting["status"], "requires_action");
+    // Before the expiry, a run reads it and leaves it waiting.
+    rig.reconcile_once().await;
+    assert_eq!(rig.payment(&id).await["status"], "requires_action");
+
+    past_the_expiry(&rig).await;
+    assert_eq!(rig.payment(&id).await["status"], "canceling");
+    rig.drain(3).await;
+    let canceled = wait_status(&rig, &id, "canceled").await;
+    assert_eq!(canceled["amount_captured"], 0);
+    wait_for(
+        "payment_intent.canceled is acknowledged",
+        PATIENCE,
+        async || (acked(&rig, "payment_intent.canceled") == 1).then_some(()),
+    )
+    .await;
+    assert_eq!(rig.payment(&id).await["status"], "canceled");
+    assert_eq!(conflicts(&rig).await, 0, "no false needs_review");
+    let cancels = rig
+        .provider
+        .control()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/cancel"))
+        .count();
+    assert_eq!(cancels, 1, "one cancel of the PaymentIntent");
+    let ledger = rig.ledger();
+    assert_eq!(
+        ledger.totals,
+        fake_provider::Effects::default(),
+        "nothing charged, held or voided: {ledger:?}"
+    );
+    assert_eq!(
+        event_types(&rig, &id).await,
+        [
+            "payment.created",
+            "payment.requires_action",
+            "payment.canceling",
+            "payment.canceled"
+        ]
+    );
+    // The customer who comes back late finds the challenge over.
+    let late = reqwest::get(challenge_url(&waiting)).await.expect("page");
+    assert_eq!(late.status().as_u16(), 409);
+    // The order is free again.
+    let next = rig.create_payment("k-next", &payment_body(order)).await;
+    assert_eq!(next["status"], "processing");
+    rig.shutdown().await;
+}
+
+async fn an_abandoned_automatic_payment_is_canceled_at_its_expiry_without_review(backend: Backend) {
+    abandoned_is_canceled_at_its_expiry(backend, false).await;
+}
+
+async fn an_abandoned_manual_payment_is_canceled_at_its_expiry_without_review(backend: Backend) {
+    abandoned_is_canceled_at_its_expiry(backend, true).await;
+}
+
+/// The customer completes the challenge after the expiry decided to
+/// cancel, before the cancel reaches the provider: the provider refuses it
+/// (the PaymentIntent succeeded) and the evidence wins: captured, one
+/// charge, no void, no review.
+async fn a_customer_completing_as_the_expiry_cancel_is_sent_wins(backend: Backend) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-late").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    past_the_expiry(&rig).await;
+    assert_eq!(rig.payment(&id).await["status"], "canceling");
+    press(&challenge_url(&payment), "complete").await;
+    rig.drain(3).await;
+    let captured = wait_status(&rig, &id, "captured").await;
+    assert_eq!(captured["amount_captured"], captured["amount"]);
+    wait_for(
+        "payment_intent.succeeded is acknowledged",
+        PATIENCE,
+        async || (acked(&rig, "payment_intent.succeeded") == 1).then_some(()),
+    )
+    .await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(conflicts(&rig).await, 0, "no needs_review");
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
+    assert_eq!(ledger.totals.voids, 0, "{ledger:?}");
     rig.shutdown().await;
 }

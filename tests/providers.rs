@@ -104,6 +104,7 @@ impl World {
             worker_heartbeat: Duration::from_secs(10),
             worker_max_in_flight: 8,
             worker_poll: Duration::from_secs(1),
+            action_expiry: Duration::from_secs(3600),
         };
         let configs =
             cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");

@@ -4,8 +4,8 @@ pub mod books;
 
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent, PaymentId,
-    PaymentStatus, RefundId, RefundStatus, RunId,
+    AccountId, AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent,
+    PaymentId, PaymentStatus, RefundId, RefundStatus, RunId,
 };
 use cobro_provider::{
     NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
@@ -393,6 +393,14 @@ impl<P: Provider> Reconciler<P> {
                 progress,
             )
             .await;
+        // Payments waiting for their customer are not unknown: they are
+        // read by their provider id, and canceled once expired.
+        let outcome = match outcome {
+            Ok(()) if !dry_run && scope.payment.is_none() => {
+                self.sweep_waiting(started - to_chrono(stuck)).await
+            }
+            other => other,
+        };
         if let Some(run) = run_id {
             let mut brief = summary.clone();
             brief.items.clear();
@@ -413,6 +421,98 @@ impl<P: Provider> Reconciler<P> {
             "reconciliation run finished"
         );
         Ok(summary)
+    }
+
+    /// Payments waiting for their customer (3-D Secure) whose status is
+    /// older than `changed_before`: each PaymentIntent is read by its id
+    /// (outside any transaction). A final state is adopted through the one
+    /// settle path; one still waiting past `action_expires_at` is canceled
+    /// at the provider through the outbox (the payment `canceling`, then
+    /// `canceled` by the cancel's proof, or `captured` when the customer
+    /// completed first and the provider refuses the cancel).
+    async fn sweep_waiting(&self, changed_before: DateTime<Utc>) -> Result<(), ReconcileError> {
+        let waiting = self
+            .store
+            .waiting_for_customers(
+                changed_before,
+                self.config.page,
+                self.config.provider.as_ref(),
+            )
+            .await?;
+        for attempt in &waiting {
+            let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
+            let Some(payment) = self.store.payment_any_account(payment_id).await? else {
+                continue;
+            };
+            let Some(charge) = payment.provider_ref.as_deref() else {
+                continue;
+            };
+            let object = match self.provider.get_charge(charge).await {
+                Ok(Some(object)) => object,
+                Ok(None) | Err(_) => {
+                    tracing::warn!(payment_id = %payment_id, "a payment waiting for its customer could not be read at the provider; the next run reads it again");
+                    continue;
+                }
+            };
+            let now = self.clock.now();
+            let said = serde_json::json!({ "found": [&object] });
+            let ctx = Ctx {
+                attempt,
+                run: None,
+                dry_run: false,
+                said: &said,
+                now,
+            };
+            if !matches!(
+                fit(Operation::Authorize, attempt, &payment, None, &object),
+                Fit::Ours
+            ) {
+                continue;
+            }
+            if let Some(proof) = proof_from(Operation::Authorize, &object) {
+                let verdict = self.adopt(&ctx, &proof).await?;
+                tracing::info!(payment_id = %payment_id, ?verdict, "a payment waiting for its customer ended");
+                continue;
+            }
+            if payment.action_expires_at.is_some_and(|at| at.0 <= now) {
+                self.expire(&payment, now).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Abandoned: the payment goes `canceling` with a cancel intent (its
+    /// attempt in the outbox, due now) in one transaction; the worker
+    /// cancels the PaymentIntent under the attempt's own key.
+    async fn expire(&self, payment: &PaymentRow, now: DateTime<Utc>) -> Result<(), ReconcileError> {
+        let payment_id = PaymentId::from_uuid(payment.id.0);
+        let account = AccountId::from_uuid(payment.account_id.0);
+        let mut tx = self.store.begin().await?;
+        let Some(current) = tx.lock_payment_any_account(payment_id).await? else {
+            tx.rollback().await?;
+            return Ok(());
+        };
+        let Ok(to) = current.status.apply(PaymentEvent::ActionExpired) else {
+            // It ended meanwhile (a webhook was faster).
+            tx.rollback().await?;
+            return Ok(());
+        };
+        if tx
+            .transition_payment(account, payment_id, current.status, to, now)
+            .await?
+            .is_none()
+        {
+            tx.rollback().await?;
+            return Ok(());
+        }
+        let intent = tx
+            .next_intent_name(account, &current.order_ref, Operation::Cancel)
+            .await?;
+        tx.open_intent(account, payment_id, None, Operation::Cancel, &intent, now)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(payment_id = %payment_id, "a payment left waiting for its customer expired: its PaymentIntent is canceled");
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -51,6 +51,31 @@ fn agrees(status: PaymentStatus, truth: Option<ChargeNow>) -> bool {
     }
 }
 
+/// Whether a payment in `status` already shows what an authorisation's
+/// `proof` says (its money held, or captured), so adopting it again
+/// changes nothing.
+fn already_shows(status: PaymentStatus, proof: &Proof) -> bool {
+    use PaymentStatus as S;
+    match proof {
+        Proof::Succeeded { captured: true, .. } => {
+            matches!(status, S::Captured | S::PartiallyRefunded | S::Refunded)
+        }
+        Proof::Succeeded {
+            captured: false, ..
+        } => matches!(
+            status,
+            S::Authorized
+                | S::Capturing
+                | S::Canceling
+                | S::Canceled
+                | S::Captured
+                | S::PartiallyRefunded
+                | S::Refunded
+        ),
+        _ => false,
+    }
+}
+
 /// What the provider proved about one attempt (already checked by
 /// [`crate::evidence::fit`] to be about that attempt).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -441,6 +466,18 @@ async fn apply_proof_in_span(
             _ => PaymentEvent::VoidRefused,
         },
     };
+    // A 3-D Secure authorisation proven after its payment already shows
+    // it: the expiry's cancel was refused because the customer completed,
+    // and the refusal carried the charge first. The same truth, twice.
+    if operation == Operation::Authorize
+        && payment.next_action.is_some()
+        && already_shows(before, proof)
+    {
+        return Ok(Applied::Settled {
+            before: before.as_str().to_owned(),
+            after: before.as_str().to_owned(),
+        });
+    }
     let after = match before.apply(event) {
         Ok(after) => after,
         // Money moved that the payment's state cannot take (an operator

@@ -204,6 +204,15 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
                     captured: done == S::Captured,
                 });
             }
+            // A PaymentIntent canceled before it ever held money (one left
+            // waiting for its customer, canceled as abandoned): the cancel
+            // took effect and nothing was voided.
+            if operation == Operation::Cancel && *status == S::Declined {
+                return Some(Proof::Succeeded {
+                    provider_ref: object.id.clone(),
+                    captured: false,
+                });
+            }
             // Still authorized: the capture or void has not happened (yet);
             // only an explicit refusal carries that as its truth.
             if *status == S::Authorized {

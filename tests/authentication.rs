@@ -227,14 +227,7 @@ async fn a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler(backend:
     let rig = rig(backend).await;
     let payment = waiting_payment(&rig, "pedido-3ds-wait").await;
     let id = payment["id"].as_str().expect("id").to_owned();
-    let creates = || {
-        rig.provider
-            .control()
-            .requests()
-            .iter()
-            .filter(|r| r.method == "POST" && r.path == "/v1/payment_intents")
-            .count()
-    };
+    let creates = || cobro_test_support::posts_to(&rig.provider, "/v1/payment_intents");
     assert_eq!(creates(), 1);
     // Past the worker's retry backoff and the reconciler's stuck horizon:
     // nothing is due, nothing is resent, the attempt is not unknown.

@@ -1040,14 +1040,7 @@ async fn a_worker_killed_while_a_payment_waits_for_its_customer_resends_nothing(
     })
     .await;
     w1.kill9();
-    let creates = || {
-        site.provider
-            .control()
-            .requests()
-            .iter()
-            .filter(|r| r.method == "POST" && r.path == "/v1/payment_intents")
-            .count()
-    };
+    let creates = || cobro_test_support::posts_to(&site.provider, "/v1/payment_intents");
     assert_eq!(creates(), 1);
 
     let (_w2, _) = site.worker("worker 2", &[]).await;

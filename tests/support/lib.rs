@@ -1068,6 +1068,17 @@ impl Rig {
     }
 }
 
+/// How many POSTs to `path` the fake provider received (of its last
+/// requests kept).
+pub fn posts_to(provider: &fake_provider::Running, path: &str) -> usize {
+    provider
+        .control()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == path)
+        .count()
+}
+
 /// Polls `check` every 20 ms until it yields `Some`, and returns that; panics
 /// naming `what` if `within` passes first. Tests that involve real time
 /// (other processes, a real lease expiry) wait on a condition like this,

@@ -17,6 +17,10 @@ on_both_backends!(
     a_restored_backup_leaves_exactly_the_lost_payment_intents_and_refunds_as_orphans_on_stripe,
     a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once,
     an_authorisation_voided_at_the_provider_is_applied_once_through_the_settle_path,
+    successes_the_provider_does_not_hold_are_missing_and_raised_once,
+    adopting_the_orphans_of_a_restore_brings_the_books_to_all_matched,
+    adopting_the_orphans_of_a_restore_on_stripe,
+    scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overlaps,
 );
 
 /// Processes of these tests run no scheduled books: each run is the
@@ -507,21 +511,7 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
         .expect("an answer");
     assert_eq!(voided.status().as_u16(), 200);
 
-    let books = cobro_reconciler::books::Books::new(
-        store.clone(),
-        std::sync::Arc::new(rig.connector()),
-        std::sync::Arc::new(rig.app.clock.clone()),
-        cobro_reconciler::books::BooksConfig {
-            provider: "fake".into(),
-            is_default: true,
-            clock_skew: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(10),
-            overlap: Duration::from_secs(600),
-            settle_delay: Duration::from_secs(120),
-            first_window: Duration::from_secs(24 * 3600),
-            actor: "books:test".into(),
-        },
-    );
+    let books = rig_books(&rig, rig.connector());
     // Every creation time the fake can have given: the fake's clock and
     // the rig's are not the same clock.
     let all_time = (0, 4_000_000_000);
@@ -549,4 +539,448 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
     assert_eq!(rig.app.db.count("evidence_conflicts").await, 0);
     let ledger = rig.provider.control().ledger();
     assert_eq!((ledger.totals.charges, ledger.totals.voids), (1, 1));
+}
+
+/// The books of a rig's store as the scheduler builds them, listing
+/// through `connector`.
+fn rig_books(
+    rig: &cobro_test_support::Rig,
+    connector: cobro_provider::Connector,
+) -> cobro_reconciler::books::Books<cobro_provider::Connector> {
+    cobro_reconciler::books::Books::new(
+        rig.app.db.store.clone(),
+        std::sync::Arc::new(connector),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        cobro_reconciler::books::BooksConfig {
+            provider: "fake".into(),
+            is_default: true,
+            clock_skew: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            overlap: Duration::from_secs(600),
+            settle_delay: Duration::from_secs(120),
+            first_window: Duration::from_secs(24 * 3600),
+            actor: "books:test".into(),
+        },
+    )
+}
+
+/// Every creation time the fake can have given: the fake's clock and the
+/// rig's are not the same clock.
+const ALL_TIME: (i64, i64) = (0, 4_000_000_000);
+
+/// cobro holds a captured payment and a succeeded refund of it, and the
+/// books list a provider whose ledger has neither (another fake with the
+/// same key: what a provider account swapped or wiped looks like): both
+/// attempts are missing, each raises one critical `missing_at_provider`
+/// conflict and sends its payment to `needs_review`; a second run counts
+/// them missing again and raises nothing more. A payment the provider
+/// declined moved no money and is never missing. The books move no money
+/// at either provider.
+async fn successes_the_provider_does_not_hold_are_missing_and_raised_once(backend: Backend) {
+    use cobro_test_support::{ProviderClient, Rig};
+    let rig = Rig::new(backend).await;
+    let paid = rig
+        .create_payment("k-1", &cobro_test_support::payment_body("o-1"))
+        .await;
+    rig.drain(2).await;
+    let id = id_of(&paid);
+    rig.post_ok(
+        &format!("/v1/payments/{id}/refunds"),
+        "r-1",
+        json!({ "amount": 500 }),
+    )
+    .await;
+    rig.drain(2).await;
+    let mut declined_body = cobro_test_support::payment_body("o-2");
+    declined_body["payment_method"] = json!("pm_card_declined");
+    let declined = rig.create_payment("k-2", &declined_body).await;
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "partially_refunded");
+    assert_eq!(rig.payment(&id_of(&declined)).await["status"], "declined");
+    let held = rig.ledger();
+    assert_eq!((held.totals.charges, held.totals.refunds), (1, 1));
+
+    let elsewhere = fake_provider::start(fake_provider::Config::default())
+        .await
+        .expect("a second fake provider");
+    let client = ProviderClient {
+        base_url: elsewhere.url(),
+        request_timeout: Duration::from_secs(2),
+    };
+    let books = rig_books(&rig, client.connector(rig.dialect));
+    let missing = "evidence_conflicts WHERE kind = 'missing_at_provider'";
+    for run in 0..2 {
+        let report = books.run(ALL_TIME, false, "test").await.expect("books run");
+        let c = report.counts;
+        assert_eq!(
+            (c.objects, c.matched, c.missing),
+            (0, 0, 2),
+            "run {run}: {report:?}"
+        );
+        assert!(
+            report
+                .findings
+                .iter()
+                .all(|f| f.class == cobro_reconciler::books::Class::Missing
+                    && f.payment.as_deref() == Some(id.as_str())),
+            "run {run}: {report:?}"
+        );
+        assert_eq!(rig.app.db.count(missing).await, 2, "run {run}");
+        assert_eq!(
+            rig.payment(&id).await["status"],
+            "needs_review",
+            "run {run}"
+        );
+        assert_eq!(rig.payment(&id_of(&declined)).await["status"], "declined");
+    }
+    let after = rig.ledger();
+    assert_eq!((after.totals.charges, after.totals.refunds), (1, 1));
+    let there = elsewhere.control().ledger();
+    assert_eq!((there.totals.charges, there.totals.refunds), (0, 0));
+    elsewhere.shutdown().await;
+}
+
+/// The scheduled path (`Books::run_due`, as every reconciling process
+/// runs it): the first run reads its first window and sets the
+/// checkpoint; the next reads from the checkpoint less the overlap, so an
+/// object seen before is seen again and stays matched; a refund made at
+/// the provider between runs is applied once although two overlapping
+/// windows list it; a run that cannot list fails without moving the
+/// checkpoint. Both clocks (cobro's and the provider's) move together.
+async fn scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overlaps(
+    backend: Backend,
+) {
+    use cobro_test_support::{ProviderClient, RIG_SECRET_KEY, Rig, payment_body};
+    let rig = Rig::new(backend).await;
+    let store = &rig.app.db.store;
+    let advance = |minutes: i64| {
+        rig.app.clock.advance(chrono::Duration::minutes(minutes));
+        rig.provider
+            .control()
+            .advance_clock(Duration::from_secs(60 * minutes as u64));
+    };
+    let books = rig_books(&rig, rig.connector());
+    let first_paid = rig.create_payment("k-1", &payment_body("o-1")).await;
+    rig.drain(2).await;
+    advance(5);
+
+    let first = books.run_due("schedule").await.expect("run").expect("due");
+    let c = first.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.unmatched()),
+        (1, 1, 0),
+        "{first:?}"
+    );
+    let checkpoint = store.books_checkpoint("fake").await.expect("read");
+    assert_eq!(checkpoint, Some(first.window.1), "{first:?}");
+
+    let second_paid = rig.create_payment("k-2", &payment_body("o-2")).await;
+    rig.drain(2).await;
+    advance(5);
+    let second = books.run_due("schedule").await.expect("run").expect("due");
+    assert_eq!(
+        second.window.0,
+        first.window.1 - 600,
+        "from the checkpoint less the overlap"
+    );
+    let c = second.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.unmatched()),
+        (2, 2, 0),
+        "{second:?}"
+    );
+
+    let charge = rig.payment(&id_of(&first_paid)).await["provider_ref"]
+        .as_str()
+        .expect("provider_ref")
+        .to_owned();
+    let made = rig
+        .app
+        .client
+        .post(format!("{}/v1/refunds", rig.provider.url()))
+        .bearer_auth(RIG_SECRET_KEY)
+        .json(&json!({ "charge": charge, "amount": 300, "reference": "dashboard" }))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(made.status().as_u16(), 201);
+    advance(5);
+    let applied = "reconciliation_decisions WHERE decision = 'provider_refunded'";
+    let third = books.run_due("schedule").await.expect("run").expect("due");
+    let c = third.counts;
+    assert_eq!((c.objects, c.matched, c.drifted), (3, 2, 1), "{third:?}");
+    assert_eq!(rig.app.db.count(applied).await, 1);
+    advance(5);
+    let fourth = books.run_due("schedule").await.expect("run").expect("due");
+    assert!(fourth.window.0 < third.window.1, "the windows overlap");
+    // The second charge and the refund: the first charge is behind it now.
+    let c = fourth.counts;
+    assert_eq!(
+        (c.objects, c.matched, c.unmatched()),
+        (2, 2, 0),
+        "{fourth:?}"
+    );
+    assert_eq!(rig.app.db.count(applied).await, 1, "applied once");
+    assert_eq!(
+        rig.payment(&id_of(&first_paid)).await["amount_refunded"],
+        300
+    );
+    assert_eq!(
+        rig.payment(&id_of(&second_paid)).await["amount_refunded"],
+        0
+    );
+
+    let before = store.books_checkpoint("fake").await.expect("read");
+    advance(5);
+    let unreachable = ProviderClient {
+        base_url: "http://127.0.0.1:9".into(),
+        request_timeout: Duration::from_secs(2),
+    };
+    let failing = rig_books(&rig, unreachable.connector(rig.dialect));
+    assert!(failing.run_due("schedule").await.is_err());
+    assert_eq!(store.books_checkpoint("fake").await.expect("read"), before);
+    let runs = store.books_runs(10).await.expect("runs");
+    assert_eq!(runs.len(), 5, "every run, the failed one too, has its row");
+    let ledger = rig.ledger();
+    assert_eq!((ledger.totals.charges, ledger.totals.refunds), (2, 1));
+}
+
+async fn adopting_the_orphans_of_a_restore_brings_the_books_to_all_matched(backend: Backend) {
+    adopted_after_restore(backend, Dialect::Fake).await;
+}
+
+async fn adopting_the_orphans_of_a_restore_on_stripe(backend: Backend) {
+    adopted_after_restore(backend, Dialect::Stripe).await;
+}
+
+/// `cobro books adopt ID --json` as operator `ana`: exit code and output
+/// (standard output, then standard error).
+async fn adopt(site: &Site, id: &str) -> (Option<i32>, String) {
+    let reason = "lost in the restore; the merchant still wants it";
+    let args = [
+        "books",
+        "adopt",
+        id,
+        "--reason",
+        reason,
+        "--operator",
+        "ana",
+        "--json",
+    ];
+    let mut command = site.command(&args, &NO_BOOKS);
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("cobro runs");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (
+        output.status.code(),
+        text(&output.stdout) + &text(&output.stderr),
+    )
+}
+
+/// The open orphan of `kind` whose metadata names `payment`.
+fn orphan_of<'a>(listed: &'a Value, kind: &str, payment: &Value) -> &'a str {
+    listed["orphans"]
+        .as_array()
+        .expect("orphans")
+        .iter()
+        .find(|o| o["kind"] == kind && o["payment"] == id_of(payment).as_str())
+        .and_then(|o| o["id"].as_str())
+        .unwrap_or_else(|| panic!("a {kind} orphan of {payment} in {listed}"))
+}
+
+/// A restore loses, for account A, a captured payment and its refund and
+/// a refund of a payment the backup kept; for account B (same order refs),
+/// a captured payment that B's client then pays again under the same key
+/// (cobro had forgotten the key: a second charge for one order). The
+/// operator adopts A's charge (its refund comes with it) and the lone
+/// refund, each read again at the provider first; B's adoption is refused
+/// with nothing written (the order has a payment again: the orphan is the
+/// second charge) and is acknowledged instead. The books then match every
+/// object, a second run changes nothing, and the adopted payment is an
+/// ordinary one: its merchant reads it and refunds the rest through the
+/// API and the outbox, which the provider's ledger shows.
+async fn adopted_after_restore(backend: Backend, dialect: Dialect) {
+    let site = Site::new_in(backend, dialect).await;
+    let token_b = site.new_account("other merchant").await;
+    let window = window_around_now();
+    let (serve, url) = site.serve("serve-1", &[], &NO_BOOKS).await;
+    let kept_a = captured(&site, &url, &site.token, "k-1", "order-1").await;
+    captured(&site, &url, &token_b, "k-1", "order-1").await;
+    stop(serve).await;
+    let backup = back_up(&site).await;
+
+    let (serve, url) = site.serve("serve-2", &[], &NO_BOOKS).await;
+    let lost_a = captured(&site, &url, &site.token, "k-2", "order-2").await;
+    let lost_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
+    refunded(&site, &url, &site.token, &lost_a, 500).await;
+    refunded(&site, &url, &site.token, &kept_a, 300).await;
+    // Order 3 of A: declined (`authorize-v1`), then paid (`authorize-v2`).
+    let mut declining = payment_body("order-3");
+    declining["payment_method"] = json!("pm_card_declined");
+    let declined = site
+        .post_as(&site.token, &url, "/v1/payments", "k-3", &declining)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(declined.status().as_u16(), 201);
+    let declined: Value = declined.json().await.expect("json");
+    wait_for("order 3's first payment declined", SETTLE, async || {
+        let path = format!("/v1/payments/{}", id_of(&declined));
+        let (_, p) = site.get_as(&site.token, &url, &path).await;
+        (p["status"] == "declined").then_some(())
+    })
+    .await;
+    let second_try = captured(&site, &url, &site.token, "k-4", "order-3").await;
+    stop(serve).await;
+    ledger_holds(&site, 5, 2);
+    restore(&site, &backup).await;
+
+    let (serve, url) = site.serve("serve-3", &[], &NO_BOOKS).await;
+    let again_b = captured(&site, &url, &token_b, "k-2", "order-2").await;
+    assert_ne!(id_of(&again_b), id_of(&lost_b), "cobro forgot the key");
+    ledger_holds(&site, 6, 2);
+
+    let (code, report) = run_books(&site, &window).await;
+    assert_eq!(code, Some(3), "{report}");
+    assert_eq!(counts(&report), [9, 3, 6, 0, 0, 0], "{report}");
+    let (_, listed) = books(&site, &["orphans"]).await;
+
+    let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_a)).await;
+    assert_eq!(code, Some(0), "{out}");
+    let adopted: Value = serde_json::Deserializer::from_str(&out)
+        .into_iter()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_else(|| panic!("a JSON answer: {out}"));
+    assert_eq!(adopted["payment"], id_of(&lost_a).as_str(), "{adopted}");
+    assert_eq!(adopted["status"], "partially_refunded", "{adopted}");
+    assert_eq!(adopted["refunds"].as_array().map(Vec::len), Some(1));
+    let (code, out) = adopt(&site, orphan_of(&listed, "refund", &kept_a)).await;
+    assert_eq!(code, Some(0), "{out}");
+    // Its merchant hears it as any payment: created, then captured, then
+    // partially refunded.
+    for kind in ["created", "captured", "partially_refunded"] {
+        let events = format!(
+            "events WHERE type = 'payment.{kind}' AND object_id = '{}'",
+            id_of(&lost_a)
+        );
+        assert_eq!(site.count(&events).await, 1, "{kind}");
+    }
+
+    let payments = site.count("payments").await;
+    let (code, out) = adopt(&site, orphan_of(&listed, "charge", &lost_b)).await;
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("already has payment"), "{out}");
+    assert_eq!(site.count("payments").await, payments, "nothing written");
+    let second_charge = orphan_of(&listed, "charge", &lost_b);
+    let (code, out) = site
+        .run_cli(
+            &[
+                "books",
+                "acknowledge",
+                second_charge,
+                "--reason",
+                "refunded by hand",
+            ],
+            &NO_BOOKS,
+        )
+        .await;
+    assert_eq!(code, Some(0), "{out}");
+    // Order 3's second try cannot be adopted without its first: cobro
+    // would number the order's next intent after one intent, onto it. Nor
+    // can the decline, which holds no money. Both are acknowledged.
+    for (lost, what) in [(&second_try, "gap"), (&declined, "holds no money")] {
+        let orphan = orphan_of(&listed, "charge", lost);
+        let (code, out) = adopt(&site, orphan).await;
+        assert_ne!(code, Some(0), "{what}: {out}");
+        assert!(out.contains(what), "{what}: {out}");
+        assert_eq!(
+            site.count("payments").await,
+            payments,
+            "{what}: nothing written"
+        );
+        let (code, out) = site
+            .run_cli(
+                &[
+                    "books",
+                    "acknowledge",
+                    orphan,
+                    "--reason",
+                    "refunded by hand",
+                ],
+                &NO_BOOKS,
+            )
+            .await;
+        assert_eq!(code, Some(0), "{out}");
+    }
+    let adoptions = "reconciliation_decisions WHERE decision = 'books_adopted'";
+    assert_eq!(site.count(adoptions).await, 3);
+
+    let (code, settled) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{settled}");
+    assert_eq!(counts(&settled), [9, 9, 0, 0, 0, 0], "{settled}");
+    assert_eq!(site.count("books_orphans WHERE state = 'open'").await, 0);
+
+    // The merchant reads the adopted payment and refunds the rest.
+    let (status, payment) = site
+        .get_as(
+            &site.token,
+            &url,
+            &format!("/v1/payments/{}", id_of(&lost_a)),
+        )
+        .await;
+    assert_eq!(status, 200, "{payment}");
+    assert_eq!(
+        (
+            payment["status"].as_str(),
+            payment["amount_refunded"].as_i64()
+        ),
+        (Some("partially_refunded"), Some(500)),
+        "{payment}"
+    );
+    let (_, kept) = site
+        .get_as(
+            &site.token,
+            &url,
+            &format!("/v1/payments/{}", id_of(&kept_a)),
+        )
+        .await;
+    assert_eq!(kept["amount_refunded"], 300, "{kept}");
+    let id = id_of(&lost_a);
+    let answer = site
+        .post_as(
+            &site.token,
+            &url,
+            &format!("/v1/payments/{id}/refunds"),
+            "refund-the-rest",
+            &json!({ "amount": 1499 }),
+        )
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status().as_u16(), 201);
+    wait_for("the rest refunded", SETTLE, async || {
+        let (_, p) = site
+            .get_as(&site.token, &url, &format!("/v1/payments/{id}"))
+            .await;
+        (p["status"] == "refunded").then_some(())
+    })
+    .await;
+    stop(serve).await;
+    let (code, last) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{last}");
+    assert_eq!(counts(&last), [10, 10, 0, 0, 0, 0], "{last}");
+    assert_eq!(site.count(adoptions).await, 3);
+
+    let ledger = ledger_holds(&site, 6, 3);
+    let charge = lost_a["provider_ref"].as_str().expect("provider_ref");
+    let charge = ledger
+        .charge(charge)
+        .or_else(|| ledger.charge_of_payment_intent(charge))
+        .expect("the adopted charge")
+        .id
+        .clone();
+    assert_eq!(ledger.refunds_of_charge(&charge).len(), 2);
 }

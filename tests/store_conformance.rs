@@ -437,7 +437,7 @@ async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(bac
         db.exec(&format!("ALTER TABLE {table} DROP COLUMN {column}"))
             .await;
     }
-    // 0019 recreates the payments' event view with the columns it adds: a
+    // 0021 recreates the payments' event view with the columns it adds: a
     // stand-in that does not read them, while they are dropped.
     let payment_stand_in = "payment_event_objects AS SELECT p.id, p.account_id, p.event_seq, \
                             p.updated_at, CAST('{}' AS TEXT) AS data FROM payments p";

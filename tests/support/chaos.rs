@@ -42,6 +42,10 @@ use std::time::{Duration, Instant};
 pub async fn chaos_run(backend: Backend, dialect: Dialect) {
     const ORDERS: usize = 500;
     const SEED: u64 = 14;
+    // The books' window: from before the first charge (the fake's clock is
+    // real time here) to after the last.
+    let books_from = (chrono::Utc::now() - chrono::Duration::minutes(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     // The provider forgets a key 4 s after its first use; cobro is told so
     // and sends no attempt later than 4 s - 3 s after its first send, then
     // hands it to the reconciler (which must search: the search path is
@@ -247,6 +251,35 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
         wrong.len(),
         &wrong[..wrong.len().min(10)]
     );
+
+    // The books over the whole run: every object the provider holds
+    // (charges, declines, voids, refunds, under every fault) is cobro's and
+    // matches its attempt; nothing is orphan, foreign, drifted or missing,
+    // and the run moved no money.
+    let books_to = (chrono::Utc::now() + chrono::Duration::minutes(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (code, out) = site
+        .run_cli(
+            &["books", "--from", &books_from, "--to", &books_to, "--json"],
+            env,
+        )
+        .await;
+    let books: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("cobro books printed no report ({e}): {out:?}"));
+    let counts = &books["runs"][0]["counts"];
+    let count = |class: &str| counts[class].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(code, Some(0), "the books after the chaos: {books}");
+    assert_eq!(count("objects"), count("matched"), "{books}");
+    // Every charge (declines included) and refund of the ledger; on the
+    // Stripe dialect the books list PaymentIntents, and one that never
+    // reached the card (its confirmation refused before any effect) is
+    // listed too.
+    let in_ledger = (ledger.charges.len() + ledger.refunds.len()) as u64;
+    match dialect {
+        Dialect::Fake => assert_eq!(count("objects"), in_ledger, "{books}"),
+        Dialect::Stripe => assert!(count("objects") >= in_ledger, "{books}"),
+    }
+    assert_eq!(site.ledger().totals, ledger.totals, "the books moved money");
 
     // What really happened: every configured fault fired, the kills were
     // made, the webhooks went out and some came twice.

@@ -38,6 +38,11 @@ string_enum!(
         /// (in its dashboard) of a charge cobro holds: recorded as a
         /// succeeded refund of the payment, with its event.
         ProviderRefunded => "provider_refunded",
+        /// An operator adopted an orphan of the books (an object at the
+        /// provider carrying cobro's metadata, whose payment the database
+        /// had lost): the payment, its intent and its attempt are recorded
+        /// again as the provider shows them, checked at the provider first.
+        BooksAdopted => "books_adopted",
     }
 );
 

@@ -1,6 +1,5 @@
 //! The books: cobro's record matched against the provider's own ledger
-//! (provider-and-recovery.md section 9; how to run and read them:
-//! docs/books.md).
+//! (docs/books.md: what they are, how to run and read them).
 //!
 //! The reconciler asks about what cobro knows it sent. The books ask the
 //! other way round: every object the provider holds under cobro's
@@ -25,6 +24,9 @@
 //! the window listed (ids only), which "missing" needs; the attempts side
 //! is read from the database by the window, a page at a time, through the
 //! `attempts_settled_by_send` index.
+
+mod adopt;
+pub use adopt::{AdoptError, Adopted};
 
 use chrono::{DateTime, TimeZone, Utc};
 use cobro_core::{AttemptId, AttemptState, Clock, PaymentStatus, RefundStatus};
@@ -336,8 +338,15 @@ impl<P: Provider> Books<P> {
     /// last-send bound is checked per attempt.
     fn inner_window(&self, (from, to): (i64, i64)) -> (DateTime<Utc>, DateTime<Utc>) {
         let skew = secs(self.config.clock_skew);
-        let timeout = secs(self.config.request_timeout);
-        (at(from + skew + 1), at(to - skew - timeout))
+        (at(from + skew + 1), at(to - secs(self.send_reach())))
+    }
+
+    /// How long after an attempt's last recorded send its object may still
+    /// be created at the provider: a send is at most two requests (a Stripe
+    /// refund reads its PaymentIntent before it posts), each bounded by the
+    /// request timeout, plus the clock skew between the hosts.
+    fn send_reach(&self) -> Duration {
+        2 * self.config.request_timeout + self.config.clock_skew
     }
 }
 
@@ -538,7 +547,9 @@ impl<P: Provider> Pass<'_, P> {
 
     /// An object carrying cobro's metadata that no attempt of cobro's
     /// fits: kept in `books_orphans` (once), unless an operator already
-    /// acknowledged it, which makes it matched to that record.
+    /// acknowledged it, which makes it matched to that record (one the
+    /// operator adopted must fit its adopted attempt instead: here it is
+    /// drifted).
     async fn orphan(
         &self,
         kind: LedgerKind,
@@ -549,7 +560,19 @@ impl<P: Provider> Pass<'_, P> {
         let store = &self.books.store;
         let provider = &self.books.config.provider;
         let kept = store.orphan_of_object(provider, &object.id).await?;
-        if kept.as_ref().is_some_and(|o| o.state != "open") {
+        if let Some(resolved) = kept.as_ref().filter(|o| o.state != "open") {
+            // Adopted, yet no attempt of cobro's fits it: the adopted
+            // record is wrong (or was changed since), which an operator
+            // must see; an acknowledged orphan is matched to its record.
+            if let Some(payment) = &resolved.adopted_payment {
+                let detail =
+                    format!("adopted into payment {payment}, whose record does not fit it: {why}");
+                let action = "none: an operator decides".to_owned();
+                return Ok((
+                    Class::Drifted,
+                    Some(finding(Class::Drifted, detail, action)),
+                ));
+            }
             return Ok((Class::Matched, None));
         }
         let action = match (self.run, &kept) {
@@ -606,8 +629,8 @@ impl<P: Provider> Pass<'_, P> {
         }
         let config = &self.books.config;
         let store = &self.books.store;
-        let reach = chrono::Duration::from_std(config.request_timeout + config.clock_skew)
-            .unwrap_or(chrono::Duration::MAX);
+        let reach =
+            chrono::Duration::from_std(self.books.send_reach()).unwrap_or(chrono::Duration::MAX);
         let listed_to = to + reach;
         let mut after = None;
         loop {

@@ -9,11 +9,12 @@ use crate::apply::{Source, stop_the_line};
 use crate::evidence::{Fit, fit};
 use crate::webhook::{provider_moved, record_move};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, Decision, IntentName, PaymentId, RefundId, RefundStatus};
+use cobro_core::{AttemptId, Decision, IntentName, Operation, PaymentId, RefundId, RefundStatus};
 use cobro_provider::{ProviderObject, ProviderStatus};
 use cobro_store::audit::NewDecision;
+use cobro_store::books::{AdoptedAttempt, intent_number};
 use cobro_store::conflicts::ConflictKind;
-use cobro_store::{AttemptRow, NewRefund, Store, StoreError, WriteTx};
+use cobro_store::{AttemptRow, DbId, NewRefund, Store, StoreError, WriteTx};
 
 /// What the books did with an object that differs from cobro's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,15 +155,16 @@ pub async fn adopt_outside_refund(
     }
     let source = Source { name: actor, said };
     let amount = object.amount.unwrap_or_default();
-    let account = cobro_core::AccountId::from_uuid(payment.account_id.0);
-    let reserved = if amount > 0 && object.status == ProviderStatus::Succeeded {
-        tx.reserve_refund(account, payment_id, amount, now)
-            .await?
-            .is_ok()
+    // Named after the provider's refund: no intent of cobro's made it.
+    let intent =
+        IntentName::from_stored(format!("{}:provider-refund/{}", payment.intent, object.id));
+    let reason = "refunded at the provider outside cobro";
+    let recorded = if object.status == ProviderStatus::Succeeded {
+        record_succeeded_refund(&mut tx, &payment, intent, object, reason, now).await?
     } else {
-        false
+        None
     };
-    if !reserved {
+    let Some(refund) = recorded else {
         let detail = format!(
             "the provider holds refund {} ({} of {}, {}) made outside cobro, which this payment \
              cannot record",
@@ -175,18 +177,58 @@ pub async fn adopt_outside_refund(
             detail,
         };
         return keep_once(tx, finding, &source, now).await;
+    };
+    let decision = NewDecision {
+        run_id: None,
+        payment: payment_id,
+        refund: Some(refund),
+        attempt: None,
+        state_before: RefundStatus::Processing.as_str().to_owned(),
+        state_after: RefundStatus::Succeeded.as_str().to_owned(),
+        provider_said: said.to_owned(),
+        decision: Decision::ProviderRefunded,
+        actor: actor.to_owned(),
+        reason: Some(format!(
+            "books: refund {} made at the provider outside cobro",
+            object.id
+        )),
+    };
+    tx.record_decision(&decision, now).await?;
+    tx.commit().await?;
+    Ok(Drift::Applied(Decision::ProviderRefunded))
+}
+
+/// Records `object`, a refund the provider shows `succeeded`, as a
+/// succeeded refund of `payment` (locked by the caller) under `intent`:
+/// its amount reserved and refunded, with the refund's events. `None`,
+/// with nothing written, when the payment cannot refund that much (or
+/// the object reports no amount).
+async fn record_succeeded_refund(
+    tx: &mut WriteTx,
+    payment: &cobro_store::PaymentRow,
+    intent: IntentName,
+    object: &ProviderObject,
+    reason: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<RefundId>, StoreError> {
+    let amount = object.amount.unwrap_or_default();
+    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let account = cobro_core::AccountId::from_uuid(payment.account_id.0);
+    if amount <= 0
+        || tx
+            .reserve_refund(account, payment_id, amount, now)
+            .await?
+            .is_err()
+    {
+        return Ok(None);
     }
     let refund = NewRefund {
         id: RefundId::new(),
         account,
         payment: payment_id,
-        // Named after the provider's refund: no intent of cobro's made it.
-        intent: IntentName::from_stored(format!(
-            "{}:provider-refund/{}",
-            payment.intent, object.id
-        )),
+        intent,
         amount,
-        reason: Some("refunded at the provider outside cobro".into()),
+        reason: Some(reason.into()),
         reference: None,
     };
     tx.insert_refund(&refund, now).await?;
@@ -203,24 +245,119 @@ pub async fn adopt_outside_refund(
     if settled.is_none() {
         return Err(StoreError::Corrupt("a refund just inserted moved".into()));
     }
+    Ok(Some(refund.id))
+}
+
+/// A refund orphan an operator adopts: a refund carrying cobro's
+/// metadata (its intent, attempt and reference) of a charge cobro holds,
+/// read again at the provider just before.
+#[derive(Clone, Debug)]
+pub struct RefundAdoption<'a> {
+    pub orphan: DbId,
+    pub provider: &'a str,
+    pub payment: PaymentId,
+    pub object: &'a ProviderObject,
+    pub intent: &'a str,
+    pub attempt: AttemptId,
+    pub reference: &'a str,
+    pub actor: &'a str,
+    pub reason: &'a str,
+    pub said: &'a str,
+}
+
+/// What adopting a refund orphan did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefundAdopted {
+    /// Recorded as a succeeded refund of the payment, with its intent,
+    /// attempt, events and decision; the orphan resolved.
+    Adopted(RefundId),
+    /// The orphan is no longer open: nothing written.
+    NotOpen,
+    /// A refund is recorded under the object's id already: nothing written.
+    AlreadyRecorded,
+    /// The payment cannot refund that much more: nothing written.
+    CannotRecord(String),
+}
+
+/// Adopts a refund orphan into the payment that holds its charge, in one
+/// transaction under the payment's lock: the refund moves the payment as
+/// any succeeded refund does (`partially_refunded`, `refunded`) through
+/// the same statements, under the intent and attempt its metadata names,
+/// so the next books run matches it.
+pub async fn adopt_refund_orphan(
+    store: &Store,
+    a: &RefundAdoption<'_>,
+    now: DateTime<Utc>,
+) -> Result<RefundAdopted, StoreError> {
+    let mut tx = store.begin().await?;
+    let payment = tx
+        .lock_payment_any_account(a.payment)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the refunded payment vanished".into()))?;
+    if !tx
+        .resolve_orphan_adopted(a.orphan, a.actor, a.reason, a.payment, now)
+        .await?
+    {
+        tx.rollback().await?;
+        return Ok(RefundAdopted::NotOpen);
+    }
+    if tx.refund_by_provider_ref(a.payment, &a.object.id).await? {
+        tx.rollback().await?;
+        return Ok(RefundAdopted::AlreadyRecorded);
+    }
+    let existing = tx
+        .intents_of_order(
+            cobro_core::AccountId::from_uuid(payment.account_id.0),
+            &payment.order_ref,
+            Operation::Refund,
+        )
+        .await?;
+    if intent_number(a.intent) != Some(existing + 1) {
+        tx.rollback().await?;
+        return Ok(RefundAdopted::CannotRecord(format!(
+            "its intent {} would leave a gap after the order's {existing} refund intent(s) \
+             (cobro numbers the next refund after the count)",
+            a.intent
+        )));
+    }
+    let intent = IntentName::from_stored(a.intent.to_owned());
+    let reason = "adopted by the books";
+    let Some(refund) =
+        record_succeeded_refund(&mut tx, &payment, intent, a.object, reason, now).await?
+    else {
+        tx.rollback().await?;
+        return Ok(RefundAdopted::CannotRecord(format!(
+            "refund {} of {:?} exceeds what payment {} can still refund",
+            a.object.id, a.object.amount, a.payment
+        )));
+    };
+    let attempt = AdoptedAttempt {
+        provider: a.provider,
+        account: cobro_core::AccountId::from_uuid(payment.account_id.0),
+        payment: a.payment,
+        refund: Some(refund),
+        operation: Operation::Refund,
+        intent: a.intent,
+        attempt: a.attempt,
+        reference: a.reference,
+        object: &a.object.id,
+    };
+    tx.insert_adopted_attempt(&attempt, now).await?;
     let decision = NewDecision {
         run_id: None,
-        payment: payment_id,
-        refund: Some(refund.id),
-        attempt: None,
-        state_before: RefundStatus::Processing.as_str().to_owned(),
+        payment: a.payment,
+        refund: Some(refund),
+        attempt: Some(a.attempt),
+        state_before: "orphan".into(),
         state_after: RefundStatus::Succeeded.as_str().to_owned(),
-        provider_said: said.to_owned(),
-        decision: Decision::ProviderRefunded,
-        actor: actor.to_owned(),
-        reason: Some(format!(
-            "books: refund {} made at the provider outside cobro",
-            object.id
-        )),
+        provider_said: a.said.to_owned(),
+        decision: Decision::BooksAdopted,
+        actor: a.actor.to_owned(),
+        reason: Some(a.reason.to_owned()),
     };
     tx.record_decision(&decision, now).await?;
     tx.commit().await?;
-    Ok(Drift::Applied(Decision::ProviderRefunded))
+    Ok(RefundAdopted::Adopted(refund))
 }
 
 /// Raises a success cobro holds that the provider's ledger does not have

@@ -384,14 +384,8 @@ impl WriteTx {
                 .fetch_one(&mut *conn)
                 .await?)
         } else {
-            let sql = "SELECT COUNT(*) FROM intents i JOIN payments p ON p.id = i.payment_id \
-                WHERE p.account_id = $1 AND p.order_ref = $2 AND i.operation = $3";
-            on_tx!(self, conn => sqlx::query_scalar(sql)
-                .bind(DbId::from(account))
-                .bind(order_ref.as_str())
-                .bind(operation)
-                .fetch_one(&mut *conn)
-                .await?)
+            self.intents_of_order(account, order_ref.as_str(), operation)
+                .await?
         };
         u32::try_from(count + 1).map_err(|_| StoreError::Corrupt("intent count".into()))
     }

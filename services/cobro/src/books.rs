@@ -6,11 +6,13 @@ use crate::admin::JsonFlag;
 use crate::database::{self, SchemaPolicy};
 use crate::output::{or_dash, say, say_json};
 use crate::payments::{When, parse_when};
+use crate::provider::{ProviderHandle, ProviderSpec};
 use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use cobro_core::{Clock, SystemClock};
-use cobro_reconciler::books::{Books, BooksReport};
+use cobro_provider::Connector;
+use cobro_reconciler::books::{Adopted, Books, BooksReport};
 use cobro_store::{DbId, Store};
 use comfy_table::Table;
 use std::sync::Arc;
@@ -75,6 +77,15 @@ pub enum BooksCommand {
         #[command(flatten)]
         output: JsonFlag,
     },
+    /// Adopt an open charge orphan (audited): its payment is recorded
+    /// again as the provider shows it now (read by id first; its metadata
+    /// must say what the orphan says), with its refund orphans that
+    /// succeeded. The merchant (or an operator through the API) then
+    /// captures, voids or refunds it through the outbox like any payment.
+    /// Refused, writing nothing, when the order already has an active
+    /// payment (a second charge: refund it at the provider, then
+    /// acknowledge).
+    Adopt(Box<AdoptArgs>),
     /// The latest runs with their windows and counts.
     Runs {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -82,6 +93,25 @@ pub enum BooksCommand {
         #[command(flatten)]
         output: JsonFlag,
     },
+}
+
+/// The arguments of `cobro books adopt`.
+#[derive(Debug, Args)]
+pub struct AdoptArgs {
+    /// The orphan's id (`cobro books orphans`): a charge.
+    pub id: String,
+    /// Why: kept with the orphan and the decision.
+    #[arg(long)]
+    pub reason: String,
+    /// Who: defaults to $USER.
+    #[arg(long, env = "USER", default_value = "unknown")]
+    pub operator: String,
+    #[command(flatten)]
+    pub output: JsonFlag,
+    #[command(flatten)]
+    pub provider: ProviderSettings,
+    #[command(flatten)]
+    pub settings: ReconcileSettings,
 }
 
 /// Returned when a run leaves objects or attempts unmatched (orphans,
@@ -104,6 +134,7 @@ pub async fn run(global: &GlobalSettings, args: BooksArgs) -> anyhow::Result<()>
             output,
         } => acknowledge(&store, &id, &reason, &operator, output).await,
         BooksCommand::Runs { limit, output } => runs(&store, limit, output).await,
+        BooksCommand::Adopt(args) => adopt(&store, *args).await,
     };
     store.close().await;
     result
@@ -132,16 +163,7 @@ async fn run_window(global: &GlobalSettings, args: &RunArgs) -> anyhow::Result<(
         if args.only.as_deref().is_some_and(|only| only != spec.name) {
             continue;
         }
-        let config = args
-            .settings
-            .books
-            .config(spec, &handle.registry.scope(spec), actor.clone());
-        let books = Books::new(
-            store.clone(),
-            Arc::new(client.clone()),
-            Arc::new(SystemClock),
-            config,
-        );
+        let books = books_of(&store, &handle, (spec, client), &args.settings, &actor);
         let report = books
             .run((from, to), args.dry_run, "cli")
             .await
@@ -164,6 +186,24 @@ async fn run_window(global: &GlobalSettings, args: &RunArgs) -> anyhow::Result<(
         return Err(Unmatched(unmatched).into());
     }
     Ok(())
+}
+
+/// The books of one configured provider, run by `actor` from the CLI.
+fn books_of(
+    store: &Store,
+    handle: &ProviderHandle,
+    (spec, client): (&ProviderSpec, &Connector),
+    settings: &ReconcileSettings,
+    actor: &str,
+) -> Books<Connector> {
+    let scope = handle.registry.scope(spec);
+    let config = settings.books.config(spec, &scope, actor.to_owned());
+    Books::new(
+        store.clone(),
+        Arc::new(client.clone()),
+        Arc::new(SystemClock),
+        config,
+    )
 }
 
 fn print_report(r: &BooksReport) -> anyhow::Result<()> {
@@ -300,6 +340,70 @@ async fn acknowledge(
     } else {
         say(format!("orphan {id} acknowledged by {actor}"))
     }
+}
+
+async fn adopt(store: &Store, args: AdoptArgs) -> anyhow::Result<()> {
+    let id: uuid::Uuid = args
+        .id
+        .parse()
+        .with_context(|| format!("`{}` is not an orphan id", args.id))?;
+    if args.reason.trim().is_empty() {
+        bail!("--reason must say why");
+    }
+    let registry = crate::provider::Registry::load(&args.provider, None, Some(&args.settings))?;
+    let orphan = store
+        .orphan(DbId(id))
+        .await?
+        .with_context(|| format!("no orphan {id}"))?;
+    let handle = crate::provider::connect(registry, false).await?;
+    let (spec, client) = handle
+        .clients
+        .iter()
+        .find(|(spec, _)| spec.name == orphan.provider)
+        .with_context(|| {
+            format!(
+                "orphan {id} is provider `{}`'s, which is not configured here",
+                orphan.provider
+            )
+        })?;
+    let actor = format!("operator:{}", args.operator);
+    let books = books_of(store, &handle, (spec, client), &args.settings, &actor);
+    let adopted = books.adopt(DbId(id), &actor, &args.reason).await?;
+    if args.output.json {
+        say_json(&serde_json::to_value(&adopted)?)?;
+    } else {
+        say_adopted(&adopted)?;
+    }
+    if !adopted.refunds_not_adopted.is_empty() {
+        return Err(Unmatched(adopted.refunds_not_adopted.len() as u64).into());
+    }
+    Ok(())
+}
+
+fn say_adopted(adopted: &Adopted) -> anyhow::Result<()> {
+    for (refund, why) in &adopted.refunds_not_adopted {
+        say(format!(
+            "refund {refund} not adopted (its orphan stays open): {why}"
+        ))?;
+    }
+    say(format!(
+        "orphan {} adopted: payment {} of account {} (order {}) is {}, charge {}{}",
+        adopted.orphan,
+        adopted.payment,
+        adopted.account,
+        adopted.order_ref,
+        adopted.status,
+        adopted.charge,
+        if adopted.refunds.is_empty() {
+            String::new()
+        } else {
+            format!(", with refunds {}", adopted.refunds.join(", "))
+        }
+    ))?;
+    say(
+        "run the books again over the window the orphan was found in: refunds of this charge \
+         made at the provider without cobro's metadata are recorded then",
+    )
 }
 
 async fn runs(store: &Store, limit: u32, output: JsonFlag) -> anyhow::Result<()> {

@@ -1,5 +1,5 @@
 -- A payment that waits for its customer (3-D Secure, issue 49). The SQLite
--- twin is ../sqlite/0019_requires_action.sql.
+-- twin is ../sqlite/0021_requires_action.sql.
 --
 -- `payments.status` gains `requires_action` and `attempts.state` gains
 -- `awaiting_customer` (an authorisation the provider answered with an

@@ -1,5 +1,5 @@
 -- A payment that waits for its customer (3-D Secure, issue 49): see
--- ../postgres/0019_requires_action.sql. The same columns, indexes and view;
+-- ../postgres/0021_requires_action.sql. The same columns, indexes and view;
 -- the indexes keep SQLite's predicates (no `IS NOT NULL` term, as 0013 and
 -- 0014 explain).
 ALTER TABLE payments ADD COLUMN return_url TEXT;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on both backends: checks the Prometheus alert rules
-# (installing promtool if needed) and the dependencies (cargo deny,
+# (installing promtool if needed; chromium and chromedriver for the
+# browser test too) and the dependencies (cargo deny,
 # installing it if needed), starts a throwaway PostgreSQL (installing
 # it if needed), runs every test with nextest (and cobro-client's doc tests),
 # then a bounded schemathesis pass on both stores (ops/fuzz.sh, installing
@@ -34,6 +35,15 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 promtool check rules ops/prometheus/alerts.yml
 (cd ops/prometheus && promtool test rules alerts.test.yml)
+
+# A real headless browser for tests/browser.rs (a shopper completing a
+# 3-D Secure challenge): Debian's chromium and chromedriver, installed when
+# missing, like promtool.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  echo "test.sh: chromium or chromedriver not found; installing Debian's chromium and chromium-driver" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+fi
 
 # Dependency hygiene (deny.toml): licences, bans (wildcards; duplicate
 # versions are reported), sources. cargo-deny installs from crates.io when

@@ -1015,3 +1015,65 @@ async fn a_pool_the_listeners_would_fill_is_refused_at_start_and_the_smallest_th
     let payment = site.payment_in(&url, &id_of(&created), "captured").await;
     assert_captured_once(&site, &payment, 1).await;
 }
+
+/// 3-D Secure (issue 49): a worker process is SIGKILLed while a payment
+/// waits for its customer. Nothing about the waiting attempt depends on
+/// that process: a new worker and a `cobro reconcile` run resend nothing
+/// (one create at the provider, under the attempt's key) and leave it
+/// waiting; once the customer completes the challenge, the reconciler's
+/// read of the PaymentIntent by its id captures it, with one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_while_a_payment_waits_for_its_customer_resends_nothing() {
+    let site = Site::new_in(Backend::Postgres, Dialect::Stripe).await;
+    let (_api, url) = site
+        .serve("serve", &["--no-worker", "--no-reconciler"], &[])
+        .await;
+    let (mut w1, _) = site.worker("worker 1", &[]).await;
+    let mut body = payment_body("pedido-842");
+    body["payment_method"] = serde_json::json!("pm_card_authenticationRequired");
+    body["return_url"] = serde_json::json!("https://shop.example/vuelta");
+    let created = site.create_payment(&url, "k-3ds", &body).await;
+    let id = id_of(&created);
+    let waiting = wait_for("the payment waits for its customer", SETTLE, async || {
+        let payment = site.payment(&url, &id).await;
+        (payment["status"] == "requires_action").then_some(payment)
+    })
+    .await;
+    w1.kill9();
+    let creates = || cobro_test_support::posts_to(&site.provider, "/v1/payment_intents");
+    assert_eq!(creates(), 1);
+
+    let (_w2, _) = site.worker("worker 2", &[]).await;
+    let stuck_now = [("COBRO_RECONCILE_STUCK_AFTER", "0s")];
+    let (code, summary) = site.reconcile(&[], &stuck_now).await;
+    assert_eq!(code, Some(0), "{summary}");
+    assert_eq!(
+        summary["examined"], 0,
+        "not the unknown-outcome path: {summary}"
+    );
+    assert_eq!(site.payment(&url, &id).await["status"], "requires_action");
+    assert_eq!(creates(), 1, "never resent, never a new key");
+    assert_eq!(site.provider.control().ledger().totals.charges, 0);
+
+    let challenge = waiting["next_action"]["redirect_to_url"]["url"]
+        .as_str()
+        .expect("the challenge")
+        .to_owned();
+    let answer = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .post(format!("{challenge}/complete"))
+        .send()
+        .await
+        .expect("complete");
+    assert_eq!(answer.status().as_u16(), 303);
+    let (code, summary) = site.reconcile(&[], &stuck_now).await;
+    assert_eq!(code, Some(0), "{summary}");
+    let payment = site.payment(&url, &id).await;
+    assert_eq!(payment["status"], "captured", "{payment}");
+    let ledger = site.provider.control().ledger();
+    assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
+    assert_eq!(creates(), 1);
+    assert_eq!(site.db.count("evidence_conflicts").await, 0);
+}

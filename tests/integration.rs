@@ -4,7 +4,9 @@
 //! its own, so the modules share nothing at run time; filter them by path,
 //! e.g. `ops/test.sh -E 'test(/^crash::/)'`.
 
+mod authentication;
 mod books;
+mod browser;
 mod contention;
 mod crash;
 mod delivery;

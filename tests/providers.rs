@@ -104,6 +104,7 @@ impl World {
             worker_heartbeat: Duration::from_secs(10),
             worker_max_in_flight: 8,
             worker_poll: Duration::from_secs(1),
+            action_expiry: Duration::from_secs(3600),
         };
         let configs =
             cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");
@@ -691,12 +692,12 @@ async fn a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_
     assert!(cobro_test_support::double_charges(&ledger).is_empty());
 }
 
-/// A card that asks for 3-D Secure: Stripe leaves the PaymentIntent in
-/// `requires_action`. cobro records the payment failed (it never
-/// authenticates) and cancels the PaymentIntent under the attempt's
-/// derived key `<key>:cancel`: at the provider it is `canceled`, nothing
-/// was charged, and a resend of the authorisation would replay both.
-async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe(backend: Backend) {
+/// 3-D Secure on the Stripe connector: a PaymentIntent that waits for its
+/// customer is kept, never canceled by cobro (issue 49; it used to be
+/// failed and canceled at once). The payment waits in `requires_action`,
+/// Stripe's `payment_intent.requires_action` event agrees with it, and
+/// nothing was charged, held or voided.
+async fn a_payment_intent_waiting_for_the_customer_is_kept_at_stripe(backend: Backend) {
     let world = World::new(backend).await;
     world.align_clocks();
     world.send_stripe_webhooks();
@@ -705,35 +706,29 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
     let on_stripe = world.post(true, "/v1/payments", "k-1", &body).await;
     assert_eq!(
         world.drain("stripe").await,
-        vec![Step::Recorded { class: "failed" }]
+        vec![Step::Recorded {
+            class: "requires_action"
+        }]
     );
     let stripe_id = id(&on_stripe);
     let payment = world.payment(true, &stripe_id).await;
-    assert_eq!(payment.status.to_string(), "failed");
+    assert_eq!(payment.status.to_string(), "requires_action");
     let attempts = world.attempts(&stripe_id).await;
     let key = attempts[0].provider_key.clone();
+    assert_eq!(attempts[0].state.as_str(), "awaiting_customer");
 
     let creates = requests_to(&world, "POST", "/v1/payment_intents");
     assert_eq!(creates.len(), 1);
     assert_eq!(creates[0].idempotency_key.as_deref(), Some(key.as_str()));
-    let intents: Vec<fake_provider::SeenRequest> = world
+    let cancels = world
         .provider
         .control()
         .requests()
         .into_iter()
         .filter(|r| r.method == "POST" && r.path.ends_with("/cancel"))
-        .collect();
-    assert_eq!(intents.len(), 1, "one cancel: {intents:?}");
-    assert_eq!(
-        intents[0].idempotency_key.as_deref(),
-        Some(format!("{key}:cancel").as_str())
-    );
-    let pi = intents[0]
-        .path
-        .trim_start_matches("/v1/payment_intents/")
-        .trim_end_matches("/cancel")
-        .to_owned();
-    // The provider's own record of the PaymentIntent.
+        .count();
+    assert_eq!(cancels, 0, "cobro waits for the customer");
+    let pi = payment.provider_ref.clone().expect("the PaymentIntent");
     let at_stripe: Value = reqwest::Client::new()
         .get(format!("{}/v1/payment_intents/{pi}", world.provider.url()))
         .bearer_auth("sk_test_cobro_stripe")
@@ -744,10 +739,8 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
         .json()
         .await
         .expect("json");
-    assert_eq!(at_stripe["status"], "canceled", "{at_stripe}");
-    assert_eq!(at_stripe["cancellation_reason"], "abandoned", "{at_stripe}");
+    assert_eq!(at_stripe["status"], "requires_action", "{at_stripe}");
     assert_eq!(at_stripe["metadata"]["cobro_payment"], stripe_id.as_str());
-    // Nothing was charged, held or voided.
     let ledger = world.ledger();
     assert_eq!(
         ledger.totals,
@@ -755,24 +748,21 @@ async fn a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe
         "{ledger:?}"
     );
     assert!(ledger.charges.is_empty());
-    assert!(ledger.payment_intents.is_empty());
-    // Its `payment_intent.canceled` (never charged: no money was held)
-    // agrees with the failed payment: no conflict, nothing in review.
     wait_for(
-        "the fake saw payment_intent.canceled acknowledged",
+        "the fake saw payment_intent.requires_action acknowledged",
         Duration::from_secs(10),
         async || {
             let deliveries = world.provider.control().webhook_deliveries();
             deliveries
                 .iter()
-                .any(|d| d.event_type == "payment_intent.canceled" && d.status == Some(200))
+                .any(|d| d.event_type == "payment_intent.requires_action" && d.status == Some(200))
                 .then_some(())
         },
     )
     .await;
     assert_eq!(
         world.payment(true, &stripe_id).await.status.to_string(),
-        "failed"
+        "requires_action"
     );
     let records = world.records(&stripe_id).await;
     assert_eq!(records.conflicts, 0, "{records:?}");
@@ -1033,5 +1023,5 @@ on_both_backends!(
     the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost,
     a_stripe_signed_webhook_is_applied_at_its_providers_route,
     a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_resend,
-    a_payment_intent_left_for_the_customer_is_failed_and_canceled_at_stripe,
+    a_payment_intent_waiting_for_the_customer_is_kept_at_stripe,
 );

@@ -33,7 +33,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          makes a duplicate fail instead of reordering the feed",
     ),
     (
-        "index: only on PostgreSQL: attempts_one_unresolved_per_intent on attempts (account_id, intent_id) unique where state in 'pending','unknown','reconciling','held' and intent_id is not null",
+        "index: only on PostgreSQL: attempts_one_unresolved_per_intent on attempts (account_id, intent_id) unique where state in 'pending','unknown','reconciling','held','awaiting_customer' and intent_id is not null",
         QUEUE_INDEX_ON_POSTGRES,
     ),
     (
@@ -49,7 +49,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         QUEUE_INDEX_ON_POSTGRES,
     ),
     (
-        "index: only on SQLite: attempts_one_unresolved_per_intent on attempts (account_id, intent_id) unique where state in 'pending','unknown','reconciling','held'",
+        "index: only on SQLite: attempts_one_unresolved_per_intent on attempts (account_id, intent_id) unique where state in 'pending','unknown','reconciling','held','awaiting_customer'",
         QUEUE_INDEX_ON_SQLITE,
     ),
     (
@@ -69,7 +69,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         UNSETTLED_INDEX_ON_POSTGRES,
     ),
     (
-        "index: only on PostgreSQL: payments_unsettled on payments (status, status_changed_at) where status in 'processing','requires_reconciliation','needs_review','capturing','canceling' and status_changed_at is not null",
+        "index: only on PostgreSQL: payments_unsettled on payments (status, status_changed_at) where status in 'processing','requires_action','requires_reconciliation','needs_review','capturing','canceling' and status_changed_at is not null",
         UNSETTLED_INDEX_ON_POSTGRES,
     ),
     (
@@ -81,7 +81,7 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         UNSETTLED_INDEX_ON_SQLITE,
     ),
     (
-        "index: only on SQLite: payments_unsettled on payments (status, status_changed_at) where status in 'processing','requires_reconciliation','needs_review','capturing','canceling'",
+        "index: only on SQLite: payments_unsettled on payments (status, status_changed_at) where status in 'processing','requires_action','requires_reconciliation','needs_review','capturing','canceling'",
         UNSETTLED_INDEX_ON_SQLITE,
     ),
     (

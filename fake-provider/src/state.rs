@@ -182,6 +182,12 @@ impl<T: Resource> Store<T> {
         (stored.caller == caller).then_some(stored)
     }
 
+    /// The object `id`, whoever made it: for pages a customer's browser
+    /// opens (the 3-D Secure challenge), which carry no caller's token.
+    pub(crate) fn get_any_mut(&mut self, id: &str) -> Option<&mut Stored<T>> {
+        self.items.get_mut(*self.by_id.get(id)?)
+    }
+
     /// Every object, whoever made it, in creation order.
     pub(crate) fn all(&self) -> impl Iterator<Item = &Stored<T>> {
         self.items.iter()

@@ -441,7 +441,7 @@ fn drive_orders(
 /// Runs two `cobro reconcile` at once, again and again, until no payment
 /// or refund is unsettled.
 async fn settle_everything(site: &Site, env: &[(&str, &str)]) {
-    let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
+    let unsettled = "(SELECT id FROM payments WHERE status IN ('processing', 'requires_action', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling') \
                      UNION ALL SELECT id FROM refunds WHERE status IN ('processing', 'requires_reconciliation', 'needs_review')) AS unsettled";
     wait_for(
         "every payment and refund is settled",

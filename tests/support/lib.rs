@@ -706,9 +706,24 @@ impl TestApp {
     }
 
     pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.get_as(&self.token, path)
+    }
+
+    /// `GET path` as the account of `token`, as JSON.
+    pub async fn get_json_as(&self, token: &str, path: &str) -> serde_json::Value {
+        self.get_as(token, path)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    pub fn get_as(&self, token: &str, path: &str) -> reqwest::RequestBuilder {
         self.client
             .get(format!("{}{path}", self.url))
-            .bearer_auth(&self.token)
+            .bearer_auth(token)
     }
 }
 
@@ -742,6 +757,7 @@ pub fn new_payment(account: cobro_core::AccountId, order: &str) -> cobro_store::
         payment_method: "pm_card_visa".into(),
         description: None,
         metadata: "{}".into(),
+        return_url: None,
     }
 }
 
@@ -1037,14 +1053,7 @@ impl Rig {
 
     /// `GET path` with the rig's token, as JSON.
     pub async fn get_json(&self, path: &str) -> serde_json::Value {
-        self.app
-            .get(path)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json")
+        self.app.get_json_as(&self.app.token, path).await
     }
 
     /// Moves cobro's clock past the provider key window (23 h and a
@@ -1057,6 +1066,17 @@ impl Rig {
         let steps = self.drain(3).await;
         assert!(steps.contains(&cobro_worker::Step::HandedOver), "{steps:?}");
     }
+}
+
+/// How many POSTs to `path` the fake provider received (of its last
+/// requests kept).
+pub fn posts_to(provider: &fake_provider::Running, path: &str) -> usize {
+    provider
+        .control()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path == path)
+        .count()
 }
 
 /// Polls `check` every 20 ms until it yields `Some`, and returns that; panics
@@ -1252,6 +1272,11 @@ impl Rig {
         self.provider
             .control()
             .advance_clock(std::time::Duration::from_secs(600));
+        self.reconcile_once().await;
+    }
+
+    /// One run of the tests' reconciler over every candidate.
+    pub async fn reconcile_once(&self) -> cobro_reconciler::Summary {
         self.reconciler(|_| {})
             .run(
                 &cobro_reconciler::Scope::default(),
@@ -1260,7 +1285,7 @@ impl Rig {
                 &|_, _| {},
             )
             .await
-            .expect("reconcile");
+            .expect("reconcile")
     }
 
     /// The tests' reconciler settings (a 2 s request timeout, the default

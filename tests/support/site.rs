@@ -62,8 +62,7 @@ pub const LEASE: &str = "2s";
 pub const HEARTBEAT: &str = "500ms";
 
 /// The payment statuses that are not final: a settled site has none.
-pub const UNSETTLED: &str =
-    "('processing', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling')";
+pub const UNSETTLED: &str = "('processing', 'requires_action', 'requires_reconciliation', 'needs_review', 'capturing', 'canceling')";
 
 /// See the module docs.
 pub struct Site {

@@ -297,7 +297,9 @@ runtime_schema!(
     PaymentStatusSchema = "PaymentStatus",
     string_enum(
         PaymentStatus::ALL.iter().map(PaymentStatus::as_str),
-        "processing -> authorized (manual capture) | captured (automatic) | declined | failed | requires_reconciliation; \
+        "processing -> authorized (manual capture) | captured (automatic) | declined | failed | requires_action | requires_reconciliation; \
+requires_action: the customer must authenticate (3-D Secure) at `next_action`; it ends by proof (authorized, captured, declined, failed) \
+or, abandoned past `action_expires_at`, canceling -> canceled; \
 requires_reconciliation -> any outcome the provider proves, or needs_review; authorized -> capturing -> captured; \
 authorized -> canceling -> canceled; captured -> partially_refunded | refunded. \
 declined, failed and canceled free the order for a new payment.",
@@ -333,7 +335,8 @@ runtime_schema!(
     string_enum(
         AttemptState::ALL.iter().map(AttemptState::as_str),
         "pending: not answered yet; unknown: sent without a definitive answer, retried with the same provider key; \
-reconciling: handed to the reconciler; succeeded | declined | failed; no_effect: proven to have had no effect.",
+reconciling: handed to the reconciler; awaiting_customer: answered, the customer must authenticate (never resent); \
+held: a cancel waiting for the authorisation's outcome; succeeded | declined | failed; no_effect: proven to have had no effect.",
     )
 );
 

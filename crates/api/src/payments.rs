@@ -76,6 +76,17 @@ struct CreatePayment {
     /// At most 20 keys; keys 1 to 40 characters, values strings of at most 500.
     #[schema(schema_with = crate::openapi::metadata_schema, required = false)]
     metadata: BTreeMap<String, String>,
+    /// Where the provider sends the customer back after authenticating
+    /// (3-D Secure): an absolute `https` (or `http`) URL of at most 2048
+    /// characters, without credentials. Part of the request: a replay of
+    /// the key with another `return_url` is refused.
+    #[schema(
+        format = "uri",
+        max_length = 2048,
+        example = "https://shop.example/pedido-842/vuelta"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    return_url: Option<String>,
 }
 
 /// Capture and cancel take no fields: an empty body (or only
@@ -94,6 +105,7 @@ const CREATE_FIELDS: &[&str] = &[
     "capture_method",
     "description",
     "metadata",
+    "return_url",
 ];
 
 fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
@@ -157,6 +169,12 @@ fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
             }
         }
     }
+    let return_url = f.string("return_url", false);
+    if let Some(url) = &return_url
+        && let Err(why) = check_return_url(url)
+    {
+        f.error("return_url", why);
+    }
     let parsed = (order_ref, amount, currency, payment_method, capture_method);
     f.finish()?;
     match parsed {
@@ -174,9 +192,31 @@ fn parse_create(body: JsonObject) -> Result<CreatePayment, ApiError> {
             capture_method,
             description,
             metadata,
+            return_url,
         }),
         _ => Err(ApiError::Validation(vec![])),
     }
+}
+
+/// The longest `return_url` taken (browsers and providers handle far
+/// longer; a redirect target has no need to).
+const RETURN_URL_MAX: usize = 2048;
+
+/// A `return_url` the provider can send a customer's browser to: absolute,
+/// `https` or `http`, with a host, without credentials, at most
+/// [`RETURN_URL_MAX`] characters.
+fn check_return_url(raw: &str) -> Result<(), &'static str> {
+    const WHAT: &str = "must be an absolute https or http URL with a host, without credentials, \
+                        of at most 2048 characters";
+    if raw.len() > RETURN_URL_MAX || raw.trim() != raw {
+        return Err(WHAT);
+    }
+    let url = url::Url::parse(raw).map_err(|_| WHAT)?;
+    let ok = matches!(url.scheme(), "https" | "http")
+        && url.host_str().is_some_and(|h| !h.is_empty())
+        && url.username().is_empty()
+        && url.password().is_none();
+    if ok { Ok(()) } else { Err(WHAT) }
 }
 
 /// Commits a keyed success that enqueued provider work (its answer stored
@@ -305,6 +345,7 @@ async fn create_payment(
             payment_method: request.payment_method.clone(),
             description: request.description.clone(),
             metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
+            return_url: request.return_url.clone(),
         };
         if let Some(row) = tx.insert_payment_for(&new, default_provider, now).await? {
             break (row, intent);

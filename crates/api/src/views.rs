@@ -79,6 +79,22 @@ pub struct PaymentView {
     pub created_at: String,
     #[schema(format = DateTime)]
     pub updated_at: String,
+    /// Where the provider sends the customer back after authenticating
+    /// (3-D Secure), as given on create.
+    #[schema(format = "uri", example = "https://shop.example/pedido-842/vuelta")]
+    pub return_url: Option<String>,
+    /// While `requires_action`: what the merchant's front end does with
+    /// the customer. `{"type": "redirect_to_url", "redirect_to_url":
+    /// {"url": ..., "return_url": ...}}` (send the customer to `url`; the
+    /// provider sends them back to `return_url`), or `{"type":
+    /// "use_stripe_sdk"}`; with Stripe, `client_secret` too (for
+    /// Stripe.js). `null` in every other status.
+    #[schema(value_type = Option<Object>)]
+    pub next_action: Option<serde_json::Value>,
+    /// While `requires_action`: when the payment is canceled as abandoned
+    /// if the customer has not finished by then.
+    #[schema(format = DateTime)]
+    pub action_expires_at: Option<String>,
     /// The provider attempts (never the provider key itself). Absent in list
     /// answers (one query per page, not per payment) and in the answers of
     /// capture and cancel.
@@ -132,6 +148,7 @@ fn failure(code: &Option<String>, message: &Option<String>) -> Option<Failure> {
 }
 
 pub fn payment(row: &PaymentRow, attempts: Option<&[AttemptRow]>) -> PaymentView {
+    let waiting = row.status == cobro_core::PaymentStatus::RequiresAction;
     PaymentView {
         id: row.id.0.to_string(),
         intent: row.intent.clone(),
@@ -149,6 +166,13 @@ pub fn payment(row: &PaymentRow, attempts: Option<&[AttemptRow]>) -> PaymentView
         metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
         created_at: time(row.created_at.0),
         updated_at: time(row.updated_at.0),
+        return_url: row.return_url.clone(),
+        next_action: row
+            .next_action
+            .as_deref()
+            .filter(|_| waiting)
+            .and_then(|text| serde_json::from_str(text).ok()),
+        action_expires_at: opt_time(row.action_expires_at).filter(|_| waiting),
         attempts: attempts.map(|attempts| {
             attempts
                 .iter()

@@ -113,5 +113,6 @@ pub use retry::RetryPolicy;
 pub use sqlite::SqliteJournal;
 pub use types::{
     Attempt, AttemptState, CaptureMethod, CreatePayment, CreateRefund, Failure, ListPayments,
-    Operation, Payment, PaymentList, PaymentStatus, Refund, RefundStatus,
+    NextAction, Operation, Payment, PaymentList, PaymentStatus, RedirectToUrl, Refund,
+    RefundStatus,
 };

@@ -20,6 +20,9 @@ string_enum!(
     /// Schema `PaymentStatus`.
     PaymentStatus {
         Processing = "processing",
+        /// The customer must authenticate (3-D Secure): send them to
+        /// [`Payment::next_action`]; the payment ends by itself afterwards.
+        RequiresAction = "requires_action",
         RequiresReconciliation = "requires_reconciliation",
         NeedsReview = "needs_review",
         Authorized = "authorized",
@@ -60,6 +63,7 @@ string_enum!(
         Pending = "pending",
         Unknown = "unknown",
         Reconciling = "reconciling",
+        AwaitingCustomer = "awaiting_customer",
         Succeeded = "succeeded",
         Declined = "declined",
         Failed = "failed",
@@ -115,6 +119,10 @@ pub struct CreatePayment {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub metadata: BTreeMap<String, String>,
+    /// Where the provider sends the customer back after authenticating
+    /// (3-D Secure): an absolute `https` (or `http`) URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_url: Option<String>,
 }
 
 /// `null` is an empty map, as the API reads it.
@@ -140,6 +148,7 @@ impl CreatePayment {
             capture_method: None,
             description: None,
             metadata: BTreeMap::new(),
+            return_url: None,
         }
     }
 
@@ -147,6 +156,14 @@ impl CreatePayment {
     /// [`crate::Client::cancel`] later.
     pub fn manual(mut self) -> Self {
         self.capture_method = Some(CaptureMethod::Manual);
+        self
+    }
+
+    /// Where the provider sends the customer back after authenticating
+    /// (3-D Secure). A payment that asks for it answers
+    /// [`PaymentStatus::RequiresAction`] with [`Payment::next_action`].
+    pub fn return_url(mut self, url: impl Into<String>) -> Self {
+        self.return_url = Some(url.into());
         self
     }
 
@@ -249,10 +266,53 @@ pub struct Payment {
     pub created_at: DateTime<Utc>,
     #[serde(with = "micros")]
     pub updated_at: DateTime<Utc>,
+    /// Where the customer comes back after authenticating, as given.
+    #[serde(default)]
+    pub return_url: Option<String>,
+    /// While [`PaymentStatus::RequiresAction`]: what to do with the
+    /// customer (not an error: the payment waits for them).
+    #[serde(default)]
+    pub next_action: Option<Box<NextAction>>,
+    /// While [`PaymentStatus::RequiresAction`]: when the payment is
+    /// canceled as abandoned.
+    #[serde(default, with = "micros::option")]
+    pub action_expires_at: Option<DateTime<Utc>>,
     /// Present on `GET /v1/payments/{id}` and on the 201 of a create;
     /// absent in lists and in capture and cancel answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<Attempt>>,
+}
+
+/// What the merchant's front end does with a customer who must
+/// authenticate (3-D Secure): `redirect_to_url` (send them to
+/// [`RedirectToUrl::url`]), or `use_stripe_sdk` (Stripe.js with the
+/// `client_secret`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextAction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect_to_url: Option<RedirectToUrl>,
+    /// Stripe's PaymentIntent `client_secret`, for Stripe.js; never logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret: Option<String>,
+}
+
+impl std::fmt::Debug for NextAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NextAction")
+            .field("kind", &self.kind)
+            .field("redirect_to_url", &self.redirect_to_url)
+            .field("client_secret", &self.client_secret.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// Where the customer authenticates, and where they come back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedirectToUrl {
+    pub url: String,
+    pub return_url: Option<String>,
 }
 
 /// A refund (schema `Refund`).

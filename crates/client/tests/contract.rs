@@ -174,6 +174,16 @@ fn full_payment() -> Payment {
         metadata: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
         created_at: time(),
         updated_at: time(),
+        return_url: Some("https://shop.example/back".into()),
+        next_action: Some(Box::new(cobro_client::NextAction {
+            kind: "redirect_to_url".into(),
+            redirect_to_url: Some(cobro_client::RedirectToUrl {
+                url: "https://provider.example/challenge".into(),
+                return_url: Some("https://shop.example/back".into()),
+            }),
+            client_secret: Some("pi_1_secret_x".into()),
+        })),
+        action_expires_at: Some(time()),
         attempts: Some(vec![full_attempt()]),
     }
 }
@@ -253,7 +263,8 @@ async fn every_mirrored_type_has_exactly_the_documented_properties_and_enum_valu
         &CreatePayment::new("o-1", 1999, "EUR", "pm_card_visa")
             .manual()
             .description("d")
-            .metadata("k", "v"),
+            .metadata("k", "v")
+            .return_url("https://shop.example/back"),
     );
     assert_mirrors(
         &doc,

@@ -15,6 +15,11 @@ string_enum!(
     /// The merchant-visible state of a payment.
     PaymentStatus {
         Processing => "processing",
+        /// The provider asked the customer to act (3-D Secure): the
+        /// merchant sends them to `next_action`; cobro knows exactly where
+        /// the attempt stands, and the payment ends by proof (a webhook,
+        /// the reconciler's read, the merchant's GET) or by its expiry.
+        RequiresAction => "requires_action",
         Authorized => "authorized",
         Captured => "captured",
         Declined => "declined",
@@ -45,6 +50,10 @@ string_enum!(
     AttemptState {
         /// Created, not yet answered; the outbox drives it.
         Pending => "pending",
+        /// Answered: the provider waits for the customer to authenticate
+        /// (3-D Secure). Not unknown: never resent, never a new key, no
+        /// outbox row; it ends by proof of the object's outcome.
+        AwaitingCustomer => "awaiting_customer",
         /// Sent at least once without a definitive answer; retried with the same key.
         Unknown => "unknown",
         /// Handed to the reconciler; the worker no longer sends it.
@@ -74,6 +83,11 @@ pub enum PaymentEvent {
     /// The request can never succeed (invalid at the provider, or proven no
     /// effect with retries disabled).
     Failed,
+    /// The provider answered that the customer must act (3-D Secure).
+    ActionRequired,
+    /// A payment left waiting for its customer past its expiry: its
+    /// PaymentIntent is canceled at the provider through the outbox.
+    ActionExpired,
     /// A send ended without a provable outcome and the worker gave up on it.
     OutcomeUnknown,
     /// The reconciler's escalation horizon passed.
@@ -110,6 +124,7 @@ impl PaymentStatus {
     /// (migration 0001; a test checks that its predicate is this list).
     pub const UNSETTLED: &'static [PaymentStatus] = &[
         PaymentStatus::Processing,
+        PaymentStatus::RequiresAction,
         PaymentStatus::RequiresReconciliation,
         PaymentStatus::NeedsReview,
         PaymentStatus::Capturing,
@@ -122,7 +137,7 @@ impl PaymentStatus {
         use PaymentStatus as S;
         let awaiting_authorisation = matches!(
             self,
-            S::Processing | S::RequiresReconciliation | S::NeedsReview
+            S::Processing | S::RequiresAction | S::RequiresReconciliation | S::NeedsReview
         );
         let next = match (self, event) {
             (_, E::Authorized | E::Declined | E::Failed) if awaiting_authorisation => match event {
@@ -132,6 +147,11 @@ impl PaymentStatus {
             },
             (_, E::Captured) if awaiting_authorisation => S::Captured,
             (S::Processing, E::OutcomeUnknown) => S::RequiresReconciliation,
+            // The answer (or the reconciler's read) shows the customer must act.
+            (S::Processing | S::RequiresReconciliation, E::ActionRequired) => S::RequiresAction,
+            // Abandoned: the cancel of the PaymentIntent is on its way; the
+            // evidence of a late completion still wins (Canceling + Captured).
+            (S::RequiresAction, E::ActionExpired) => S::Canceling,
             (S::RequiresReconciliation, E::Escalated) => S::NeedsReview,
             // An attempt sent and never recorded, with no worker left to
             // finish it, unresolved past the horizon.
@@ -177,6 +197,7 @@ impl PaymentStatus {
         matches!(
             self,
             PaymentStatus::Processing
+                | PaymentStatus::RequiresAction
                 | PaymentStatus::RequiresReconciliation
                 | PaymentStatus::NeedsReview
         )
@@ -203,6 +224,7 @@ impl AttemptState {
                 | AttemptState::Unknown
                 | AttemptState::Reconciling
                 | AttemptState::Held
+                | AttemptState::AwaitingCustomer
         )
     }
 
@@ -231,9 +253,18 @@ impl AttemptState {
         match self {
             A::Pending | A::Unknown => matches!(
                 to,
-                A::Unknown | A::Reconciling | A::Succeeded | A::Declined | A::Failed
+                A::Unknown
+                    | A::Reconciling
+                    | A::AwaitingCustomer
+                    | A::Succeeded
+                    | A::Declined
+                    | A::Failed
             ),
-            A::Reconciling => matches!(to, A::Succeeded | A::Declined | A::Failed | A::NoEffect),
+            A::Reconciling => matches!(
+                to,
+                A::AwaitingCustomer | A::Succeeded | A::Declined | A::Failed | A::NoEffect
+            ),
+            A::AwaitingCustomer => matches!(to, A::Succeeded | A::Declined | A::Failed),
             A::Held => matches!(to, A::Pending | A::Failed),
             A::Succeeded | A::Declined | A::Failed | A::NoEffect => false,
         }
@@ -251,6 +282,8 @@ mod tests {
         E::Captured,
         E::Declined,
         E::Failed,
+        E::ActionRequired,
+        E::ActionExpired,
         E::OutcomeUnknown,
         E::Escalated,
         E::RetryScheduled,
@@ -272,6 +305,17 @@ mod tests {
         (S::Processing, E::Failed, S::Failed),
         (S::Processing, E::OutcomeUnknown, S::RequiresReconciliation),
         (S::Processing, E::Escalated, S::NeedsReview),
+        (S::Processing, E::ActionRequired, S::RequiresAction),
+        (
+            S::RequiresReconciliation,
+            E::ActionRequired,
+            S::RequiresAction,
+        ),
+        (S::RequiresAction, E::Authorized, S::Authorized),
+        (S::RequiresAction, E::Captured, S::Captured),
+        (S::RequiresAction, E::Declined, S::Declined),
+        (S::RequiresAction, E::Failed, S::Failed),
+        (S::RequiresAction, E::ActionExpired, S::Canceling),
         (S::RequiresReconciliation, E::Authorized, S::Authorized),
         (S::RequiresReconciliation, E::Captured, S::Captured),
         (S::RequiresReconciliation, E::Declined, S::Declined),
@@ -364,6 +408,12 @@ mod tests {
         let legal = [
             (A::Pending, A::Unknown),
             (A::Pending, A::Reconciling),
+            (A::Pending, A::AwaitingCustomer),
+            (A::Unknown, A::AwaitingCustomer),
+            (A::Reconciling, A::AwaitingCustomer),
+            (A::AwaitingCustomer, A::Succeeded),
+            (A::AwaitingCustomer, A::Declined),
+            (A::AwaitingCustomer, A::Failed),
             (A::Pending, A::Succeeded),
             (A::Pending, A::Declined),
             (A::Pending, A::Failed),

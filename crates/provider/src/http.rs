@@ -677,6 +677,7 @@ mod tests {
             capture: true,
             reference: "o:authorize-v1".into(),
             metadata: Default::default(),
+            return_url: None,
         }
     }
 

@@ -44,6 +44,56 @@ pub struct ProviderObject {
     /// ([`metadata`] keys), echoed by the provider.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// What the customer must do before the charge can happen (3-D
+    /// Secure), when the status is [`ProviderStatus::RequiresAction`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_action: Option<NextAction>,
+}
+
+/// Where the customer authenticates (3-D Secure), as the provider said:
+/// the merchant's front end sends them to `redirect_url`, the provider
+/// sends them back to the payment's `return_url`. Stripe also gives the
+/// PaymentIntent's `client_secret`, for Stripe.js (`handleNextAction`).
+///
+/// The client secret is the merchant front end's to use, never a log's:
+/// `Debug` hides it and serialising it (evidence, observations) leaves it
+/// out; [`NextAction::for_merchant`] is the one place it is shown.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextAction {
+    /// `None`: the provider gave no URL (Stripe's `use_stripe_sdk`, when
+    /// no `return_url` was sent): only Stripe.js can run the challenge.
+    #[serde(default)]
+    pub redirect_url: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub client_secret: Option<String>,
+}
+
+impl std::fmt::Debug for NextAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NextAction")
+            .field("redirect_url", &self.redirect_url)
+            .field("client_secret", &self.client_secret.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl NextAction {
+    /// The action as the API shows it to the merchant (and stores it):
+    /// `{"type":"redirect_to_url","redirect_to_url":{"url","return_url"}}`,
+    /// with `client_secret` when the provider gave one.
+    pub fn for_merchant(&self, return_url: Option<&str>) -> serde_json::Value {
+        let mut action = match &self.redirect_url {
+            Some(url) => serde_json::json!({
+                "type": "redirect_to_url",
+                "redirect_to_url": {"url": url, "return_url": return_url},
+            }),
+            None => serde_json::json!({"type": "use_stripe_sdk"}),
+        };
+        if let Some(secret) = &self.client_secret {
+            action["client_secret"] = serde_json::Value::String(secret.clone());
+        }
+        action
+    }
 }
 
 /// A provider object's status. Charges are `authorized`, `captured`,
@@ -60,12 +110,15 @@ pub enum ProviderStatus {
     Succeeded,
     Failed,
     Canceled,
+    /// A charge that waits for its customer to authenticate (3-D Secure):
+    /// nothing charged yet, and nothing unknown about it.
+    RequiresAction,
     /// A status cobro does not know (`pending`, a new one): never evidence.
     Other(String),
 }
 
 impl ProviderStatus {
-    const KNOWN: [ProviderStatus; 7] = [
+    const KNOWN: [ProviderStatus; 8] = [
         ProviderStatus::Authorized,
         ProviderStatus::Captured,
         ProviderStatus::Declined,
@@ -73,6 +126,7 @@ impl ProviderStatus {
         ProviderStatus::Succeeded,
         ProviderStatus::Failed,
         ProviderStatus::Canceled,
+        ProviderStatus::RequiresAction,
     ];
 
     pub fn as_str(&self) -> &str {
@@ -84,6 +138,7 @@ impl ProviderStatus {
             ProviderStatus::Succeeded => "succeeded",
             ProviderStatus::Failed => "failed",
             ProviderStatus::Canceled => "canceled",
+            ProviderStatus::RequiresAction => "requires_action",
             ProviderStatus::Other(raw) => raw,
         }
     }
@@ -220,6 +275,12 @@ pub struct AuthorizeRequest {
     pub reference: String,
     /// The attempt's identity ([`metadata`] keys).
     pub metadata: BTreeMap<String, String>,
+    /// Where the provider sends the customer back after authenticating
+    /// (3-D Secure); `None`: the payment was created without one. Sent
+    /// to Stripe only: the fake's own JSON dialect has no 3-D Secure (its
+    /// Stripe dialect has) and refuses fields it does not know.
+    #[serde(skip_serializing)]
+    pub return_url: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -106,6 +106,7 @@ mod tests {
             capture_method: None,
             charge: None,
             metadata: Default::default(),
+            next_action: None,
         }
     }
 

@@ -268,6 +268,7 @@ fn authorization(capture: bool) -> AuthorizeRequest {
         capture,
         reference: REFERENCE.into(),
         metadata: metadata(),
+        return_url: None,
     }
 }
 
@@ -544,12 +545,12 @@ async fn an_authorisation_answered_declined_with_2xx_is_declined() {
 }
 
 /// The row, and the cancel that follows it: the PaymentIntent left
-/// waiting for the customer is canceled under the attempt's derived key
-/// `<key>:cancel`.
+/// waiting for a confirmation cobro never gives is canceled under the
+/// attempt's derived key `<key>:cancel`.
 #[tokio::test]
 async fn an_authorisation_that_needs_the_customer_failed() {
     let (provider, script) = stripe(vec![
-        Reply::new(200, &payment_intent("requires_action", "manual")),
+        Reply::new(200, &payment_intent("requires_confirmation", "manual")),
         Reply::new(200, &payment_intent("canceled", "manual")),
     ])
     .await;
@@ -558,10 +559,10 @@ async fn an_authorisation_that_needs_the_customer_failed() {
     let Outcome::Failed { code, object, .. } = &sent.outcome else {
         unreachable!()
     };
-    assert_eq!(code, "requires_action");
+    assert_eq!(code, "requires_confirmation");
     assert_eq!(
         object.as_ref().map(|o| &o.status),
-        Some(&ProviderStatus::Other("requires_action".into())),
+        Some(&ProviderStatus::Other("requires_confirmation".into())),
         "kept, and never evidence"
     );
     let received = script.received();
@@ -577,12 +578,60 @@ async fn an_authorisation_that_needs_the_customer_failed() {
     assert_eq!(cancel.form(), [("cancellation_reason", "abandoned")]);
 }
 
+/// 3-D Secure: the PaymentIntent waits for its customer. It is passed up
+/// with its action (the redirect and the client secret), one request and
+/// no cancel; the `return_url` is sent with the confirmation.
+#[tokio::test]
+async fn an_authorisation_that_needs_the_customer_waits_for_them() {
+    let mut waiting = payment_intent("requires_action", "manual");
+    waiting["next_action"] = json!({
+        "type": "redirect_to_url",
+        "redirect_to_url": {"url": "https://hooks.stripe.com/3d_secure_2/x", "return_url": "https://shop.example/back"},
+    });
+    let (provider, script) = stripe(vec![Reply::new(200, &waiting)]).await;
+    let request = AuthorizeRequest {
+        return_url: Some("https://shop.example/back".into()),
+        ..authorization(false)
+    };
+    let sent = provider.send(KEY, Mutation::Authorize(&request)).await;
+    assert_class(&sent, "succeeded", "authorize_requires_action");
+    let Outcome::Succeeded(object) = &sent.outcome else {
+        unreachable!()
+    };
+    assert_eq!(object.status, ProviderStatus::RequiresAction);
+    let action = object.next_action.as_ref().expect("the action");
+    assert_eq!(
+        action.redirect_url.as_deref(),
+        Some("https://hooks.stripe.com/3d_secure_2/x")
+    );
+    assert_eq!(
+        action.client_secret.as_deref(),
+        Some("pi_3PqRsT_secret_abc")
+    );
+    assert!(
+        !format!("{object:?}").contains("secret_abc")
+            && !serde_json::to_string(object)
+                .unwrap_or_default()
+                .contains("secret_abc"),
+        "the client secret is never in a log line or in stored evidence"
+    );
+    let received = script.received();
+    assert_eq!(received.len(), 1, "no cancel: cobro waits for the customer");
+    assert!(
+        received[0]
+            .form()
+            .contains(&("return_url", "https://shop.example/back")),
+        "{:?}",
+        received[0].form()
+    );
+}
+
 /// Best effort: a cancel Stripe refuses (or never answers) changes
 /// nothing of the authorisation's outcome, and is not retried here.
 #[tokio::test]
 async fn a_failed_cancel_of_a_payment_intent_left_for_the_customer_leaves_the_outcome_failed() {
     let (provider, script) = stripe(vec![
-        Reply::new(200, &payment_intent("requires_action", "manual")),
+        Reply::new(200, &payment_intent("requires_confirmation", "manual")),
         Reply::new(
             500,
             &error("api_error", None, "An unknown error occurred", json!({})),

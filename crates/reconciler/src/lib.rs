@@ -4,14 +4,17 @@ pub mod books;
 
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent, PaymentId,
-    PaymentStatus, RefundId, RefundStatus, RunId,
+    AccountId, AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent,
+    PaymentId, PaymentStatus, RefundId, RefundStatus, RunId,
 };
-use cobro_provider::{Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window};
+use cobro_provider::{
+    NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
+};
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
 use cobro_settle::{
-    Applied, Fit, Proof, Source, apply_proof, fit, settle_held_cancels, stop_the_line,
+    Applied, Fit, Proof, Source, apply_proof, await_customer, fit, settle_held_cancels,
+    stop_the_line,
 };
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
@@ -76,6 +79,10 @@ pub struct ReconcilerConfig {
     /// with that provider's `clock_skew`, `request_timeout` and key window), or every
     /// attempt (`None`: a single-provider setup, tests).
     pub provider: Option<ProviderScope>,
+    /// How long a payment found waiting for its customer (3-D Secure)
+    /// waits before it is canceled as abandoned (the worker's
+    /// `action_expiry`).
+    pub action_expiry: Duration,
 }
 
 impl Default for ReconcilerConfig {
@@ -92,6 +99,7 @@ impl Default for ReconcilerConfig {
             max_clock_gap: None,
             page: 500,
             provider: None,
+            action_expiry: Duration::from_secs(3600),
         }
     }
 }
@@ -255,6 +263,9 @@ enum Finding {
     Conflict(ConflictKind, String),
     /// Nothing proven.
     Unknown(String),
+    /// The attempt's own object waits for the customer (3-D Secure): not
+    /// unknown, never escalated; recorded `requires_action`.
+    RequiresAction(String, NextAction),
 }
 
 pub struct Reconciler<P: Provider> {
@@ -382,6 +393,14 @@ impl<P: Provider> Reconciler<P> {
                 progress,
             )
             .await;
+        // Payments waiting for their customer are not unknown: they are
+        // read by their provider id, and canceled once expired.
+        let outcome = match outcome {
+            Ok(()) if !dry_run && scope.payment.is_none() => {
+                self.sweep_waiting(started - to_chrono(stuck)).await
+            }
+            other => other,
+        };
         if let Some(run) = run_id {
             let mut brief = summary.clone();
             brief.items.clear();
@@ -402,6 +421,98 @@ impl<P: Provider> Reconciler<P> {
             "reconciliation run finished"
         );
         Ok(summary)
+    }
+
+    /// Payments waiting for their customer (3-D Secure) whose status is
+    /// older than `changed_before`: each PaymentIntent is read by its id
+    /// (outside any transaction). A final state is adopted through the one
+    /// settle path; one still waiting past `action_expires_at` is canceled
+    /// at the provider through the outbox (the payment `canceling`, then
+    /// `canceled` by the cancel's proof, or `captured` when the customer
+    /// completed first and the provider refuses the cancel).
+    async fn sweep_waiting(&self, changed_before: DateTime<Utc>) -> Result<(), ReconcileError> {
+        let waiting = self
+            .store
+            .waiting_for_customers(
+                changed_before,
+                self.config.page,
+                self.config.provider.as_ref(),
+            )
+            .await?;
+        for attempt in &waiting {
+            let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
+            let Some(payment) = self.store.payment_any_account(payment_id).await? else {
+                continue;
+            };
+            let Some(charge) = payment.provider_ref.as_deref() else {
+                continue;
+            };
+            let object = match self.provider.get_charge(charge).await {
+                Ok(Some(object)) => object,
+                Ok(None) | Err(_) => {
+                    tracing::warn!(payment_id = %payment_id, "a payment waiting for its customer could not be read at the provider; the next run reads it again");
+                    continue;
+                }
+            };
+            let now = self.clock.now();
+            let said = serde_json::json!({ "found": [&object] });
+            let ctx = Ctx {
+                attempt,
+                run: None,
+                dry_run: false,
+                said: &said,
+                now,
+            };
+            if !matches!(
+                fit(Operation::Authorize, attempt, &payment, None, &object),
+                Fit::Ours
+            ) {
+                continue;
+            }
+            if let Some(proof) = proof_from(Operation::Authorize, &object) {
+                let verdict = self.adopt(&ctx, &proof).await?;
+                tracing::info!(payment_id = %payment_id, ?verdict, "a payment waiting for its customer ended");
+                continue;
+            }
+            if payment.action_expires_at.is_some_and(|at| at.0 <= now) {
+                self.expire(&payment, now).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Abandoned: the payment goes `canceling` with a cancel intent (its
+    /// attempt in the outbox, due now) in one transaction; the worker
+    /// cancels the PaymentIntent under the attempt's own key.
+    async fn expire(&self, payment: &PaymentRow, now: DateTime<Utc>) -> Result<(), ReconcileError> {
+        let payment_id = PaymentId::from_uuid(payment.id.0);
+        let account = AccountId::from_uuid(payment.account_id.0);
+        let mut tx = self.store.begin().await?;
+        let Some(current) = tx.lock_payment_any_account(payment_id).await? else {
+            tx.rollback().await?;
+            return Ok(());
+        };
+        let Ok(to) = current.status.apply(PaymentEvent::ActionExpired) else {
+            // It ended meanwhile (a webhook was faster).
+            tx.rollback().await?;
+            return Ok(());
+        };
+        if tx
+            .transition_payment(account, payment_id, current.status, to, now)
+            .await?
+            .is_none()
+        {
+            tx.rollback().await?;
+            return Ok(());
+        }
+        let intent = tx
+            .next_intent_name(account, &current.order_ref, Operation::Cancel)
+            .await?;
+        tx.open_intent(account, payment_id, None, Operation::Cancel, &intent, now)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(payment_id = %payment_id, "a payment left waiting for its customer expired: its PaymentIntent is canceled");
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -782,6 +893,9 @@ impl<P: Provider> Reconciler<P> {
                     .await?
             }
             Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
+            Finding::RequiresAction(provider_ref, action) => {
+                self.await_customer(&ctx, &provider_ref, &action).await?
+            }
             Finding::NoEffect => {
                 match self
                     .replay(attempt, &payment, refund.as_ref(), dry_run)
@@ -900,6 +1014,16 @@ impl<P: Provider> Reconciler<P> {
         {
             return Finding::Proof(proof.clone());
         }
+        if operation == Operation::Authorize
+            && let Some(waiting) = ours
+                .iter()
+                .find(|o| o.status == ProviderStatus::RequiresAction)
+        {
+            return Finding::RequiresAction(
+                waiting.id.clone(),
+                waiting.next_action.clone().unwrap_or_default(),
+            );
+        }
         if !ours.is_empty() {
             return Finding::Unknown("the provider reports it in progress".into());
         }
@@ -967,7 +1091,9 @@ impl<P: Provider> Reconciler<P> {
         refund: Option<&RefundRow>,
     ) -> Result<Verdict, ReconcileError> {
         let (said, reason) = match &answered {
-            Answered::Proof(_, said) | Answered::Conflict(_, said) => (said.clone(), None),
+            Answered::Proof(_, said)
+            | Answered::Conflict(_, said)
+            | Answered::RequiresAction { said, .. } => (said.clone(), None),
             Answered::NotSent(why) | Answered::Unknown(why) | Answered::InProgress(why) => {
                 (String::new(), Some(why.clone()))
             }
@@ -981,6 +1107,11 @@ impl<P: Provider> Reconciler<P> {
         match answered {
             Answered::Proof(proof, _) => self.adopt(&ctx, &proof).await,
             Answered::Conflict(why, _) => self.conflict(&ctx, ConflictKind::Mismatch, &why).await,
+            Answered::RequiresAction {
+                provider_ref,
+                action,
+                ..
+            } => self.await_customer(&ctx, &provider_ref, &action).await,
             Answered::NotSent(_) | Answered::Unknown(_) | Answered::InProgress(_) => {
                 let reason = format!(
                     "not found by the consistent read, but the replay of its key proves nothing yet: {}",
@@ -1075,6 +1206,38 @@ impl<P: Provider> Reconciler<P> {
                 tx.rollback().await?;
                 return Ok(Verdict::AlreadySettled);
             }
+        };
+        finish(tx, ctx.dry_run).await?;
+        Ok(verdict)
+    }
+
+    /// The attempt's own object waits for its customer: recorded like the
+    /// worker records that answer ([`cobro_settle::await_customer`]).
+    async fn await_customer(
+        &self,
+        ctx: &Ctx<'_>,
+        provider_ref: &str,
+        action: &NextAction,
+    ) -> Result<Verdict, ReconcileError> {
+        let mut tx = self.store.begin().await?;
+        let expires_at = ctx.now + to_chrono(self.config.action_expiry);
+        let verdict = match await_customer(
+            &mut tx,
+            ctx.attempt,
+            provider_ref,
+            action,
+            expires_at,
+            ctx.now,
+        )
+        .await?
+        {
+            Applied::AlreadySettled => {
+                tx.rollback().await?;
+                return Ok(Verdict::AlreadySettled);
+            }
+            _ => Verdict::Resolved {
+                outcome: "requires_action".into(),
+            },
         };
         finish(tx, ctx.dry_run).await?;
         Ok(verdict)

@@ -533,6 +533,9 @@ impl<P: Provider> crate::Reconciler<P> {
             crate::Finding::Conflict(_, detail) => Err(ResolveError::Unproven(format!(
                 "the evidence conflicts: {detail}"
             ))),
+            crate::Finding::RequiresAction(id, _) => Err(ResolveError::Unproven(format!(
+                "{id} waits for the customer to authenticate: no outcome yet"
+            ))),
             // The operator may know the object the reads could not reach
             // (the list failed): it must be the attempt's own, in the
             // verdict's state.

@@ -51,6 +51,31 @@ fn agrees(status: PaymentStatus, truth: Option<ChargeNow>) -> bool {
     }
 }
 
+/// Whether a payment in `status` already shows what an authorisation's
+/// `proof` says (its money held, or captured), so adopting it again
+/// changes nothing.
+fn already_shows(status: PaymentStatus, proof: &Proof) -> bool {
+    use PaymentStatus as S;
+    match proof {
+        Proof::Succeeded { captured: true, .. } => {
+            matches!(status, S::Captured | S::PartiallyRefunded | S::Refunded)
+        }
+        Proof::Succeeded {
+            captured: false, ..
+        } => matches!(
+            status,
+            S::Authorized
+                | S::Capturing
+                | S::Canceling
+                | S::Canceled
+                | S::Captured
+                | S::PartiallyRefunded
+                | S::Refunded
+        ),
+        _ => false,
+    }
+}
+
 /// What the provider proved about one attempt (already checked by
 /// [`crate::evidence::fit`] to be about that attempt).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -441,6 +466,18 @@ async fn apply_proof_in_span(
             _ => PaymentEvent::VoidRefused,
         },
     };
+    // A 3-D Secure authorisation proven after its payment already shows
+    // it: the expiry's cancel was refused because the customer completed,
+    // and the refusal carried the charge first. The same truth, twice.
+    if operation == Operation::Authorize
+        && payment.next_action.is_some()
+        && already_shows(before, proof)
+    {
+        return Ok(Applied::Settled {
+            before: before.as_str().to_owned(),
+            after: before.as_str().to_owned(),
+        });
+    }
     let after = match before.apply(event) {
         Ok(after) => after,
         // Money moved that the payment's state cannot take (an operator
@@ -504,6 +541,66 @@ async fn apply_proof_in_span(
             before: before.as_str().to_owned(),
             after: after.as_str().to_owned(),
         });
+    }
+    Ok(Applied::Settled {
+        before: before.as_str().to_owned(),
+        after: after.as_str().to_owned(),
+    })
+}
+
+/// The provider answered (or a read showed) that the customer must act
+/// (3-D Secure) on `attempt`'s own object `provider_ref`: the attempt
+/// waits (`awaiting_customer`: answered, never resent, never a new key, no
+/// outbox row) and the payment moves to `requires_action` with the action
+/// the merchant's front end uses, until `expires_at`. In the caller's
+/// transaction, compare-and-sets like [`apply_proof`]: an attempt settled
+/// meanwhile (a webhook was faster) is [`Applied::AlreadySettled`].
+pub async fn await_customer(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    provider_ref: &str,
+    action: &cobro_provider::NextAction,
+    expires_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Applied, StoreError> {
+    let (attempt_id, payment_id, _) = ids(attempt);
+    if attempt.operation != Operation::Authorize {
+        return Err(corrupt("only an authorisation waits for the customer"));
+    }
+    let payment = tx
+        .lock_payment_any_account(payment_id)
+        .await?
+        .ok_or_else(|| corrupt("attempt without payment"))?;
+    if !tx
+        .resolve_attempt(
+            attempt_id,
+            AttemptState::AwaitingCustomer,
+            Some(provider_ref),
+            Some("waiting for the customer to authenticate"),
+            now,
+        )
+        .await?
+    {
+        return Ok(Applied::AlreadySettled);
+    }
+    let before = payment.status;
+    let Ok(after) = before.apply(PaymentEvent::ActionRequired) else {
+        // Under review (an operator decides): the attempt waits all the
+        // same, the payment stays where it is.
+        return Ok(Applied::Settled {
+            before: before.as_str().to_owned(),
+            after: before.as_str().to_owned(),
+        });
+    };
+    let shown = action
+        .for_merchant(payment.return_url.as_deref())
+        .to_string();
+    if tx
+        .require_action(payment_id, before, provider_ref, &shown, expires_at, now)
+        .await?
+        .is_none()
+    {
+        return Err(corrupt("payment moved inside the transaction"));
     }
     Ok(Applied::Settled {
         before: before.as_str().to_owned(),

@@ -7,7 +7,9 @@
 use crate::apply::Proof;
 use crate::evidence::{Fit, charge_now, fit, identity, proof_from};
 use cobro_core::{CaptureMethod, Operation};
-use cobro_provider::{AuthorizeRequest, Mutation, Outcome, ProviderObject, RefundRequest};
+use cobro_provider::{
+    AuthorizeRequest, Mutation, NextAction, Outcome, ProviderObject, ProviderStatus, RefundRequest,
+};
 use cobro_store::{AttemptRow, PaymentRow, RefundRow};
 
 /// A call ready to be made, exactly as every send of the attempt makes it
@@ -39,6 +41,7 @@ impl Call {
                 capture: payment.capture_method == CaptureMethod::Automatic,
                 reference: attempt.reference.clone(),
                 metadata,
+                return_url: payment.return_url.clone(),
             })),
             Operation::Capture => charge.map(Call::Capture),
             Operation::Cancel => charge.map(Call::Void),
@@ -77,6 +80,13 @@ pub enum Answered {
     /// status cobro does not know): a resend under the same key would only
     /// replay this answer, so only a query can see it end.
     InProgress(String),
+    /// The attempt's own object waits for the customer (3-D Secure): its
+    /// id, the action, and what the provider said.
+    RequiresAction {
+        provider_ref: String,
+        action: NextAction,
+        said: String,
+    },
 }
 
 /// What `outcome`, the answer to `attempt`'s own call, proves: an object
@@ -93,6 +103,15 @@ pub fn judge_answer(
         Outcome::Succeeded(object) => match fit(operation, attempt, payment, refund, &object) {
             Fit::Ours => match proof_from(operation, &object) {
                 Some(proof) => Answered::Proof(proof, said(&object)),
+                None if operation == Operation::Authorize
+                    && object.status == ProviderStatus::RequiresAction =>
+                {
+                    Answered::RequiresAction {
+                        said: said(&object),
+                        action: object.next_action.clone().unwrap_or_default(),
+                        provider_ref: object.id,
+                    }
+                }
                 None => Answered::InProgress(format!(
                     "the provider answered {} {} (in progress)",
                     object.id, object.status

@@ -204,6 +204,15 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
                     captured: done == S::Captured,
                 });
             }
+            // A PaymentIntent canceled before it ever held money (one left
+            // waiting for its customer, canceled as abandoned): the cancel
+            // took effect and nothing was voided.
+            if operation == Operation::Cancel && *status == S::Declined {
+                return Some(Proof::Succeeded {
+                    provider_ref: object.id.clone(),
+                    captured: false,
+                });
+            }
             // Still authorized: the capture or void has not happened (yet);
             // only an explicit refusal carries that as its truth.
             if *status == S::Authorized {
@@ -268,6 +277,10 @@ mod tests {
             review_reason: None,
             review_from: None,
             provider: None,
+            return_url: None,
+            next_action: None,
+            action_expires_at: None,
+            action_refreshed_at: None,
         }
     }
 
@@ -310,6 +323,7 @@ mod tests {
             capture_method: Some(p.capture_method.to_string()),
             charge: None,
             metadata: identity(a, p),
+            next_action: None,
         }
     }
 

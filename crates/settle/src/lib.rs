@@ -7,8 +7,8 @@ pub mod evidence;
 pub mod webhook;
 
 pub use apply::{
-    Applied, ChargeNow, Proof, Source, apply_proof, apply_proof_locked, hand_to_reconciler,
-    hold_cancel, settle_held_cancels, stop_the_line,
+    Applied, ChargeNow, Proof, Source, apply_proof, apply_proof_locked, await_customer,
+    hand_to_reconciler, hold_cancel, settle_held_cancels, stop_the_line,
 };
 pub use evidence::{Fit, fit};
 pub use webhook::deliver;

@@ -42,13 +42,23 @@ pub struct PaymentRow {
     /// The provider its attempts go to, fixed at creation; `None`: the
     /// default provider (a payment older than migration 0010).
     pub provider: Option<String>,
+    /// Where the provider sends the customer back after authenticating
+    /// (3-D Secure), as the merchant gave it.
+    pub return_url: Option<String>,
+    /// What the customer must do, as the API shows it (JSON text); set
+    /// when the payment moves to `requires_action`.
+    pub next_action: Option<String>,
+    /// When a payment left in `requires_action` is canceled as abandoned.
+    pub action_expires_at: Option<DbTime>,
+    /// The last time a GET asked the provider about it.
+    pub action_refreshed_at: Option<DbTime>,
 }
 
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
     capture_method, payment_method, description, metadata, status, amount_captured, \
     amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
     failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason, review_from, \
-    provider";
+    provider, return_url, next_action, action_expires_at, action_refreshed_at";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundRow {
@@ -246,6 +256,8 @@ pub struct NewPayment {
     pub description: Option<String>,
     /// Canonical JSON text of the metadata map.
     pub metadata: String,
+    /// Where the customer comes back after authenticating (3-D Secure).
+    pub return_url: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -311,9 +323,9 @@ impl WriteTx {
         let sql = format!(
             "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
             capture_method, payment_method, description, metadata, status, status_changed_at, \
-            created_at, updated_at, provider) \
+            created_at, updated_at, provider, return_url) \
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11, \
-            COALESCE((SELECT provider FROM accounts WHERE id = $2), $12)) \
+            COALESCE((SELECT provider FROM accounts WHERE id = $2), $12), $13) \
             ON CONFLICT (account_id, order_ref) \
             WHERE status NOT IN ('declined', 'failed', 'canceled') DO NOTHING \
             RETURNING {PAYMENT_COLUMNS}"
@@ -331,6 +343,7 @@ impl WriteTx {
             .bind(&p.metadata)
             .bind(DbTime(now))
             .bind(default_provider)
+            .bind(&p.return_url)
             .fetch_optional(&mut *conn)
             .await?);
         Ok(done)

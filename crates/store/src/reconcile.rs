@@ -170,3 +170,40 @@ impl Store {
         Ok(on_pool!(self, pool => sqlx::query_as(&sql).fetch_all(pool).await?))
     }
 }
+
+impl Store {
+    /// Authorisations waiting for their customer (3-D Secure) that the
+    /// reconciler reads by their provider id: the attempt
+    /// (`awaiting_customer`) of each payment in `requires_action` whose
+    /// status is older than `changed_before` (the webhook's chance first),
+    /// oldest first, at most `limit`, of `provider`'s attempts only (all
+    /// when `None`). Read through `payments_unsettled`.
+    pub async fn waiting_for_customers(
+        &self,
+        changed_before: DateTime<Utc>,
+        limit: u32,
+        provider: Option<&crate::ProviderScope>,
+    ) -> Result<Vec<AttemptRow>> {
+        // The payments first, through `payments_unsettled` (SQLite uses a
+        // partial index only when the WHERE repeats its predicate word for
+        // word), then their attempts by `attempts_by_payment`: never a scan
+        // of either table.
+        let sql = format!(
+            "SELECT {} FROM attempts a WHERE a.payment_id IN ( \
+                SELECT id FROM payments WHERE status IN ({}) \
+                AND status_changed_at IS NOT NULL AND status = 'requires_action' \
+                AND status_changed_at < $1 ORDER BY status_changed_at, id LIMIT $2 \
+             ) AND a.state = 'awaiting_customer' AND {} ORDER BY a.payment_id",
+            crate::payments::qualified(ATTEMPT_COLUMNS, "a"),
+            crate::sql_names(PaymentStatus::UNSETTLED.iter().map(PaymentStatus::as_str)),
+            crate::outbox::provider_clause(3, 4),
+        );
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbTime(changed_before))
+            .bind(i64::from(limit))
+            .bind(provider.map(|p| p.name.as_str()))
+            .bind(provider.is_some_and(|p| p.is_default))
+            .fetch_all(pool)
+            .await?))
+    }
+}

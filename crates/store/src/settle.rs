@@ -145,6 +145,36 @@ impl WriteTx {
         Ok(self.noting_move(moved))
     }
 
+    /// Compare-and-set of a payment from `from` to `requires_action`, with
+    /// its provider object, the action as the API shows it (JSON text) and
+    /// when it expires, in the one statement whose trigger writes the
+    /// `payment.requires_action` event (so the event carries the action).
+    pub async fn require_action(
+        &mut self,
+        id: PaymentId,
+        from: PaymentStatus,
+        provider_ref: &str,
+        next_action: &str,
+        expires_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<PaymentRow>> {
+        let sql = format!(
+            "UPDATE payments SET status = 'requires_action', provider_ref = $3, \
+             next_action = $4, action_expires_at = $5, status_changed_at = $6, updated_at = $6 \
+             WHERE id = $1 AND status = $2 RETURNING {PAYMENT_COLUMNS}"
+        );
+        let moved: Option<PaymentRow> = on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(id))
+            .bind(from)
+            .bind(provider_ref)
+            .bind(next_action)
+            .bind(DbTime(expires_at))
+            .bind(DbTime(now))
+            .fetch_optional(&mut *conn)
+            .await?);
+        Ok(self.noting_move(moved))
+    }
+
     /// Compare-and-set of a refund's status; on success the payment's
     /// refunded amount grows (and its status follows, unless the payment is
     /// under review), on failure the reserved amount is released for other

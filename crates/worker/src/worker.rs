@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, Clock, Operation, PaymentId, RefundId};
 use cobro_provider::{CallInfo, Outcome, Provider, Sent};
 use cobro_settle::call::{Answered, Call, judge_answer};
-use cobro_settle::{Source, apply_proof, hand_to_reconciler, stop_the_line};
+use cobro_settle::{Source, apply_proof, await_customer, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{
     Claim, PaymentRow, ProviderScope, RefundRow, SendMark, Store, StoreError, UnreadableClaim,
@@ -56,6 +56,9 @@ pub struct WorkerConfig {
     /// provider has its own worker, key window and retry budget), or every
     /// provider's (`None`, for a single-provider setup and tests).
     pub provider: Option<ProviderScope>,
+    /// How long a payment waits for its customer to authenticate (3-D
+    /// Secure) before it is canceled as abandoned (default one hour).
+    pub action_expiry: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -80,6 +83,7 @@ impl Default for WorkerConfig {
             retry_max: 50.0,
             blocked_recheck: Duration::from_secs(60),
             provider: None,
+            action_expiry: Duration::from_secs(3600),
         }
     }
 }
@@ -519,6 +523,18 @@ impl<P: Provider> Worker<P> {
                     format!("{reason}: a resend would replay it; only a query sees it end");
                 return self.hand_over(claim, &reason, call).await;
             }
+            // Not unknown: cobro knows exactly where it stands. The attempt
+            // leaves the outbox and waits for proof of the customer's
+            // outcome; it is never resent.
+            Answered::RequiresAction {
+                provider_ref,
+                action,
+                said,
+            } => {
+                return self
+                    .await_customer(claim, &provider_ref, &action, &said, call)
+                    .await;
+            }
             Answered::Unknown(reason) if call.and_then(|c| c.should_retry) == Some(false) => {
                 let reason = format!("{reason} (the provider says a retry would not help)");
                 return self.hand_over(claim, &reason, call).await;
@@ -546,6 +562,61 @@ impl<P: Provider> Worker<P> {
         Ok(Step::Recorded { class })
     }
 
+    /// A transaction whose first write ends the claim's outbox row, fenced
+    /// by its token; `None` when the lease was lost (what the provider
+    /// said, `class` and `said`, is kept as an observation instead).
+    async fn finish_fenced(
+        &self,
+        claim: &Claim,
+        class: &str,
+        said: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<WriteTx>, WorkerError> {
+        let mut tx = self.store.begin().await?;
+        if tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
+            return Ok(Some(tx));
+        }
+        tx.rollback().await?;
+        self.observe(claim, class, said, now).await?;
+        Ok(None)
+    }
+
+    /// The customer must act: in one transaction fenced by the claim, the
+    /// outbox row ends, the attempt waits (`awaiting_customer`) and the
+    /// payment moves to `requires_action` with its action and expiry.
+    async fn await_customer(
+        &self,
+        claim: &Claim,
+        provider_ref: &str,
+        action: &cobro_provider::NextAction,
+        said: &str,
+        call: Option<&CallInfo>,
+    ) -> Result<Step, WorkerError> {
+        let now = self.clock.now();
+        let Some(mut tx) = self
+            .finish_fenced(claim, "requires_action", said, now)
+            .await?
+        else {
+            return Ok(Step::LeaseLost);
+        };
+        let expires_at = now + to_chrono(self.config.action_expiry);
+        let applied = await_customer(
+            &mut tx,
+            &claim.attempt,
+            provider_ref,
+            action,
+            expires_at,
+            now,
+        )
+        .await?;
+        note_call(&mut tx, claim, call).await?;
+        tx.commit().await?;
+        tracing::info!(attempt_id = %claim.attempt.id.0, ?applied, "waiting for the customer");
+        Ok(Step::Recorded {
+            class: "requires_action",
+        })
+    }
+
     /// An answer under this attempt's identity that is not what it asked
     /// for: the attempt goes to the reconciler and the payment to
     /// `needs_review`, in one transaction fenced by the claim.
@@ -558,12 +629,9 @@ impl<P: Provider> Worker<P> {
         call: Option<&CallInfo>,
     ) -> Result<Step, WorkerError> {
         let now = self.clock.now();
-        let mut tx = self.store.begin().await?;
-        if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
-            tx.rollback().await?;
-            self.observe(claim, "conflict", said, now).await?;
+        let Some(mut tx) = self.finish_fenced(claim, "conflict", said, now).await? else {
             return Ok(Step::LeaseLost);
-        }
+        };
         hand_to_reconciler(&mut tx, &claim.attempt, why, now).await?;
         let source = Source {
             name: "worker",

@@ -18,6 +18,7 @@
 //! - `search`: `metadata['KEY']:'VALUE' AND ...` queries.
 //! - `error`: Stripe's error object.
 
+mod challenge;
 mod error;
 mod form;
 mod objects;
@@ -72,6 +73,7 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/v1/payment_intents/{id}", get(get_intent))
         .route("/v1/payment_intents/{id}/capture", post(capture_intent))
         .route("/v1/payment_intents/{id}/cancel", post(cancel_intent))
+        .merge(challenge::routes())
 }
 
 /// Whether a request on a path both dialects serve speaks Stripe: it sends
@@ -163,6 +165,14 @@ pub(crate) struct Intent {
     /// Its status while it has no charge.
     pub(crate) requires: Requires,
     pub(crate) canceled: Option<Canceled>,
+    /// Where the challenge page sends the customer back (`return_url`).
+    pub(crate) return_url: Option<String>,
+    /// The challenge page of a PaymentIntent in `requires_action`, on this
+    /// server (`http://<Host of the create>/challenge/<id>`).
+    pub(crate) challenge_url: String,
+    /// The customer failed the challenge: `requires_payment_method` with
+    /// `payment_intent_authentication_failure` as its last error.
+    pub(crate) authentication_failed: bool,
 }
 
 resource!(Intent);
@@ -185,8 +195,14 @@ pub(crate) struct Canceled {
     pub(crate) reason: Option<&'static str>,
 }
 
-/// The card that always asks for authentication.
-const AUTHENTICATION_REQUIRED: &str = "pm_card_authenticationRequired";
+/// The cards that always ask for authentication (3-D Secure): Stripe's
+/// test payment methods of that name. Whether the customer completes the
+/// challenge, fails it or abandons it is up to whoever opens the
+/// challenge page (fake-provider/README.md).
+pub(crate) const AUTHENTICATION_REQUIRED: &[&str] = &[
+    "pm_card_authenticationRequired",
+    "pm_card_threeDSecure2Required",
+];
 
 /// A form parsed for a route: its canonical text (what the key compares)
 /// and its parameters, or the refusal they earned.
@@ -290,6 +306,7 @@ struct IntentParams {
     capture_method: &'static str,
     payment_method_types: Vec<String>,
     metadata: BTreeMap<String, String>,
+    return_url: Option<String>,
 }
 
 impl IntentParams {
@@ -302,6 +319,7 @@ impl IntentParams {
             "capture_method",
             "payment_method_types",
             "metadata",
+            "return_url",
         ])?;
         let amount = form
             .positive("amount")?
@@ -338,7 +356,14 @@ impl IntentParams {
             .list("payment_method_types")?
             .unwrap_or_else(|| vec!["card".to_owned()]);
         let metadata = form.metadata()?;
+        let return_url = form.non_empty("return_url")?;
+        if let Some(url) = &return_url
+            && url::Url::parse(url).is_err()
+        {
+            return Err(StripeError::invalid("return_url", "Not a valid URL"));
+        }
         Ok(Self {
+            return_url,
             amount,
             currency: currency.to_ascii_lowercase(),
             payment_method,
@@ -352,6 +377,12 @@ impl IntentParams {
 
 async fn create_intent(State(shared): AppState, headers: HeaderMap, body: Bytes) -> Response {
     let parsed = Parsed::body(&headers, &body, IntentParams::read);
+    // The challenge page is on this server, as the caller reached it.
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1")
+        .to_owned();
     let reference = parsed
         .params
         .as_ref()
@@ -369,7 +400,7 @@ async fn create_intent(State(shared): AppState, headers: HeaderMap, body: Bytes)
             subject,
         },
         parsed,
-        |state, params, ctx| Outcome::Executed(create_intent_effect(state, params, ctx)),
+        |state, params, ctx| Outcome::Executed(create_intent_effect(state, params, &host, ctx)),
     )
     .await
 }
@@ -380,13 +411,17 @@ async fn create_intent(State(shared): AppState, headers: HeaderMap, body: Bytes)
 fn create_intent_effect(
     state: &mut ProviderState,
     params: IntentParams,
+    host: &str,
     ctx: Ctx<'_>,
 ) -> StoredResponse {
     let reference = reference_of(&params.metadata);
     let searchable_at = state.searchable_at(Operation::Charge, &reference, ctx.now);
     let id = state.new_id("pi_");
-    let reaches_card =
-        params.confirm && params.payment_method.as_deref() != Some(AUTHENTICATION_REQUIRED);
+    let reaches_card = params.confirm
+        && !params
+            .payment_method
+            .as_deref()
+            .is_some_and(|method| AUTHENTICATION_REQUIRED.contains(&method));
     let requires = match (&params.payment_method, params.confirm) {
         (None, _) => Requires::PaymentMethod,
         (Some(_), false) => Requires::Confirmation,
@@ -405,39 +440,15 @@ fn create_intent_effect(
         charge: None,
         requires,
         canceled: None,
+        return_url: params.return_url,
+        challenge_url: format!("http://{host}/challenge/{id}"),
+        authentication_failed: false,
     };
-    let charge = match (&intent.payment_method, reaches_card) {
-        (Some(method), true) => {
-            let charge = state.create_charge(
-                ChargeParams {
-                    amount: intent.amount,
-                    currency: intent.currency.to_ascii_uppercase(),
-                    payment_method: method.clone(),
-                    capture: intent.capture_method != "manual",
-                    reference,
-                    metadata: intent.metadata.clone(),
-                },
-                ctx,
-                searchable_at,
-            );
-            intent.charge = Some(charge.id.clone());
-            state
-                .stripe
-                .intent_of_charge
-                .insert(charge.id.clone(), id.clone());
-            Some(charge)
-        }
-        _ => None,
-    };
+    let charge = reaches_card
+        .then(|| confirm_charge(state, &mut intent, ctx, searchable_at))
+        .flatten();
     let json = intent_json(&intent, charge.as_ref());
-    let event = match intent_status(&intent, charge.as_ref()) {
-        "requires_capture" => Some("payment_intent.amount_capturable_updated"),
-        "succeeded" => Some("payment_intent.succeeded"),
-        "requires_payment_method" if charge.is_some() => Some("payment_intent.payment_failed"),
-        "requires_action" => Some("payment_intent.requires_action"),
-        "processing" => Some("payment_intent.processing"),
-        _ => None,
-    };
+    let event = event_of_status(intent_status(&intent, charge.as_ref()), charge.is_some());
     if let Some(kind) = event {
         emit(state, kind, &intent.reference, &json, ctx);
     }
@@ -452,6 +463,47 @@ fn create_intent_effect(
     match decline {
         Some((decline, charge)) => StripeError::declined(decline, charge, json).into_stored(),
         None => ok(&json),
+    }
+}
+
+/// The engine charge of a PaymentIntent's confirmation (at create, or
+/// once its customer completed the challenge): what the ledger counts.
+pub(crate) fn confirm_charge(
+    state: &mut ProviderState,
+    intent: &mut Intent,
+    ctx: Ctx<'_>,
+    searchable_at: DateTime<Utc>,
+) -> Option<Charge> {
+    let method = intent.payment_method.clone()?;
+    let charge = state.create_charge(
+        ChargeParams {
+            amount: intent.amount,
+            currency: intent.currency.to_ascii_uppercase(),
+            payment_method: method,
+            capture: intent.capture_method != "manual",
+            reference: intent.reference.clone(),
+            metadata: intent.metadata.clone(),
+        },
+        ctx,
+        searchable_at,
+    );
+    intent.charge = Some(charge.id.clone());
+    state
+        .stripe
+        .intent_of_charge
+        .insert(charge.id.clone(), intent.id.clone());
+    Some(charge)
+}
+
+/// The event a PaymentIntent's status sends, if any.
+pub(crate) fn event_of_status(status: &str, charged: bool) -> Option<&'static str> {
+    match status {
+        "requires_capture" => Some("payment_intent.amount_capturable_updated"),
+        "succeeded" => Some("payment_intent.succeeded"),
+        "requires_payment_method" if charged => Some("payment_intent.payment_failed"),
+        "requires_action" => Some("payment_intent.requires_action"),
+        "processing" => Some("payment_intent.processing"),
+        _ => None,
     }
 }
 

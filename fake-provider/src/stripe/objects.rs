@@ -28,6 +28,11 @@ pub(crate) fn intent_status(intent: &Intent, charge: Option<&Charge>) -> &'stati
     }
 }
 
+/// A PaymentIntent's `client_secret`, as Stripe shapes it.
+pub(crate) fn client_secret(id: &str) -> String {
+    format!("{id}_secret_fake")
+}
+
 pub(crate) fn intent_json(intent: &Intent, charge: Option<&Charge>) -> Value {
     let status = intent_status(intent, charge);
     let amount_capturable = match (status, charge) {
@@ -49,9 +54,27 @@ pub(crate) fn intent_json(intent: &Intent, charge: Option<&Charge>) -> Value {
         }
         _ => None,
     };
-    let next_action = (status == "requires_action").then(
-        || json!({"type": "use_stripe_sdk", "use_stripe_sdk": {"type": "three_d_secure_redirect"}}),
-    );
+    let last_payment_error = last_payment_error.or_else(|| {
+        (status == "requires_payment_method" && intent.authentication_failed).then(|| {
+            json!({
+                "type": "invalid_request_error",
+                "code": "payment_intent_authentication_failure",
+                "message": "The provided PaymentMethod has failed authentication. You can provide payment_method_data or a new PaymentMethod to attempt to fulfill this PaymentIntent again.",
+                "payment_method": {"id": intent.payment_method, "object": "payment_method"},
+            })
+        })
+    });
+    // As Stripe: a redirect when the confirmation gave a `return_url`,
+    // else an action only Stripe.js can run.
+    let next_action = (status == "requires_action").then(|| match &intent.return_url {
+        Some(return_url) => json!({
+            "type": "redirect_to_url",
+            "redirect_to_url": {"url": intent.challenge_url, "return_url": return_url},
+        }),
+        None => {
+            json!({"type": "use_stripe_sdk", "use_stripe_sdk": {"type": "three_d_secure_redirect"}})
+        }
+    });
     json!({
         "id": intent.id,
         "object": "payment_intent",
@@ -61,6 +84,7 @@ pub(crate) fn intent_json(intent: &Intent, charge: Option<&Charge>) -> Value {
         "canceled_at": intent.canceled.as_ref().map(|canceled| canceled.at.timestamp()),
         "cancellation_reason": intent.canceled.as_ref().and_then(|canceled| canceled.reason),
         "capture_method": intent.capture_method,
+        "client_secret": client_secret(&intent.id),
         "confirmation_method": "automatic",
         "created": intent.created.timestamp(),
         "currency": intent.currency,

@@ -418,6 +418,12 @@ pub struct WorkerSettings {
     /// Fallback poll when no wake-up arrives.
     #[arg(long, env = "COBRO_WORKER_POLL", default_value = "1s", value_parser = parse_duration)]
     pub worker_poll: Duration,
+
+    /// How long a payment waits for its customer to authenticate (3-D
+    /// Secure, `requires_action`) before the reconciler cancels it as
+    /// abandoned (its PaymentIntent canceled at the provider).
+    #[arg(long, env = "COBRO_ACTION_EXPIRY", default_value = "1h", value_parser = parse_duration)]
+    pub action_expiry: Duration,
 }
 
 /// The bounds of every HTTP connection (`cobro_api::server`).

@@ -78,6 +78,7 @@ pub fn worker_configs(
                 heartbeat: worker.worker_heartbeat,
                 max_in_flight: worker.worker_max_in_flight as usize,
                 poll_interval: worker.worker_poll,
+                action_expiry: worker.action_expiry,
                 key_retention: contract.key_retention,
                 safety_margin: contract.key_safety_margin,
                 provider: Some(registry.scope(spec)),

@@ -118,6 +118,7 @@ impl Setup {
             payment_method: "pm_card_visa".into(),
             description: None,
             metadata: "{}".into(),
+            return_url: None,
         };
         let mut tx = store.begin().await.expect("begin");
         tx.insert_payment(&payment, now)

@@ -181,9 +181,14 @@ fn authorize_declined_2xx(op: Op, heard: &Heard) -> bool {
         if pi.status == "requires_payment_method" && pi.last_payment_error.is_some())
 }
 
+fn authorize_requires_action(op: Op, heard: &Heard) -> bool {
+    matches!((op, ok(heard)), (Op::Authorize, Some(Body::PaymentIntent(pi)))
+        if pi.status == "requires_action")
+}
+
 fn authorize_needs_customer(op: Op, heard: &Heard) -> bool {
     matches!((op, ok(heard)), (Op::Authorize, Some(Body::PaymentIntent(pi)))
-        if matches!(pi.status.as_str(), "requires_action" | "requires_confirmation" | "requires_payment_method"))
+        if matches!(pi.status.as_str(), "requires_confirmation" | "requires_payment_method"))
 }
 
 fn authorize_in_progress_2xx(op: Op, heard: &Heard) -> bool {
@@ -292,8 +297,9 @@ fn anything(_: Op, _: &Heard) -> bool {
     true
 }
 
-/// The row of an authorisation left waiting for the customer, whose
-/// PaymentIntent the connector then cancels.
+/// The row of an authorisation left waiting for a confirmation or a
+/// payment method cobro never gives, whose PaymentIntent the connector
+/// then cancels.
 pub const NEEDS_CUSTOMER: &str = "authorize_needs_customer";
 
 /// The table. First match wins; the last row matches everything.
@@ -331,10 +337,18 @@ pub const TABLE: &[Row] = &[
         matches: authorize_declined_2xx,
     },
     Row {
+        id: "authorize_requires_action",
+        when: "authorize 2xx, `requires_action`",
+        class: Class::Succeeded,
+        why: "the card asks its holder to authenticate (3-D Secure): passed up with the object and its `next_action`; cobro records the payment `requires_action` (not unknown: never resent, never a new key) and it ends by proof (a webhook, the reconciler's read, the merchant's GET) or by its expiry",
+        test: "an_authorisation_that_needs_the_customer_waits_for_them",
+        matches: authorize_requires_action,
+    },
+    Row {
         id: NEEDS_CUSTOMER,
-        when: "authorize 2xx, `requires_action`, `requires_confirmation` or `requires_payment_method` without an error",
+        when: "authorize 2xx, `requires_confirmation` or `requires_payment_method` without an error",
         class: Class::Failed,
-        why: "cobro confirms in the same request and never authenticates (3-D Secure) or confirms later: nothing was charged, no funds are held, and nothing will be; the connector then cancels the PaymentIntent, best effort, under the derived key `<key>:cancel`",
+        why: "cobro confirms in the same request and never confirms later: nothing was charged, no funds are held, and nothing will be; the connector then cancels the PaymentIntent, best effort, under the derived key `<key>:cancel`",
         test: "an_authorisation_that_needs_the_customer_failed",
         matches: authorize_needs_customer,
     },
@@ -741,12 +755,25 @@ mod tests {
     }
 
     #[test]
+    fn authorize_requires_action_passes_the_object_and_its_action_up() {
+        let o = check(
+            Op::Authorize,
+            heard(200, None, Body::PaymentIntent(pi("requires_action", false))),
+            "authorize_requires_action",
+            "succeeded",
+        );
+        match o {
+            Outcome::Succeeded(object) => {
+                assert_eq!(object.status, crate::ProviderStatus::RequiresAction);
+                assert!(object.next_action.is_some(), "{object:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn authorize_needs_customer_failed() {
-        for status in [
-            "requires_action",
-            "requires_confirmation",
-            "requires_payment_method",
-        ] {
+        for status in ["requires_confirmation", "requires_payment_method"] {
             let o = check(
                 Op::Authorize,
                 heard(200, None, Body::PaymentIntent(pi(status, false))),

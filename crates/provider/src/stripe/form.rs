@@ -31,6 +31,14 @@ impl Form {
         self
     }
 
+    /// `name=value` when there is a value; nothing otherwise.
+    pub fn field_opt(self, name: &str, value: Option<&str>) -> Self {
+        match value {
+            Some(value) => self.field(name, value),
+            None => self,
+        }
+    }
+
     /// `name[key]=value` for every entry, in key order (a hash, as
     /// `metadata`).
     pub fn hash(mut self, name: &str, entries: &BTreeMap<String, String>) -> Self {

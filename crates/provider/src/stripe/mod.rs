@@ -13,10 +13,18 @@
 //! Idempotency keys, per call: an authorisation creates and confirms the
 //! PaymentIntent in one `POST /v1/payment_intents` under the attempt's own
 //! provider idempotency key, unchanged; a capture, a void and a refund are
-//! attempts of their own, each one POST under its own key. One attempt
-//! makes a second call: an authorisation Stripe leaves in
-//! `requires_action` (or another `requires_*` state: cobro never
-//! authenticates nor confirms later) is recorded failed, and its
+//! attempts of their own, each one POST under its own key.
+//!
+//! 3-D Secure: an authorisation Stripe answers `requires_action` is passed
+//! up with its `next_action` (a `redirect_to_url` when the payment has a
+//! `return_url`, which is sent with the confirmation) and its
+//! `client_secret`: cobro records the payment `requires_action` and it
+//! ends by proof (`payment_intent.succeeded`, `amount_capturable_updated`,
+//! `payment_failed`, `canceled`, or a read of the PaymentIntent).
+//!
+//! One attempt makes a second call: an authorisation Stripe leaves in
+//! `requires_confirmation` or `requires_payment_method` without an error
+//! (cobro never confirms later) is recorded failed, and its
 //! PaymentIntent is canceled at once, best effort, under the derived key
 //! `<attempt key>:cancel` ([`derived_key`]). The suffix is fixed per
 //! call, so a resend of the authorisation (which replays the same
@@ -266,7 +274,7 @@ impl StripeProvider {
     }
 
     /// The authorisation's POST, then the cancel of a PaymentIntent it
-    /// left waiting for the customer (see the module docs): that
+    /// left waiting for a confirmation (see the module docs): that
     /// PaymentIntent holds no funds, but left open it could still be
     /// confirmed by someone else and would show as incomplete in the
     /// merchant's dashboard. Best effort: the authorisation's outcome
@@ -605,12 +613,14 @@ fn authorize_form(request: &AuthorizeRequest) -> Result<Form, Unsent> {
             },
         )
         // Not `error_on_requires_action` (which would turn a 3-D Secure
-        // challenge into a decline): localstripe refuses the parameter, and
-        // a PaymentIntent left in `requires_action` holds no funds.
+        // challenge into a decline): cobro waits for the customer.
         .field("confirm", "true")
         .field("payment_method", request.payment_method.as_str())
         .array("payment_method_types", &["card"])
-        .hash("metadata", &metadata))
+        .hash("metadata", &metadata)
+        // Only with one: a payment created without it keeps the body its
+        // key was first sent with.
+        .field_opt("return_url", request.return_url.as_deref()))
 }
 
 /// `POST /v1/refunds`, its amount in `currency` (the refunded
@@ -871,6 +881,7 @@ mod tests {
             capture: false,
             reference: "o-1:authorize-v1/a".into(),
             metadata: BTreeMap::from([(metadata::ATTEMPT.to_owned(), "a".to_owned())]),
+            return_url: None,
         };
         let form = authorize_form(&request).expect("EUR 19.99 is sent");
         let pairs: Vec<(&str, &str)> = form

@@ -19,7 +19,7 @@
 //!   never evidence;
 //! - the reference is the `cobro_reference` metadata entry cobro sent.
 
-use crate::{ProviderObject, ProviderStatus, metadata};
+use crate::{NextAction, ProviderObject, ProviderStatus, metadata};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -49,6 +49,47 @@ pub struct PaymentIntent {
     /// authorised.
     #[serde(default)]
     pub latest_charge: Option<serde_json::Value>,
+    /// What the customer must do (`requires_action`): Stripe's
+    /// `redirect_to_url` carries the URL of the challenge.
+    #[serde(default)]
+    pub next_action: Option<StripeNextAction>,
+    /// For Stripe.js on the merchant's page; never logged.
+    #[serde(default)]
+    pub client_secret: Option<ClientSecret>,
+}
+
+/// A PaymentIntent's `client_secret`: its `Debug` never shows it.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct ClientSecret(pub String);
+
+impl std::fmt::Debug for ClientSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientSecret(***)")
+    }
+}
+
+/// Stripe's `next_action`, read as far as cobro uses it.
+#[derive(Clone, Deserialize)]
+pub struct StripeNextAction {
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub redirect_to_url: Option<RedirectToUrl>,
+}
+
+#[derive(Clone, Deserialize)]
+pub struct RedirectToUrl {
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+impl std::fmt::Debug for StripeNextAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StripeNextAction")
+            .field("type", &self.kind)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A Refund (`re_...`).
@@ -136,6 +177,7 @@ pub fn payment_intent_status(status: &str, failed: bool, charged: bool) -> Provi
         // A confirmation that failed leaves the PaymentIntent waiting for
         // another payment method; cobro never gives it one.
         "requires_payment_method" if failed => ProviderStatus::Declined,
+        "requires_action" => ProviderStatus::RequiresAction,
         other => ProviderStatus::Other(other.to_owned()),
     }
 }
@@ -202,6 +244,13 @@ impl PaymentIntent {
         let status = self.cobro_status();
         let metadata = self.metadata.unwrap_or_default();
         let code = self.currency.as_deref();
+        let next_action = (status == ProviderStatus::RequiresAction).then(|| NextAction {
+            redirect_url: self
+                .next_action
+                .and_then(|action| action.redirect_to_url)
+                .and_then(|redirect| redirect.url),
+            client_secret: self.client_secret.map(|secret| secret.0),
+        });
         ProviderObject {
             id: self.id,
             status,
@@ -213,6 +262,7 @@ impl PaymentIntent {
             capture_method: capture_method(self.capture_method),
             charge: None,
             metadata,
+            next_action,
         }
     }
 }
@@ -241,6 +291,7 @@ impl Refund {
             // `provider_ref`), not the Charge under it.
             charge: self.payment_intent,
             metadata,
+            next_action: None,
         }
     }
 }
@@ -278,7 +329,7 @@ mod tests {
                 false,
                 S::Other("requires_payment_method".into()),
             ),
-            ("requires_action", false, S::Other("requires_action".into())),
+            ("requires_action", false, S::RequiresAction),
             (
                 "requires_confirmation",
                 false,

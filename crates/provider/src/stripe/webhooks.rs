@@ -216,6 +216,7 @@ impl StripeObject {
                     capture_method: None,
                     charge: text("payment_intent"),
                     metadata,
+                    next_action: None,
                 }
             }
         }

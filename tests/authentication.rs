@@ -1,0 +1,453 @@
+//! Strong customer authentication (3-D Secure, issue 49), end to end on
+//! both backends through the Stripe connector and the fake's Stripe
+//! dialect: a card that asks its holder to authenticate leaves the payment
+//! in `requires_action` with a `next_action`; the fake serves the
+//! challenge page; the outcome arrives by proof (the provider's webhook)
+//! through the one settle path. The ledger is the judge: a charge exists
+//! only once the challenge is completed.
+//!
+//! Waits are on conditions with a deadline, never a sleep of a guessed
+//! length.
+
+use cobro_test_support::{Backend, Dialect, Rig, on_both_backends, payment_body, wait_for};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+on_both_backends!(
+    a_completed_challenge_ends_captured_with_one_charge_and_the_merchant_can_follow_it,
+    a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order,
+    a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler,
+    the_same_order_refs_in_two_accounts_wait_and_end_apart,
+    a_bad_return_url_is_refused_and_changes_nothing,
+    an_abandoned_automatic_payment_is_canceled_at_its_expiry_without_review,
+    an_abandoned_manual_payment_is_canceled_at_its_expiry_without_review,
+    a_customer_completing_as_the_expiry_cancel_is_sent_wins,
+);
+
+const SECRET: &str = "whsec_test_cobro";
+const PATIENCE: Duration = Duration::from_secs(10);
+/// Stripe's test card that always asks for authentication.
+const THREE_DS_CARD: &str = "pm_card_authenticationRequired";
+const RETURN_URL: &str = "https://shop.example/pedido/vuelta";
+
+/// A Stripe-dialect rig whose provider sends its webhooks to the app.
+async fn rig(backend: Backend) -> Rig {
+    let mut rig = Rig::new_in(backend, Dialect::Stripe).await;
+    rig.accept_webhooks(SECRET, true).await;
+    rig
+}
+
+/// A create body for `order_ref` with the card that asks for 3-D Secure.
+fn body_3ds(order_ref: &str) -> Value {
+    let mut body = payment_body(order_ref);
+    body["payment_method"] = json!(THREE_DS_CARD);
+    body["return_url"] = json!(RETURN_URL);
+    body
+}
+
+/// Creates a 3-D Secure payment and runs the worker: the payment waits for
+/// its customer. Returns it as GET shows it.
+async fn waiting_payment(rig: &Rig, order_ref: &str) -> Value {
+    let created = rig
+        .create_payment(&format!("k-{order_ref}"), &body_3ds(order_ref))
+        .await;
+    assert_eq!(created["status"], "processing");
+    assert_eq!(created["return_url"], RETURN_URL);
+    rig.drain(3).await;
+    let id = created["id"].as_str().expect("id");
+    let payment = rig.payment(id).await;
+    assert_eq!(payment["status"], "requires_action", "{payment}");
+    payment
+}
+
+/// The challenge page's URL the merchant sends its customer to.
+fn challenge_url(payment: &Value) -> String {
+    let action = &payment["next_action"];
+    assert_eq!(action["type"], "redirect_to_url", "{payment}");
+    assert_eq!(action["redirect_to_url"]["return_url"], RETURN_URL);
+    action["redirect_to_url"]["url"]
+        .as_str()
+        .expect("the challenge URL")
+        .to_owned()
+}
+
+/// Presses a button of the challenge page as a browser would (a form
+/// POST), without following the redirect: its `Location`.
+async fn press(challenge: &str, button: &str) -> String {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let page = client.get(challenge).send().await.expect("page");
+    assert_eq!(page.status().as_u16(), 200);
+    let html = page.text().await.expect("html");
+    assert!(html.contains(&format!("id=\"{button}\"")), "{html}");
+    let answer = client
+        .post(format!("{challenge}/{button}"))
+        .send()
+        .await
+        .expect("press");
+    assert_eq!(answer.status().as_u16(), 303, "a redirect back to the shop");
+    answer
+        .headers()
+        .get("location")
+        .and_then(|l| l.to_str().ok())
+        .expect("location")
+        .to_owned()
+}
+
+async fn wait_status(rig: &Rig, id: &str, status: &str) -> Value {
+    wait_for(&format!("payment {id} is {status}"), PATIENCE, async || {
+        let payment = rig.payment(id).await;
+        (payment["status"] == status).then_some(payment)
+    })
+    .await
+}
+
+/// The types of the events of `payment`, in order.
+async fn event_types(rig: &Rig, payment: &str) -> Vec<String> {
+    let page = rig
+        .get_json(&format!("/v1/events?object={payment}&limit=100"))
+        .await;
+    page["data"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn conflicts(rig: &Rig) -> i64 {
+    rig.app.db.count("evidence_conflicts").await
+}
+
+async fn a_completed_challenge_ends_captured_with_one_charge_and_the_merchant_can_follow_it(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-3ds").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
+    assert!(pi.starts_with("pi_"), "{payment}");
+    assert_eq!(
+        payment["next_action"]["client_secret"],
+        format!("{pi}_secret_fake"),
+        "Stripe.js needs the client secret"
+    );
+    assert!(payment["action_expires_at"].is_string(), "{payment}");
+    assert_eq!(
+        rig.ledger().totals.charges,
+        0,
+        "nothing is charged before the challenge"
+    );
+
+    let back = press(&challenge_url(&payment), "complete").await;
+    assert!(
+        back.starts_with(RETURN_URL) && back.contains("redirect_status=succeeded"),
+        "{back}"
+    );
+    let captured = wait_status(&rig, &id, "captured").await;
+    assert_eq!(captured["amount_captured"], captured["amount"]);
+    assert_eq!(captured["next_action"], Value::Null);
+
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1, "one charge: {ledger:?}");
+    assert_eq!(ledger.totals.declines + ledger.totals.voids, 0);
+    assert_eq!(conflicts(&rig).await, 0, "no conflict, no needs_review");
+    // The stream a merchant follows: requires_action (with the action),
+    // then captured.
+    assert_eq!(
+        event_types(&rig, &id).await,
+        [
+            "payment.created",
+            "payment.requires_action",
+            "payment.captured"
+        ]
+    );
+    let page = rig
+        .get_json(&format!(
+            "/v1/events?object={id}&type=payment.requires_action"
+        ))
+        .await;
+    let waiting = &page["data"][0]["data"];
+    assert_eq!(waiting["next_action"], payment["next_action"], "{waiting}");
+    // A second press (a double click) changes nothing.
+    let again = press_again(&challenge_url(&payment)).await;
+    assert_eq!(again, 303);
+    assert_eq!(rig.ledger().totals.charges, 1);
+    rig.shutdown().await;
+}
+
+/// A POST to a challenge that is over: redirected again, nothing made.
+async fn press_again(challenge: &str) -> u16 {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .post(format!("{challenge}/complete"))
+        .send()
+        .await
+        .expect("press")
+        .status()
+        .as_u16()
+}
+
+async fn a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order(backend: Backend) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-fail").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let back = press(&challenge_url(&payment), "fail").await;
+    assert!(back.contains("redirect_status=failed"), "{back}");
+    let declined = wait_status(&rig, &id, "declined").await;
+    assert!(declined["failure"]["code"].is_string(), "{declined}");
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 0, "{ledger:?}");
+    assert_eq!(conflicts(&rig).await, 0, "no conflict, no needs_review");
+    assert_eq!(
+        event_types(&rig, &id).await,
+        [
+            "payment.created",
+            "payment.requires_action",
+            "payment.declined"
+        ]
+    );
+    // Terminal: the order takes a new payment (with a card that works).
+    let retry = rig
+        .create_payment("k-retry", &payment_body("pedido-3ds-fail"))
+        .await;
+    assert_eq!(retry["status"], "processing");
+    rig.drain(3).await;
+    let retried = rig.payment(retry["id"].as_str().expect("id")).await;
+    assert_eq!(retried["status"], "captured");
+    assert_eq!(rig.ledger().totals.charges, 1);
+    rig.shutdown().await;
+}
+
+async fn a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler(backend: Backend) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-wait").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let creates = || cobro_test_support::posts_to(&rig.provider, "/v1/payment_intents");
+    assert_eq!(creates(), 1);
+    // Past the worker's retry backoff and the reconciler's stuck horizon:
+    // nothing is due, nothing is resent, the attempt is not unknown.
+    rig.app.clock.advance(chrono::Duration::minutes(30));
+    let steps = rig.drain(3).await;
+    assert!(steps.is_empty(), "{steps:?}");
+    let summary = rig.reconcile_once().await;
+    assert_eq!(summary.examined, 0, "not the unknown-outcome path");
+    assert_eq!(creates(), 1, "never resent, never a new key");
+    let attempts = rig.attempts(&id).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state.as_str(), "awaiting_customer");
+    assert_eq!(rig.payment(&id).await["status"], "requires_action");
+    assert_eq!(rig.ledger().totals.charges, 0);
+    rig.shutdown().await;
+}
+
+async fn the_same_order_refs_in_two_accounts_wait_and_end_apart(backend: Backend) {
+    let rig = rig(backend).await;
+    let (_, other_token) = rig.app.new_account("other-shop").await;
+    let mine = waiting_payment(&rig, "pedido-842").await;
+    let theirs: Value = rig
+        .app
+        .post_as(&other_token, "/v1/payments", Some("k-pedido-842"))
+        .json(&body_3ds("pedido-842"))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    rig.drain(3).await;
+    let their_id = theirs["id"].as_str().expect("id").to_owned();
+    let their_path = format!("/v1/payments/{their_id}");
+    let get_theirs = async || rig.app.get_json_as(&other_token, &their_path).await;
+    let theirs = get_theirs().await;
+    assert_eq!(theirs["status"], "requires_action", "{theirs}");
+    assert_ne!(mine["provider_ref"], theirs["provider_ref"]);
+    // Mine completes, theirs fails: each ends by its own proof.
+    press(&challenge_url(&mine), "complete").await;
+    press(&challenge_url(&theirs), "fail").await;
+    wait_status(&rig, mine["id"].as_str().expect("id"), "captured").await;
+    wait_for("their payment is declined", PATIENCE, async || {
+        (get_theirs().await["status"] == "declined").then_some(())
+    })
+    .await;
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
+    assert_eq!(conflicts(&rig).await, 0);
+    rig.shutdown().await;
+}
+
+async fn a_bad_return_url_is_refused_and_changes_nothing(backend: Backend) {
+    let rig = rig(backend).await;
+    let long = format!("https://shop.example/{}", "a".repeat(2100));
+    for bad in [
+        json!("/relative/path"),
+        json!("javascript:alert(1)"),
+        json!("ftp://shop.example/back"),
+        json!("https://user:pass@shop.example/back"),
+        json!(long),
+        json!(42),
+    ] {
+        let mut body = body_3ds("pedido-bad-url");
+        body["return_url"] = bad.clone();
+        let answer = rig
+            .app
+            .post("/v1/payments", Some("k-bad-url"))
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(answer.status().as_u16(), 400, "{bad}");
+        assert!(
+            answer
+                .headers()
+                .get("content-type")
+                .and_then(|c| c.to_str().ok())
+                .is_some_and(|c| c.starts_with("application/problem+json")),
+            "{bad}"
+        );
+    }
+    assert_eq!(rig.app.db.count("payments").await, 0);
+    // The return URL is part of the request: the same key with another
+    // one is refused, and nothing changes.
+    rig.create_payment("k-url", &body_3ds("pedido-url")).await;
+    let mut other = body_3ds("pedido-url");
+    other["return_url"] = json!("https://shop.example/elsewhere");
+    let replay = rig
+        .app
+        .post("/v1/payments", Some("k-url"))
+        .json(&other)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(replay.status().as_u16(), 422);
+    assert_eq!(rig.app.db.count("payments").await, 1);
+    rig.drain(3).await;
+    assert_eq!(rig.ledger().totals.charges, 0);
+    rig.shutdown().await;
+}
+
+/// Both clocks (cobro's and the provider's, which signs its webhooks) past
+/// the default expiry of one hour, then one reconciler run.
+async fn past_the_expiry(rig: &Rig) {
+    rig.app
+        .clock
+        .advance(chrono::Duration::hours(1) + chrono::Duration::minutes(1));
+    rig.provider
+        .control()
+        .advance_clock(Duration::from_secs(3660));
+    rig.reconcile_once().await;
+}
+
+/// The acknowledged deliveries of `event_type`.
+fn acked(rig: &Rig, event_type: &str) -> usize {
+    rig.provider
+        .control()
+        .webhook_deliveries()
+        .iter()
+        .filter(|d| d.event_type == event_type && d.status == Some(200))
+        .count()
+}
+
+/// Stripe's `payment_intent.canceled` for cobro's own cancel of an
+/// abandoned PaymentIntent agrees with the canceled payment: no false
+/// `needs_review` (the issue's reproduced bug), in either capture mode.
+async fn abandoned_is_canceled_at_its_expiry(backend: Backend, manual: bool) {
+    let rig = rig(backend).await;
+    let order = if manual { "pedido-m" } else { "pedido-a" };
+    let mut body = body_3ds(order);
+    if manual {
+        body["capture_method"] = json!("manual");
+    }
+    let created = rig.create_payment("k-abandoned", &body).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    rig.drain(3).await;
+    let waiting = rig.payment(&id).await;
+    assert_eq!(waiting["status"], "requires_action");
+    // Before the expiry, a run reads it and leaves it waiting.
+    rig.reconcile_once().await;
+    assert_eq!(rig.payment(&id).await["status"], "requires_action");
+
+    past_the_expiry(&rig).await;
+    assert_eq!(rig.payment(&id).await["status"], "canceling");
+    rig.drain(3).await;
+    let canceled = wait_status(&rig, &id, "canceled").await;
+    assert_eq!(canceled["amount_captured"], 0);
+    wait_for(
+        "payment_intent.canceled is acknowledged",
+        PATIENCE,
+        async || (acked(&rig, "payment_intent.canceled") == 1).then_some(()),
+    )
+    .await;
+    assert_eq!(rig.payment(&id).await["status"], "canceled");
+    assert_eq!(conflicts(&rig).await, 0, "no false needs_review");
+    let cancels = rig
+        .provider
+        .control()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/cancel"))
+        .count();
+    assert_eq!(cancels, 1, "one cancel of the PaymentIntent");
+    let ledger = rig.ledger();
+    assert_eq!(
+        ledger.totals,
+        fake_provider::Effects::default(),
+        "nothing charged, held or voided: {ledger:?}"
+    );
+    assert_eq!(
+        event_types(&rig, &id).await,
+        [
+            "payment.created",
+            "payment.requires_action",
+            "payment.canceling",
+            "payment.canceled"
+        ]
+    );
+    // The customer who comes back late finds the challenge over.
+    let late = reqwest::get(challenge_url(&waiting)).await.expect("page");
+    assert_eq!(late.status().as_u16(), 409);
+    // The order is free again.
+    let next = rig.create_payment("k-next", &payment_body(order)).await;
+    assert_eq!(next["status"], "processing");
+    rig.shutdown().await;
+}
+
+async fn an_abandoned_automatic_payment_is_canceled_at_its_expiry_without_review(backend: Backend) {
+    abandoned_is_canceled_at_its_expiry(backend, false).await;
+}
+
+async fn an_abandoned_manual_payment_is_canceled_at_its_expiry_without_review(backend: Backend) {
+    abandoned_is_canceled_at_its_expiry(backend, true).await;
+}
+
+/// The customer completes the challenge after the expiry decided to
+/// cancel, before the cancel reaches the provider: the provider refuses it
+/// (the PaymentIntent succeeded) and the evidence wins: captured, one
+/// charge, no void, no review.
+async fn a_customer_completing_as_the_expiry_cancel_is_sent_wins(backend: Backend) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-late").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    past_the_expiry(&rig).await;
+    assert_eq!(rig.payment(&id).await["status"], "canceling");
+    press(&challenge_url(&payment), "complete").await;
+    rig.drain(3).await;
+    let captured = wait_status(&rig, &id, "captured").await;
+    assert_eq!(captured["amount_captured"], captured["amount"]);
+    wait_for(
+        "payment_intent.succeeded is acknowledged",
+        PATIENCE,
+        async || (acked(&rig, "payment_intent.succeeded") == 1).then_some(()),
+    )
+    .await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    assert_eq!(conflicts(&rig).await, 0, "no needs_review");
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
+    assert_eq!(ledger.totals.voids, 0, "{ledger:?}");
+    rig.shutdown().await;
+}

@@ -9,7 +9,9 @@
 //! Waits are on conditions with a deadline, never a sleep of a guessed
 //! length.
 
-use cobro_test_support::{Backend, Dialect, Rig, on_both_backends, payment_body, wait_for};
+use cobro_test_support::{
+    ALL_TIME, Backend, Dialect, Rig, on_both_backends, payment_body, wait_for,
+};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -242,6 +244,12 @@ async fn a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler(backend:
     assert_eq!(attempts[0].state.as_str(), "awaiting_customer");
     assert_eq!(rig.payment(&id).await["status"], "requires_action");
     assert_eq!(rig.ledger().totals.charges, 0);
+    // The books count the waiting PaymentIntent as matched: a wait is not
+    // something an operator is paged for.
+    let books = rig.books(rig.connector());
+    let report = books.run(ALL_TIME, false, "test").await.expect("books");
+    let c = report.counts;
+    assert_eq!((c.objects, c.matched), (1, 1), "{report:?}");
     rig.shutdown().await;
 }
 
@@ -384,6 +392,11 @@ async fn abandoned_is_canceled_at_its_expiry(backend: Backend, manual: bool) {
     .await;
     assert_eq!(rig.payment(&id).await["status"], "canceled");
     assert_eq!(conflicts(&rig).await, 0, "no false needs_review");
+    // The books agree: a PaymentIntent canceled with nothing taken.
+    let books = rig.books(rig.connector());
+    let report = books.run(ALL_TIME, false, "test").await.expect("books");
+    let c = report.counts;
+    assert_eq!((c.objects, c.matched), (1, 1), "{report:?}");
     let cancels = rig
         .provider
         .control()

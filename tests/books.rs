@@ -7,7 +7,7 @@
 //! and record, they never move money.
 
 use cobro_test_support::site::{SETTLE, Site, id_of};
-use cobro_test_support::{Backend, Dialect, on_both_backends, payment_body, wait_for};
+use cobro_test_support::{ALL_TIME, Backend, Dialect, on_both_backends, payment_body, wait_for};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -447,11 +447,8 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
         .expect("an answer");
     assert_eq!(voided.status().as_u16(), 200);
 
-    let books = rig_books(&rig, rig.connector());
-    // Every creation time the fake can have given: the fake's clock and
-    // the rig's are not the same clock.
-    let all_time = (0, 4_000_000_000);
-    let first = books.run(all_time, false, "test").await.expect("books run");
+    let books = rig.books(rig.connector());
+    let first = books.run(ALL_TIME, false, "test").await.expect("books run");
     let c = first.counts;
     assert_eq!(
         (c.objects, c.matched, c.drifted, c.missing),
@@ -468,7 +465,7 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
     let decisions = "reconciliation_decisions WHERE decision = 'provider_voided'";
     assert_eq!(rig.app.db.count(decisions).await, 1);
 
-    let second = books.run(all_time, false, "test").await.expect("books run");
+    let second = books.run(ALL_TIME, false, "test").await.expect("books run");
     let c = second.counts;
     assert_eq!((c.objects, c.matched, c.drifted), (1, 1, 0), "{second:?}");
     assert_eq!(rig.app.db.count(decisions).await, 1);
@@ -476,33 +473,6 @@ async fn an_authorisation_voided_at_the_provider_is_applied_once_through_the_set
     let ledger = rig.provider.control().ledger();
     assert_eq!((ledger.totals.charges, ledger.totals.voids), (1, 1));
 }
-
-/// The books of a rig's store as the scheduler builds them, listing
-/// through `connector`.
-fn rig_books(
-    rig: &cobro_test_support::Rig,
-    connector: cobro_provider::Connector,
-) -> cobro_reconciler::books::Books<cobro_provider::Connector> {
-    cobro_reconciler::books::Books::new(
-        rig.app.db.store.clone(),
-        std::sync::Arc::new(connector),
-        std::sync::Arc::new(rig.app.clock.clone()),
-        cobro_reconciler::books::BooksConfig {
-            provider: "fake".into(),
-            is_default: true,
-            clock_skew: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(10),
-            overlap: Duration::from_secs(600),
-            settle_delay: Duration::from_secs(120),
-            first_window: Duration::from_secs(24 * 3600),
-            actor: "books:test".into(),
-        },
-    )
-}
-
-/// Every creation time the fake can have given: the fake's clock and the
-/// rig's are not the same clock.
-const ALL_TIME: (i64, i64) = (0, 4_000_000_000);
 
 /// cobro holds a captured payment and a succeeded refund of it, and the
 /// books list a provider whose ledger has neither (another fake with the
@@ -543,7 +513,7 @@ async fn successes_the_provider_does_not_hold_are_missing_and_raised_once(backen
         base_url: elsewhere.url(),
         request_timeout: Duration::from_secs(2),
     };
-    let books = rig_books(&rig, client.connector(rig.dialect));
+    let books = rig.books(client.connector(rig.dialect));
     let missing = "evidence_conflicts WHERE kind = 'missing_at_provider'";
     for run in 0..2 {
         let report = books.run(ALL_TIME, false, "test").await.expect("books run");
@@ -595,7 +565,7 @@ async fn scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overla
             .control()
             .advance_clock(Duration::from_secs(60 * minutes as u64));
     };
-    let books = rig_books(&rig, rig.connector());
+    let books = rig.books(rig.connector());
     let first_paid = rig.create_payment("k-1", &payment_body("o-1")).await;
     rig.drain(2).await;
     advance(5);
@@ -672,7 +642,7 @@ async fn scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overla
         base_url: "http://127.0.0.1:9".into(),
         request_timeout: Duration::from_secs(2),
     };
-    let failing = rig_books(&rig, unreachable.connector(rig.dialect));
+    let failing = rig.books(unreachable.connector(rig.dialect));
     assert!(failing.run_due("schedule").await.is_err());
     assert_eq!(store.books_checkpoint("fake").await.expect("read"), before);
     let runs = store.books_runs(10).await.expect("runs");

@@ -421,6 +421,10 @@ pub fn test_api_settings() -> cobro_api::ApiSettings {
     }
 }
 
+/// A books window of every creation time a fake provider can have given
+/// (its clock and a rig's are not the same clock).
+pub const ALL_TIME: (i64, i64) = (0, 4_000_000_000);
+
 /// A fixed starting instant for tests that drive a manual clock.
 pub fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0)
@@ -979,6 +983,29 @@ impl Rig {
 
     pub fn ledger(&self) -> fake_provider::Ledger {
         self.provider.control().ledger()
+    }
+
+    /// The books of this rig's store as the scheduler builds them, listing
+    /// through `connector` ([`Rig::connector`], or another provider's).
+    pub fn books(
+        &self,
+        connector: cobro_provider::Connector,
+    ) -> cobro_reconciler::books::Books<cobro_provider::Connector> {
+        cobro_reconciler::books::Books::new(
+            self.app.db.store.clone(),
+            std::sync::Arc::new(connector),
+            std::sync::Arc::new(self.app.clock.clone()),
+            cobro_reconciler::books::BooksConfig {
+                provider: "fake".into(),
+                is_default: true,
+                clock_skew: std::time::Duration::from_secs(10),
+                request_timeout: std::time::Duration::from_secs(10),
+                overlap: std::time::Duration::from_secs(600),
+                settle_delay: std::time::Duration::from_secs(120),
+                first_window: std::time::Duration::from_secs(24 * 3600),
+                actor: "books:test".into(),
+            },
+        )
     }
 
     /// Runs the worker until no row is due now, at most `rounds` batches.

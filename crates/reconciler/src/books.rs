@@ -737,6 +737,23 @@ fn agrees(
 ) -> Agreement {
     use PaymentStatus as P;
     use ProviderStatus as S;
+    if attempt.state == AttemptState::AwaitingCustomer {
+        // Waiting for its customer (3-D Secure) is a state cobro knows:
+        // the provider holds the object unconfirmed, or (after cobro's
+        // cancel at the expiry) canceled with nothing taken. Anything else
+        // is for the reconciler's read or a webhook to apply.
+        let nothing_taken = object.amount_captured.unwrap_or(0) == 0;
+        let agrees = match (&object.status, payment.status) {
+            (S::RequiresAction, P::RequiresAction | P::Canceling) => true,
+            (S::Voided | S::Canceled | S::Declined, P::Canceled | P::Declined | P::Failed) => {
+                nothing_taken
+            }
+            _ => false,
+        };
+        if agrees {
+            return Agreement::Yes;
+        }
+    }
     if attempt.state.is_unresolved() || attempt.state == AttemptState::Held {
         return Agreement::Unresolved;
     }

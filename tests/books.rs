@@ -515,6 +515,12 @@ async fn successes_the_provider_does_not_hold_are_missing_and_raised_once(backen
     };
     let books = rig.books(client.connector(rig.dialect));
     let missing = "evidence_conflicts WHERE kind = 'missing_at_provider'";
+    // A dry run (what it listed held in memory) finds them and writes
+    // nothing; real runs (what they listed in `books_listed`, forgotten at
+    // their end) raise each once.
+    let dry = books.run(ALL_TIME, true, "test").await.expect("dry run");
+    assert_eq!((dry.counts.objects, dry.counts.missing), (0, 2), "{dry:?}");
+    assert_eq!(rig.app.db.count(missing).await, 0);
     for run in 0..2 {
         let report = books.run(ALL_TIME, false, "test").await.expect("books run");
         let c = report.counts;
@@ -532,6 +538,7 @@ async fn successes_the_provider_does_not_hold_are_missing_and_raised_once(backen
             "run {run}: {report:?}"
         );
         assert_eq!(rig.app.db.count(missing).await, 2, "run {run}");
+        assert_eq!(rig.app.db.count("books_listed").await, 0, "run {run}");
         assert_eq!(
             rig.payment(&id).await["status"],
             "needs_review",
@@ -620,6 +627,7 @@ async fn scheduled_runs_move_their_checkpoint_and_apply_drift_once_across_overla
     let fourth = books.run_due("schedule").await.expect("run").expect("due");
     assert!(fourth.window.0 < third.window.1, "the windows overlap");
     // The second charge and the refund: the first charge is behind it now.
+    assert_eq!(rig.app.db.count("books_listed").await, 0);
     let c = fourth.counts;
     assert_eq!(
         (c.objects, c.matched, c.unmatched()),

@@ -460,8 +460,9 @@ async fn migrating_a_database_with_shared_account_names_fails_naming_the_fix(bac
         db.exec(&format!("ALTER TABLE payments DROP COLUMN {column}"))
             .await;
     }
-    // 0016 to 0018's, newest first.
+    // 0016 to 0022's, newest first.
     for statement in [
+        "DROP TABLE books_listed",
         "DROP TABLE books_runs",
         "DROP TABLE books_cursors",
         "DROP TABLE books_orphans",

@@ -20,9 +20,11 @@
 //! - what drift and missing do is in `cobro_settle::books`, the one settle
 //!   path webhooks use too.
 //!
-//! Memory is bounded by a page (100 objects) plus the set of provider ids
-//! the window listed (ids only), which "missing" needs; the attempts side
-//! is read from the database by the window, a page at a time, through the
+//! Memory is bounded by a page: what a run listed, which "missing" needs,
+//! is written to `books_listed` a page (100 objects) at a time and read
+//! back by the missing check's query (a dry run, which writes nothing,
+//! holds those ids in memory instead); the attempts side is read from the
+//! database by the window, a page at a time, through the
 //! `attempts_settled_by_send` index.
 
 mod adopt;
@@ -260,7 +262,12 @@ impl<P: Provider> Books<P> {
             dry_run,
             counts: Counts::default(),
             findings: Vec::new(),
-            seen: HashSet::new(),
+            // A real run writes what it listed to the database, a page at
+            // a time; a dry run writes nothing, so it holds the ids.
+            seen: match run_id {
+                Some(run) => Seen::Listed(run),
+                None => Seen::Memory(HashSet::new()),
+            },
         };
         let outcome = pass.list_and_class(window).await;
         let (inner_from, inner_to) = self.inner_window(window);
@@ -280,6 +287,10 @@ impl<P: Provider> Books<P> {
         };
         let error = outcome.as_ref().err().map(ToString::to_string);
         if let Some(id) = run_id {
+            let stale = self.clock.now() - chrono::Duration::days(1);
+            if let Err(e) = self.store.books_forget_listed(id, stale).await {
+                tracing::warn!(error = %e, "books: what the run listed could not be forgotten; the next run does it");
+            }
             let json = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
             self.store
                 .finish_books_run(
@@ -357,7 +368,16 @@ struct Pass<'b, P: Provider> {
     dry_run: bool,
     counts: Counts,
     findings: Vec<Finding>,
-    seen: HashSet<String>,
+    seen: Seen,
+}
+
+/// What a run listed: the provider ids its window holds, which "missing"
+/// needs. In the database (`books_listed`) for a real run, so its memory
+/// stays one page whatever the window; in memory for a dry run, which
+/// writes nothing.
+enum Seen {
+    Listed(DbId),
+    Memory(HashSet<String>),
 }
 
 impl<P: Provider> Pass<'_, P> {
@@ -372,10 +392,23 @@ impl<P: Provider> Pass<'_, P> {
                     .ledger_page(kind, window, after.as_deref())
                     .await
                     .map_err(|e| BooksError::List(e.0))?;
+                // A page boundary that moved under a concurrent create may
+                // show an object twice: it is classed once.
+                let new: HashSet<String> = match &mut self.seen {
+                    Seen::Listed(run) => {
+                        let ids: Vec<&str> = page.objects.iter().map(|o| o.id.as_str()).collect();
+                        let store = &self.books.store;
+                        store.books_listed(*run, &ids).await?.into_iter().collect()
+                    }
+                    Seen::Memory(seen) => page
+                        .objects
+                        .iter()
+                        .filter(|o| seen.insert(o.id.clone()))
+                        .map(|o| o.id.clone())
+                        .collect(),
+                };
                 for object in &page.objects {
-                    // A page boundary that moved under a concurrent create
-                    // may show an object twice: it is classed once.
-                    if !self.seen.insert(object.id.clone()) {
+                    if !new.contains(&object.id) {
                         continue;
                     }
                     self.counts.objects += 1;
@@ -641,6 +674,10 @@ impl<P: Provider> Pass<'_, P> {
                     (from, to),
                     after,
                     ATTEMPT_PAGE,
+                    match self.seen {
+                        Seen::Listed(run) => Some(run),
+                        Seen::Memory(_) => None,
+                    },
                 )
                 .await?;
             let Some(last) = page.last() else { break };
@@ -652,7 +689,12 @@ impl<P: Provider> Pass<'_, P> {
                 let Some(object) = attempt.provider_ref.as_deref() else {
                     continue;
                 };
-                if !ends_inside || self.seen.contains(object) {
+                let listed = match &self.seen {
+                    // The query left out what the run listed.
+                    Seen::Listed(_) => false,
+                    Seen::Memory(seen) => seen.contains(object),
+                };
+                if !ends_inside || listed {
                     continue;
                 }
                 self.counts.add(Class::Missing);

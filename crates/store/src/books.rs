@@ -294,6 +294,45 @@ impl Store {
             .await?))
     }
 
+    /// Records that run `run` listed `objects` (the provider's ids of one
+    /// page) and returns those it had not listed before: a page boundary
+    /// that moved under a concurrent create may show an object twice.
+    pub async fn books_listed(&self, run: DbId, objects: &[&str]) -> Result<Vec<String>> {
+        if objects.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: Vec<String> = (0..objects.len())
+            .map(|i| format!("($1, ${})", i + 2))
+            .collect();
+        let sql = format!(
+            "INSERT INTO books_listed (run_id, object_id) VALUES {} \
+             ON CONFLICT DO NOTHING RETURNING object_id",
+            values.join(", ")
+        );
+        Ok(on_write_pool!(self, pool => {
+            let mut query = sqlx::query_scalar(&sql).bind(run);
+            for object in objects {
+                query = query.bind(*object);
+            }
+            query.fetch_all(pool).await?
+        }))
+    }
+
+    /// Forgets what run `run` listed (its end), and what any run listed
+    /// that finished, or started before `stale_before` (a run whose
+    /// process died).
+    pub async fn books_forget_listed(&self, run: DbId, stale_before: DateTime<Utc>) -> Result<()> {
+        let sql = "DELETE FROM books_listed WHERE run_id = $1 OR run_id IN \
+            (SELECT id FROM books_runs WHERE finished_at IS NOT NULL OR started_at < $2)";
+        on_write_pool!(self, pool => sqlx::query(sql)
+            .bind(run)
+            .bind(DbTime(stale_before))
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
     /// One orphan by its id.
     pub async fn orphan(&self, id: DbId) -> Result<Option<OrphanRow>> {
         let sql = format!("SELECT {ORPHAN_COLUMNS} FROM books_orphans WHERE id = $1");
@@ -379,9 +418,17 @@ impl Store {
         (from, to): (DateTime<Utc>, DateTime<Utc>),
         after: Option<(DateTime<Utc>, DbId)>,
         limit: u32,
+        unlisted_by: Option<DbId>,
     ) -> Result<Vec<AttemptRow>> {
         let unnamed = if include_unnamed {
             " OR provider IS NULL"
+        } else {
+            ""
+        };
+        // Only those whose object run `unlisted_by` did not list.
+        let unlisted = if unlisted_by.is_some() {
+            " AND NOT EXISTS (SELECT 1 FROM books_listed l WHERE l.run_id = $7 \
+             AND l.object_id = attempts.provider_ref)"
         } else {
             ""
         };
@@ -393,19 +440,23 @@ impl Store {
             "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state = 'succeeded' \
              AND operation IN ('{authorize}', '{refund}') AND first_send_at >= $2 \
              AND first_send_at < $3 AND (provider = $1{unnamed}) \
-             AND (first_send_at > $4 OR (first_send_at = $4 AND id > $5)) \
+             AND (first_send_at > $4 OR (first_send_at = $4 AND id > $5)){unlisted} \
              ORDER BY first_send_at, id LIMIT $6"
         );
         let (after_at, after_id) = after.unwrap_or((from, DbId(uuid::Uuid::nil())));
-        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
-            .bind(provider)
-            .bind(DbTime(from))
-            .bind(DbTime(to))
-            .bind(DbTime(after_at))
-            .bind(after_id)
-            .bind(i64::from(limit))
-            .fetch_all(pool)
-            .await?))
+        Ok(on_pool!(self, pool => {
+            let query = sqlx::query_as(&sql)
+                .bind(provider)
+                .bind(DbTime(from))
+                .bind(DbTime(to))
+                .bind(DbTime(after_at))
+                .bind(after_id)
+                .bind(i64::from(limit));
+            match unlisted_by {
+                Some(run) => query.bind(run).fetch_all(pool).await?,
+                None => query.fetch_all(pool).await?,
+            }
+        }))
     }
 
     /// An attempt by id, across accounts (the books match an object's

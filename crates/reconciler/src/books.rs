@@ -287,7 +287,9 @@ impl<P: Provider> Books<P> {
         };
         let error = outcome.as_ref().err().map(ToString::to_string);
         if let Some(id) = run_id {
-            let stale = self.clock.now() - chrono::Duration::days(1);
+            // A week: far longer than any run lasts, so a live run never
+            // loses what it listed.
+            let stale = self.clock.now() - chrono::Duration::days(7);
             if let Err(e) = self.store.books_forget_listed(id, stale).await {
                 tracing::warn!(error = %e, "books: what the run listed could not be forgotten; the next run does it");
             }

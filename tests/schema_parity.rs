@@ -569,6 +569,13 @@ const GLOBAL_TABLES: &[(&str, &str)] = &[
          credentials every account shares; under Citus a table of the \
          coordinator",
     ),
+    (
+        "books_listed",
+        "the provider's ids a books run listed, every account's objects (a \
+         run lists the provider's whole ledger), kept for the run's missing \
+         check and deleted at its end; keyed by run and object; under Citus \
+         a table of the coordinator",
+    ),
 ];
 
 /// Unique keys that do not name `account_id` (besides primary keys on a

@@ -93,8 +93,7 @@ async fn create_refund(State(shared): AppState, headers: HeaderMap, body: Bytes)
 /// A new charge as the fake answers it: 201 (`processing` included: its
 /// outcome is not known yet), or 402 carrying the declined charge.
 fn charge_created(charge: Charge) -> StoredResponse {
-    let declined = charge.status == crate::model::ChargeStatus::Declined;
-    match crate::model::Decline::of(&charge.payment_method).filter(|_| declined) {
+    match charge.decline() {
         None => StoredResponse::json(StatusCode::CREATED, &charge),
         Some(decline) => ApiError::new(
             StatusCode::PAYMENT_REQUIRED,

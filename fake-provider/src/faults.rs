@@ -80,6 +80,15 @@ pub enum FaultAction {
     /// ledger read or clock move after that; the ledger counts its effect
     /// then, once.
     Processing,
+    /// Charge only (both dialects): the charge is declined with the soft
+    /// decline `try_again_later` (the processor could not handle it now;
+    /// another may), whatever its card: processed exactly as a declining
+    /// card's charge (a declined charge, no money moved, the ledger counts a
+    /// decline, the key saves the 402, the decline's event goes out). It
+    /// replaces a declining card's own decline. Drawn when the charge is
+    /// made, so a replay under the key draws nothing and replays the
+    /// decline.
+    SoftDecline,
     /// Nothing done yet and no answer (the connection is closed): the
     /// request is held, its key reserved (a retry under it sees 409
     /// `idempotency_in_progress`), and its effect is made only when released
@@ -189,6 +198,15 @@ impl FaultRule {
     /// Rejects rules that could never fire, so the admin API can say so
     /// instead of silently ignoring them.
     pub fn validate(&self) -> Result<(), String> {
+        if self.action == FaultAction::SoftDecline
+            && !matches!(self.operation, Operation::Charge | Operation::Any)
+        {
+            return Err(format!(
+                "soft_decline applies to charge only (it declines a charge being created), \
+                 not to {}; put it on charge or any",
+                format!("{:?}", self.operation).to_lowercase()
+            ));
+        }
         let webhook_only = self.action.webhook_only();
         let fits_webhook = webhook_only || self.action == FaultAction::Latency;
         if self.operation == Operation::Webhook && !fits_webhook {
@@ -304,7 +322,7 @@ impl FaultBook {
         let for_webhooks = operation == Operation::Webhook;
         self.fire(operation, reference, rng, |rule, rng| match rule.action {
             // Drawn when the object is created, not per request.
-            FaultAction::SearchLag | FaultAction::Processing => false,
+            FaultAction::SearchLag | FaultAction::Processing | FaultAction::SoftDecline => false,
             FaultAction::HoldEffect
                 if !matches!(operation, Operation::Charge | Operation::Refund) =>
             {
@@ -359,19 +377,36 @@ impl FaultBook {
     /// How long a charge being created now stays `processing`, if a
     /// `processing` rule for `charge` (or `any`) fires.
     pub(crate) fn processing(&mut self, reference: &str, rng: &mut StdRng) -> Option<u64> {
+        self.on_charge_creation(FaultAction::Processing, reference, rng)
+    }
+
+    /// Whether a charge being created now is declined `try_again_later`: a
+    /// `soft_decline` rule for `charge` (or `any`) fires.
+    pub(crate) fn soft_decline(&mut self, reference: &str, rng: &mut StdRng) -> bool {
+        self.on_charge_creation(FaultAction::SoftDecline, reference, rng)
+            .is_some()
+    }
+
+    /// Fires the first matching rule of `action` (drawn once per created
+    /// charge) for the creation of a charge; its `lag_seconds`, defaulted.
+    fn on_charge_creation(
+        &mut self,
+        action: FaultAction,
+        reference: &str,
+        rng: &mut StdRng,
+    ) -> Option<u64> {
         if self.rules.is_empty() {
             return None;
         }
-        let mut pending = None;
+        let mut fired = None;
         self.fire(Operation::Charge, Some(reference), rng, |rule, rng| {
-            let fires =
-                rule.action == FaultAction::Processing && pending.is_none() && draw(rule, rng);
+            let fires = rule.action == action && fired.is_none() && draw(rule, rng);
             if fires {
-                pending = Some(rule.lag_seconds.unwrap_or(DEFAULT_LAG_SECONDS));
+                fired = Some(rule.lag_seconds.unwrap_or(DEFAULT_LAG_SECONDS));
             }
             fires
         });
-        pending
+        fired
     }
 
     /// Offers each matching rule to `take`, which decides (drawing the

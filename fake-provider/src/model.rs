@@ -107,6 +107,28 @@ pub struct Charge {
     /// Bumped by every mutation of this charge or its refunds, so a webhook
     /// consumer can tell an old event from a new one.
     pub sequence: u64,
+    /// The decline a `soft_decline` fault forced on it when it was made,
+    /// in place of its payment method's own (see [`Charge::decline`]). Not
+    /// on the wire: the decline shows in the answers and events that carry
+    /// one.
+    #[serde(skip)]
+    pub(crate) forced_decline: Option<Decline>,
+}
+
+impl Charge {
+    /// What this charge declines with once final: the decline a
+    /// `soft_decline` fault forced on it, else its payment method's own.
+    pub(crate) fn decline_cause(&self) -> Option<Decline> {
+        self.forced_decline
+            .or_else(|| Decline::of(&self.payment_method))
+    }
+
+    /// Why this charge was declined; none unless it is `declined`. The one
+    /// source of every rendering of a decline, in both dialects.
+    pub(crate) fn decline(&self) -> Option<Decline> {
+        self.decline_cause()
+            .filter(|_| self.status == ChargeStatus::Declined)
+    }
 }
 
 /// Lifecycle of a refund: this provider's refunds succeed at once, and
@@ -700,6 +722,14 @@ pub(crate) struct Decline {
 }
 
 impl Decline {
+    /// The soft decline a `soft_decline` fault forces: the processor could
+    /// not handle the charge now; another one (or a later try) may.
+    pub(crate) const TRY_AGAIN_LATER: Decline = Decline {
+        code: "try_again_later",
+        decline_code: "try_again_later",
+        message: "The card was declined for an unknown reason; try again or use another processor.",
+    };
+
     /// The decline a payment method always causes, if any: the fake's own
     /// test methods and Stripe's.
     pub(crate) fn of(payment_method: &str) -> Option<Self> {

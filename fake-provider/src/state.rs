@@ -391,9 +391,11 @@ impl State {
         new_id(&mut self.id_rng, prefix)
     }
 
-    /// Creates a charge (declined when its payment method always declines),
-    /// records it in the ledger and emits its fake event. `searchable_at`
-    /// comes from [`State::searchable_at`], drawn once by the caller. When a
+    /// Creates a charge (declined when its payment method always declines,
+    /// or when a `soft_decline` rule fires: then with
+    /// [`Decline::TRY_AGAIN_LATER`], whatever the card), records it in the
+    /// ledger and emits its fake event. `searchable_at` comes from
+    /// [`State::searchable_at`], drawn once by the caller. When a
     /// `processing` rule fires, the charge is made `processing` instead:
     /// nothing is recorded or emitted until [`State::settle_due`] makes it
     /// final.
@@ -407,9 +409,14 @@ impl State {
         let pending = self
             .faults
             .processing(&params.reference, &mut self.fault_rng);
+        let forced_decline = self
+            .faults
+            .soft_decline(&params.reference, &mut self.fault_rng)
+            .then_some(Decline::TRY_AGAIN_LATER);
+        let decline = forced_decline.or_else(|| Decline::of(&params.payment_method));
         let status = match pending {
             Some(_) => ChargeStatus::Processing,
-            None => final_status(&params.payment_method, capture_method),
+            None => final_status(decline, capture_method),
         };
         let charge = Charge {
             id: self.new_id("ch_"),
@@ -429,6 +436,7 @@ impl State {
             amount_refunded: 0,
             created: ctx.now,
             sequence: 1,
+            forced_decline,
         };
         match pending {
             Some(seconds) => self.processing.push(Pending {
@@ -481,7 +489,7 @@ impl State {
         if charge.status != ChargeStatus::Processing {
             return;
         }
-        charge.status = final_status(&charge.payment_method, charge.capture_method);
+        charge.status = final_status(charge.decline_cause(), charge.capture_method);
         if charge.status == ChargeStatus::Captured {
             charge.amount_captured = charge.amount;
         }
@@ -739,11 +747,11 @@ impl State {
     }
 }
 
-/// What a new charge becomes once its effect is made: declined when its
-/// payment method always declines, else captured or authorized by its
-/// capture method.
-fn final_status(payment_method: &str, capture_method: CaptureMethod) -> ChargeStatus {
-    match (Decline::of(payment_method), capture_method) {
+/// What a new charge becomes once its effect is made: declined when it has
+/// a decline (its payment method's, or one a `soft_decline` fault forced),
+/// else captured or authorized by its capture method.
+fn final_status(decline: Option<Decline>, capture_method: CaptureMethod) -> ChargeStatus {
+    match (decline, capture_method) {
         (Some(_), _) => ChargeStatus::Declined,
         (None, CaptureMethod::Automatic) => ChargeStatus::Captured,
         (None, CaptureMethod::Manual) => ChargeStatus::Authorized,

@@ -44,9 +44,7 @@ use search::Query;
 
 use crate::config::WebhookDialect;
 use crate::faults::Operation;
-use crate::model::{
-    Charge, ChargeParams, ChargeStatus, Created, Decline, RefundParams, StoredResponse,
-};
+use crate::model::{Charge, ChargeParams, ChargeStatus, Created, RefundParams, StoredResponse};
 use crate::pipeline::{Call, Dialect, Outcome, Subject, execute};
 use crate::state::{Ctx, Refused, Shared, State as ProviderState, Store, new_stored, resource};
 
@@ -458,8 +456,7 @@ fn create_intent_effect(
         .insert(new_stored(intent, ctx, searchable_at));
     let decline = charge
         .as_ref()
-        .filter(|charge| charge.status == ChargeStatus::Declined)
-        .and_then(|charge| Decline::of(&charge.payment_method).map(|d| (d, &charge.id)));
+        .and_then(|charge| charge.decline().map(|d| (d, &charge.id)));
     match decline {
         Some((decline, charge)) => StripeError::declined(decline, charge, json).into_stored(),
         None => ok(&json),

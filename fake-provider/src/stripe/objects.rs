@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::{API_VERSION, Intent, Requires};
-use crate::model::{Charge, ChargeStatus, Decline, Refund};
+use crate::model::{Charge, ChargeStatus, Refund};
 
 /// A PaymentIntent's status, from its record and its charge.
 pub(crate) fn intent_status(intent: &Intent, charge: Option<&Charge>) -> &'static str {
@@ -40,18 +40,16 @@ pub(crate) fn intent_json(intent: &Intent, charge: Option<&Charge>) -> Value {
         _ => 0,
     };
     let last_payment_error = match (status, charge) {
-        ("requires_payment_method", Some(charge)) => {
-            Decline::of(&charge.payment_method).map(|decline| {
-                json!({
-                    "type": "card_error",
-                    "code": "card_declined",
-                    "decline_code": decline.decline_code,
-                    "message": decline.message,
-                    "charge": charge.id,
-                    "payment_method": {"id": charge.payment_method, "object": "payment_method"},
-                })
+        ("requires_payment_method", Some(charge)) => charge.decline().map(|decline| {
+            json!({
+                "type": "card_error",
+                "code": "card_declined",
+                "decline_code": decline.decline_code,
+                "message": decline.message,
+                "charge": charge.id,
+                "payment_method": {"id": charge.payment_method, "object": "payment_method"},
             })
-        }
+        }),
         _ => None,
     };
     let last_payment_error = last_payment_error.or_else(|| {
@@ -111,7 +109,7 @@ pub(crate) fn charge_json(charge: &Charge, payment_intent: Option<&str>) -> Valu
         ChargeStatus::Processing => "pending",
         _ => "succeeded",
     };
-    let decline = Decline::of(&charge.payment_method).filter(|_| declined);
+    let decline = charge.decline();
     json!({
         "id": charge.id,
         "object": "charge",

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{EffectsExt, charge_body, charges, provider, provider_with, refunds};
+use common::{EffectsExt, charge_body, charges, declines, provider, provider_with, refunds};
 use fake_provider::{Config, Effects, FaultAction, FaultRule, Operation};
 use serde_json::json;
 
@@ -365,4 +365,134 @@ async fn the_same_seed_and_request_order_give_the_same_faults() {
         charges(made),
         "every non-503 made exactly one charge"
     );
+}
+
+/// A `soft_decline` rule, installed as JSON over the admin API, declines a
+/// good card's charge `try_again_later` exactly as a declining card's
+/// charge is declined: a declined charge in a 402, a decline (no charge) in
+/// the ledger, and the 402 saved under the key, so a replay returns it and
+/// counts nothing more.
+#[tokio::test]
+async fn soft_decline_declines_a_good_card_try_again_later_and_its_key_replays_the_decline() {
+    let p = admin_provider().await;
+    let installed = p
+        .http
+        .post(format!("{}/__admin/faults", p.url))
+        .json(&json!({"operation": "charge", "action": "soft_decline", "probability": 1.0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(installed.status(), 200);
+    let reference = "pedido-s:authorize-v1";
+
+    let declined = p.charge(Some("key-s"), reference).await;
+
+    assert_eq!(declined.error(), (402, "try_again_later"));
+    assert_eq!(declined.body["error"]["type"], "card_error");
+    let charge = &declined.body["charge"];
+    assert_eq!(
+        (&charge["status"], &charge["payment_method"]),
+        (&json!("declined"), &json!("pm_card_visa"))
+    );
+    assert_eq!(p.totals(), declines(1));
+    let replayed = p.charge(Some("key-s"), reference).await;
+    assert_eq!(
+        (replayed.status, replayed.replayed, &replayed.body),
+        (402, true, &declined.body)
+    );
+    assert_eq!(p.totals(), declines(1));
+    let ledger = p.control.ledger();
+    assert_eq!(ledger.for_key("key-s"), declines(1));
+    let [stored] = ledger.charges.as_slice() else {
+        panic!("one charge: {ledger:?}")
+    };
+    assert_eq!(
+        (stored.status.as_str(), stored.amount_captured),
+        ("declined", 0)
+    );
+    let read = p
+        .get(&format!("/v1/charges/{}", charge["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(&read.body, charge);
+}
+
+/// A rule scoped to one reference declines only that reference's charges,
+/// replaces a declining card's own (hard) decline, and under `any` touches
+/// nothing but charge creation.
+#[tokio::test]
+async fn soft_decline_hits_only_its_reference_and_only_charge_creation() {
+    let p = provider().await;
+    let authorized = p.charge(None, "pedido-c:authorize-v1").await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::SoftDecline).with_reference("pedido-a"),
+    );
+    p.control.add_fault(
+        FaultRule::new(Operation::Any, FaultAction::SoftDecline).with_reference("pedido-c"),
+    );
+
+    let hit = p.charge(None, "pedido-a:authorize-v1").await;
+    let other = p.charge(None, "pedido-b:authorize-v1").await;
+    let mut hard = charge_body("pedido-a:authorize-v2");
+    hard["payment_method"] = json!("pm_card_declined");
+    let replaced = p.post("/v1/charges", None, &hard).await.unwrap();
+    let mut unhit_hard = charge_body("pedido-b:authorize-v2");
+    unhit_hard["payment_method"] = json!("pm_card_declined");
+    let own = p.post("/v1/charges", None, &unhit_hard).await.unwrap();
+    let captured = p.capture(authorized.id(), None, json!({})).await;
+    let any_hit = p.charge(None, "pedido-c:authorize-v2").await;
+
+    assert_eq!(hit.error(), (402, "try_again_later"));
+    assert_eq!(other.status, 201);
+    assert_eq!(replaced.error(), (402, "try_again_later"));
+    assert_eq!(own.error(), (402, "card_declined"));
+    assert_eq!(captured.status, 200, "{captured:?}");
+    assert_eq!(any_hit.error(), (402, "try_again_later"));
+    let ledger = p.control.ledger();
+    assert_eq!(ledger.for_reference("pedido-a:authorize-v1"), declines(1));
+    assert_eq!(ledger.for_reference("pedido-b:authorize-v1"), charges(1));
+    assert_eq!(ledger.totals, charges(2).declines(4).captures(1));
+}
+
+/// `soft_decline` declines a charge being created: on any other operation
+/// it could never fire, and the admin API refuses it with its usual 400.
+#[tokio::test]
+async fn soft_decline_is_refused_where_no_charge_is_created() {
+    let p = admin_provider().await;
+    let admin = fake_provider::AdminClient::new(&p.url);
+    for operation in [
+        Operation::Capture,
+        Operation::Void,
+        Operation::Refund,
+        Operation::Get,
+        Operation::Search,
+        Operation::List,
+        Operation::Webhook,
+    ] {
+        let refused = admin
+            .add_fault(FaultRule::new(operation, FaultAction::SoftDecline))
+            .await
+            .expect_err("refused");
+        let message = refused.to_string();
+        assert!(
+            message.contains("400") && message.contains("soft_decline applies to charge only"),
+            "{operation:?}: {message}"
+        );
+    }
+    let refused = p
+        .http
+        .post(format!("{}/__admin/faults", p.url))
+        .json(&json!({"operation": "refund", "action": "soft_decline"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "parameter_invalid");
+    for operation in [Operation::Charge, Operation::Any] {
+        admin
+            .add_fault(FaultRule::new(operation, FaultAction::SoftDecline))
+            .await
+            .unwrap();
+    }
+    assert!(p.control.faults().len() == 2);
 }

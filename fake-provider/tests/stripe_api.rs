@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use common::stripe::{SK, SK_B, form, intent_form};
 use common::{EffectsExt, charge_body, charges, declines, provider, refunds};
-use fake_provider::Effects;
+use fake_provider::{Effects, FaultAction, FaultRule, Operation};
 use serde_json::json;
 
 const REFERENCE_1: &str = "cobro_account=acct_1&cobro_intent=o-1:authorize-v1";
@@ -841,4 +841,128 @@ async fn both_dialects_drive_one_engine_and_share_the_refund_paths() {
         2
     );
     assert_eq!(ledger.payment_intents.len(), 1);
+}
+
+/// A `soft_decline` rule declines a good card's confirmation with Stripe's
+/// 402 `card_declined`, `decline_code: try_again_later`, exactly as a
+/// declining card's: the PaymentIntent left `requires_payment_method` with
+/// the decline as its `last_payment_error`, a decline (no charge) in the
+/// ledger, and the 402 replayed under the key with nothing more counted.
+#[tokio::test]
+async fn soft_decline_declines_a_good_card_try_again_later_and_its_key_replays_it() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::SoftDecline).with_probability(1.0),
+    );
+    let pairs = intent_form("automatic", "o-s:authorize-v1");
+
+    let reply = p
+        .stripe_post("/v1/payment_intents", Some("pi-s"), &pairs)
+        .await;
+
+    assert_eq!(reply.error(), (402, "card_error", "card_declined"));
+    let error = &reply.body["error"];
+    assert_eq!(error["decline_code"], "try_again_later");
+    let pi = &error["payment_intent"];
+    assert_eq!(pi["status"], "requires_payment_method");
+    assert_eq!(pi["payment_method"], "pm_card_visa");
+    assert_eq!(pi["amount_received"], 0);
+    assert_eq!(pi["last_payment_error"]["decline_code"], "try_again_later");
+    assert_eq!(pi["last_payment_error"]["code"], "card_declined");
+    assert_eq!(pi["latest_charge"], error["charge"]);
+    let got = p
+        .stripe_get(&format!(
+            "/v1/payment_intents/{}",
+            pi["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(&got.body, pi);
+    assert_eq!(p.control.ledger().totals, declines(1));
+
+    let replayed = p
+        .stripe_post("/v1/payment_intents", Some("pi-s"), &pairs)
+        .await;
+
+    assert_eq!(
+        (replayed.status, replayed.replayed, &replayed.body),
+        (402, true, &reply.body)
+    );
+    let ledger = p.control.ledger();
+    assert_eq!(ledger.totals, declines(1));
+    assert_eq!(ledger.for_key("pi-s"), declines(1));
+    assert_eq!(
+        ledger
+            .charge_of_payment_intent(pi["id"].as_str().unwrap())
+            .unwrap()
+            .status,
+        "declined"
+    );
+}
+
+/// Scoped to one payment's reference (its metadata), the rule declines that
+/// payment's PaymentIntent only; another with the same card succeeds.
+#[tokio::test]
+async fn soft_decline_scoped_to_a_reference_declines_only_that_payment() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::SoftDecline)
+            .with_reference("cobro_intent=o-x:"),
+    );
+
+    let hit = p
+        .stripe_post(
+            "/v1/payment_intents",
+            None,
+            &intent_form("automatic", "o-x:authorize-v1"),
+        )
+        .await;
+    let other = p
+        .stripe_post(
+            "/v1/payment_intents",
+            None,
+            &intent_form("automatic", "o-y:authorize-v1"),
+        )
+        .await;
+
+    assert_eq!(hit.error(), (402, "card_error", "card_declined"));
+    assert_eq!(hit.body["error"]["decline_code"], "try_again_later");
+    assert_eq!((other.status, other.status_of()), (200, "succeeded"));
+    let ledger = p.control.ledger();
+    let of =
+        |order: &str| ledger.for_reference(&format!("cobro_account=acct_1&cobro_intent={order}"));
+    assert_eq!(of("o-x:authorize-v1"), declines(1));
+    assert_eq!(of("o-y:authorize-v1"), charges(1));
+}
+
+/// Under `processing` too, the forced decline is what the charge becomes
+/// once final: the PaymentIntent answers `processing`, then reads
+/// `requires_payment_method` with `try_again_later`, counted once.
+#[tokio::test]
+async fn a_processing_charge_under_soft_decline_settles_declined_try_again_later() {
+    let p = provider().await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::Processing).with_lag_seconds(10));
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::SoftDecline));
+    let pending = p
+        .stripe_post(
+            "/v1/payment_intents",
+            None,
+            &intent_form("automatic", "o-p:authorize-v1"),
+        )
+        .await;
+    assert_eq!((pending.status, pending.status_of()), (200, "processing"));
+    assert_eq!(p.control.ledger().totals, Effects::default());
+
+    p.control.advance_clock(std::time::Duration::from_secs(10));
+
+    let settled = p
+        .stripe_get(&format!("/v1/payment_intents/{}", pending.id()))
+        .await;
+    assert_eq!(settled.status_of(), "requires_payment_method");
+    assert_eq!(
+        settled.body["last_payment_error"]["decline_code"],
+        "try_again_later"
+    );
+    assert_eq!(p.control.ledger().totals, declines(1));
 }

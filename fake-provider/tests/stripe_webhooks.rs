@@ -486,3 +486,27 @@ async fn the_binary_sends_stripe_events_with_the_webhook_dialect_flag() {
         .unwrap();
     assert!(!refused.success(), "an unknown dialect is refused");
 }
+
+/// A confirmation a `soft_decline` rule declines sends
+/// `payment_intent.payment_failed`, as a declining card's does, its
+/// `last_payment_error` saying `try_again_later`.
+#[tokio::test]
+async fn a_soft_declined_confirmation_emits_payment_failed_with_try_again_later() {
+    let (receiver, url) = Receiver::start().await;
+    let p = stripe_provider(&url).await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::SoftDecline));
+    let pairs = intent_form("automatic", "o-s:authorize-v1");
+    let decline = p.stripe_post("/v1/payment_intents", None, &pairs).await;
+    assert_eq!(decline.status, 402);
+
+    let events = receiver.wait_for(1).await;
+    assert_eq!(receiver.kinds(), ["payment_intent.payment_failed"]);
+    let failed = events[0].object();
+    assert_eq!(
+        failed["last_payment_error"]["decline_code"],
+        "try_again_later"
+    );
+    assert_eq!(failed, &decline.body["error"]["payment_intent"]);
+    assert_eq!(p.totals(), charges(0).declines(1));
+}

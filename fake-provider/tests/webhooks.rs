@@ -469,3 +469,23 @@ async fn with_several_lanes_a_slow_charge_holds_back_only_its_own_later_events()
     assert_eq!(p.totals().charges, 2);
     assert_eq!(p.totals().captures, 1);
 }
+
+/// A charge a `soft_decline` rule declines sends `charge.declined`, as a
+/// declining card's does, carrying the declined charge.
+#[tokio::test]
+async fn a_soft_declined_charge_emits_charge_declined() {
+    let (receiver, url) = Receiver::start(0).await;
+    let p = provider_sending_to(&url).await;
+    p.control
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::SoftDecline));
+    let declined = p.charge(Some("key-s"), "pedido-s:authorize-v1").await;
+    assert_eq!(declined.error(), (402, "try_again_later"));
+    receiver.wait_for(1).await;
+
+    assert_eq!(
+        receiver.kinds_and_sequences(),
+        [("charge.declined".to_owned(), 1)]
+    );
+    assert_eq!(receiver.events()[0].event["data"], declined.body["charge"]);
+    assert_eq!(p.totals(), Effects::default().declines(1));
+}

@@ -933,6 +933,44 @@ async fn a_card_error_on_authorize_is_declined() {
     script.only().assert_post("/v1/payment_intents");
 }
 
+/// A soft decline (`try_again_later`: the issuer or processor could not
+/// handle it now) is a decline like any other when Stripe does not say to
+/// retry: nothing was charged, so a router may try another provider. As
+/// the fake provider's `soft_decline` fault answers it: no
+/// `Stripe-Should-Retry` header, or `false`.
+#[tokio::test]
+async fn a_soft_decline_on_authorize_is_declined_with_its_decline_code() {
+    for should_retry in [None, Some("false")] {
+        let mut intent = declined_intent();
+        intent["last_payment_error"]["decline_code"] = json!("try_again_later");
+        let body = error(
+            "card_error",
+            Some("card_declined"),
+            "The card was declined for an unknown reason; try again or use another processor.",
+            json!({
+                "charge": "ch_3PqRsT",
+                "decline_code": "try_again_later",
+                "payment_intent": intent,
+            }),
+        );
+        let mut reply = Reply::new(402, &body);
+        if let Some(value) = should_retry {
+            reply = reply.with("stripe-should-retry", value);
+        }
+        let (provider, _) = stripe(vec![reply]).await;
+        let sent = authorize(&provider, false).await;
+        assert_class(&sent, "declined", "card_error_on_authorize");
+        let Outcome::Declined { code, object, .. } = &sent.outcome else {
+            unreachable!()
+        };
+        assert_eq!(code, "try_again_later", "{should_retry:?}");
+        assert_eq!(
+            object.as_ref().map(|o| &o.status),
+            Some(&ProviderStatus::Declined)
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_card_error_on_capture_failed() {
     let body = error(

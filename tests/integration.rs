@@ -24,6 +24,7 @@ mod plans;
 mod providers;
 mod reconciler;
 mod refunds;
+mod routing;
 mod scenarios;
 mod schema_parity;
 mod store_conformance;

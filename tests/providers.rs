@@ -263,35 +263,7 @@ impl World {
 
     /// The reconciler `cobro serve` schedules for provider `name`.
     fn reconciler(&self, name: &str) -> cobro_reconciler::Reconciler<Connector> {
-        let settings = cobro::settings::ReconcileSettings {
-            provider_search_lag: Duration::from_secs(60),
-            provider_clock_skew: Duration::from_secs(10),
-            reconcile_stuck_after: Duration::from_secs(300),
-            reconcile_escalate_after: Duration::from_secs(24 * 3600),
-            reconcile_no_retry: false,
-            books: cobro::settings::BooksSettings {
-                books_schedule: "0 */5 * * * *".into(),
-                no_books: true,
-                books_overlap: Duration::from_secs(600),
-                books_settle_delay: Duration::from_secs(120),
-                books_first_window: Duration::from_secs(24 * 3600),
-            },
-        };
-        let spec = self.handle.registry.get(name).expect("spec");
-        let mut config = settings.config(
-            spec,
-            self.handle.registry.scope(spec),
-            "reconciler:test".into(),
-        );
-        // The app's manual clock is days from the database's: the bound is
-        // tested where the clock is made to be off (tests/reconciler.rs).
-        config.max_clock_gap = None;
-        cobro_reconciler::Reconciler::new(
-            self.app.db.store.clone(),
-            Arc::new(self.handle.client(name).expect("client").clone()),
-            Arc::new(self.app.clock.clone()),
-            config,
-        )
+        scheduled_reconciler(&self.app, &self.handle, name)
     }
 
     /// Moves the app's manual clock to the provider's virtual one (which
@@ -309,6 +281,40 @@ impl World {
                 .advance_clock((-gap).to_std().expect("gap")),
         }
     }
+}
+
+/// The reconciler `cobro serve` schedules for provider `name` of `handle`,
+/// on `app`'s store and manual clock.
+pub(crate) fn scheduled_reconciler(
+    app: &TestApp,
+    handle: &ProviderHandle,
+    name: &str,
+) -> cobro_reconciler::Reconciler<Connector> {
+    let settings = cobro::settings::ReconcileSettings {
+        provider_search_lag: Duration::from_secs(60),
+        provider_clock_skew: Duration::from_secs(10),
+        reconcile_stuck_after: Duration::from_secs(300),
+        reconcile_escalate_after: Duration::from_secs(24 * 3600),
+        reconcile_no_retry: false,
+        books: cobro::settings::BooksSettings {
+            books_schedule: "0 */5 * * * *".into(),
+            no_books: true,
+            books_overlap: Duration::from_secs(600),
+            books_settle_delay: Duration::from_secs(120),
+            books_first_window: Duration::from_secs(24 * 3600),
+        },
+    };
+    let spec = handle.registry.get(name).expect("spec");
+    let mut config = settings.config(spec, handle.registry.scope(spec), "reconciler:test".into());
+    // The app's manual clock is days from the database's: the bound is
+    // tested where the clock is made to be off (tests/reconciler.rs).
+    config.max_clock_gap = None;
+    cobro_reconciler::Reconciler::new(
+        app.db.store.clone(),
+        Arc::new(handle.client(name).expect("client").clone()),
+        Arc::new(app.clock.clone()),
+        config,
+    )
 }
 
 /// See [`World::records`].

@@ -570,6 +570,18 @@ const GLOBAL_TABLES: &[(&str, &str)] = &[
          coordinator",
     ),
     (
+        "provider_health",
+        "a provider's calls per second and per process, every account's \
+         together: a provider's health is one for all the accounts that use \
+         its credentials (docs/routing.md); under Citus a table of the \
+         coordinator",
+    ),
+    (
+        "provider_circuits",
+        "one circuit per provider, shared by every account and process \
+         (docs/routing.md); under Citus a table of the coordinator",
+    ),
+    (
         "books_listed",
         "the provider's ids a books run listed, every account's objects (a \
          run lists the provider's whole ledger), kept for the run's missing \

@@ -762,6 +762,8 @@ pub fn new_payment(account: cobro_core::AccountId, order: &str) -> cobro_store::
         description: None,
         metadata: "{}".into(),
         return_url: None,
+        provider: None,
+        route: None,
     }
 }
 
@@ -1133,12 +1135,17 @@ impl TestApp {
     /// secrets): the database, the clock and the worker's wake-up stay.
     pub async fn serve_with(&mut self, settings: cobro_api::ApiSettings) {
         self.server.abort();
+        let fresh = cobro_api::AppState::new(
+            self.state.store.clone(),
+            std::sync::Arc::clone(&self.state.clock),
+            settings,
+        );
+        // What the settings decide is new; the wake-up the workers wait on
+        // and the tokens read stay.
         self.state = cobro_api::AppState {
-            rate_limiter: std::sync::Arc::new(cobro_api::rate_limit::RateLimiter::new(
-                settings.rate_limit,
-                std::sync::Arc::clone(&self.state.clock),
-            )),
-            settings: std::sync::Arc::new(settings),
+            rate_limiter: fresh.rate_limiter,
+            settings: fresh.settings,
+            routing: fresh.routing,
             ..self.state.clone()
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -37,7 +37,8 @@ pub(crate) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Every event type cobro writes: `payment.created`, `payment.<status>`
-/// for each payment status it can move to, `payment.conflict_found`, `refund.created`,
+/// for each payment status it can move to, `payment.conflict_found`,
+/// `payment.rerouted`, `refund.created`,
 /// `refund.<status>` for each refund status.
 pub fn event_types() -> Vec<String> {
     let mut types = vec!["payment.created".to_owned()];
@@ -47,6 +48,7 @@ pub fn event_types() -> Vec<String> {
             .map(|s| format!("payment.{}", s.as_str())),
     );
     types.push("payment.conflict_found".to_owned());
+    types.push("payment.rerouted".to_owned());
     types.push("refund.created".to_owned());
     types.extend(
         RefundStatus::ALL

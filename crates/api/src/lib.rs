@@ -9,6 +9,7 @@ mod keyed;
 mod openapi;
 mod payments;
 pub mod rate_limit;
+pub mod routing;
 pub mod server;
 mod tokens;
 pub mod views;
@@ -76,6 +77,10 @@ pub struct ApiSettings {
     /// to public addresses only. The dispatcher checks the same rule again
     /// at every connection.
     pub event_endpoints: cobro_core::egress::EgressPolicy,
+    /// What new payments are routed across (docs/routing.md).
+    pub routing: routing::RoutingSettings,
+    /// When a provider's circuit opens, shared with the workers.
+    pub breaker: cobro_settle::routing::BreakerPolicy,
 }
 
 /// A test-only pause of keyed requests, for the process-level tests of
@@ -149,6 +154,11 @@ impl Default for ApiSettings {
             test_hold: None,
             default_provider: None,
             event_endpoints: cobro_core::egress::EgressPolicy::default(),
+            routing: routing::RoutingSettings {
+                rules_ttl: Duration::from_secs(2),
+                ..Default::default()
+            },
+            breaker: cobro_settle::routing::BreakerPolicy::default(),
         }
     }
 }
@@ -169,12 +179,14 @@ pub struct AppState {
     /// budget they are answered 429 unlogged, so an unsigned flood costs
     /// neither log volume nor more than an HMAC each.
     pub webhook_refusals: Arc<rate_limit::RateLimiter<String>>,
+    /// Routes new payments across providers.
+    pub routing: Arc<routing::Router>,
 }
 
 impl AppState {
     pub fn new(store: Store, clock: Arc<dyn Clock>, settings: ApiSettings) -> Self {
         Self {
-            store,
+            store: store.clone(),
             rate_limiter: Arc::new(rate_limit::RateLimiter::new(
                 settings.rate_limit,
                 Arc::clone(&clock),
@@ -184,6 +196,14 @@ impl AppState {
                 Arc::clone(&clock),
             )),
             tokens: Arc::new(tokens::TokenCache::new(settings.token_cache_ttl)),
+            routing: Arc::new(routing::Router::new(
+                settings.routing.clone(),
+                Arc::new(cobro_settle::routing::Circuits::new(
+                    store.clone(),
+                    Arc::clone(&clock),
+                    settings.breaker.clone(),
+                )),
+            )),
             clock,
             settings: Arc::new(settings),
             work_available: Arc::new(Notify::new()),
@@ -267,6 +287,7 @@ fn api() -> OpenApiRouter<AppState> {
         .merge(health::routes())
         .merge(webhooks::routes())
         .merge(events::routes())
+        .merge(routing::routes())
 }
 
 /// Gives every request a span that carries its id (set by

@@ -315,6 +315,22 @@ async fn create_payment(
         &request,
     )?;
     let payment_id = PaymentId::new();
+    // Decided before the transaction, from rules and circuits read at
+    // most every few seconds: the hot path gains no statement.
+    let facts = cobro_core::routing::Facts {
+        amount: request.amount,
+        currency: request.currency.code(),
+        capture_method: request.capture_method,
+        payment_method: &request.payment_method,
+    };
+    let route = state
+        .routing
+        .route(&state, account.0, payment_id, &facts)
+        .await?;
+    let (provider, route) = match route {
+        Some((provider, route)) => (Some(provider), Some(route.to_json())),
+        None => (None, None),
+    };
     let mut tx = match keyed::begin(
         &state,
         &keyed,
@@ -346,6 +362,8 @@ async fn create_payment(
             description: request.description.clone(),
             metadata: serde_json::to_string(&request.metadata).map_err(ApiError::internal)?,
             return_url: request.return_url.clone(),
+            provider: provider.clone(),
+            route: route.clone(),
         };
         if let Some(row) = tx.insert_payment_for(&new, default_provider, now).await? {
             break (row, intent);

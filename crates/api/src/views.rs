@@ -38,6 +38,63 @@ pub struct AttemptView {
     pub first_send_at: Option<String>,
     #[schema(format = DateTime)]
     pub last_send_at: Option<String>,
+    /// The provider it was sent to.
+    #[schema(example = "stripe")]
+    pub provider: Option<String>,
+}
+
+/// How a payment was routed across providers.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RoutingView {
+    /// The account's rule that matched; `null`: the default chain.
+    pub rule: Option<String>,
+    /// The providers the payment may go to, in order; its first attempt
+    /// went to the first.
+    pub chain: Vec<String>,
+    /// Why, in words.
+    pub reason: String,
+    /// Each move to the next provider of the chain, oldest first.
+    pub moves: Vec<RoutingMoveView>,
+}
+
+/// A payment's move from one provider to the next, with the proof that
+/// its attempt at the first had no effect.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RoutingMoveView {
+    #[schema(example = "fake")]
+    pub from: String,
+    #[schema(example = "stripe")]
+    pub to: String,
+    /// `soft_decline: <code>`, `not_sent: ...`, `circuit_open: ...` or
+    /// `no_effect: ...`.
+    #[schema(example = "soft_decline: try_again_later")]
+    pub proof: String,
+    /// The attempt proven without effect.
+    #[schema(format = Uuid)]
+    pub attempt: String,
+    #[schema(format = DateTime)]
+    pub at: String,
+}
+
+impl From<cobro_core::routing::Route> for RoutingView {
+    fn from(route: cobro_core::routing::Route) -> Self {
+        RoutingView {
+            rule: route.rule,
+            chain: route.chain,
+            reason: route.reason,
+            moves: route
+                .moves
+                .into_iter()
+                .map(|m| RoutingMoveView {
+                    from: m.from,
+                    to: m.to,
+                    proof: m.proof,
+                    attempt: m.attempt,
+                    at: m.at,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A payment.
@@ -95,6 +152,13 @@ pub struct PaymentView {
     /// if the customer has not finished by then.
     #[schema(format = DateTime)]
     pub action_expires_at: Option<String>,
+    /// The provider its current attempt goes to, and the one that holds
+    /// its charge once it has one.
+    #[schema(example = "stripe")]
+    pub provider: Option<String>,
+    /// How it was routed (docs/routing.md); `null` for a payment made
+    /// before routing.
+    pub routing: Option<RoutingView>,
     /// The provider attempts (never the provider key itself). Absent in list
     /// answers (one query per page, not per payment) and in the answers of
     /// capture and cancel.
@@ -173,6 +237,12 @@ pub fn payment(row: &PaymentRow, attempts: Option<&[AttemptRow]>) -> PaymentView
             .filter(|_| waiting)
             .and_then(|text| serde_json::from_str(text).ok()),
         action_expires_at: opt_time(row.action_expires_at).filter(|_| waiting),
+        provider: row.provider.clone(),
+        routing: row
+            .route
+            .as_deref()
+            .and_then(cobro_core::routing::Route::from_json)
+            .map(RoutingView::from),
         attempts: attempts.map(|attempts| {
             attempts
                 .iter()
@@ -185,6 +255,7 @@ pub fn payment(row: &PaymentRow, attempts: Option<&[AttemptRow]>) -> PaymentView
                     sends: a.send_count,
                     first_send_at: opt_time(a.first_send_at),
                     last_send_at: opt_time(a.last_send_at),
+                    provider: a.provider.clone(),
                 })
                 .collect()
         }),

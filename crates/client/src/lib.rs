@@ -114,5 +114,5 @@ pub use sqlite::SqliteJournal;
 pub use types::{
     Attempt, AttemptState, CaptureMethod, CreatePayment, CreateRefund, Failure, ListPayments,
     NextAction, Operation, Payment, PaymentList, PaymentStatus, RedirectToUrl, Refund,
-    RefundStatus,
+    RefundStatus, Routing, RoutingMove,
 };

@@ -237,6 +237,9 @@ pub struct Attempt {
     pub first_send_at: Option<DateTime<Utc>>,
     #[serde(default, with = "micros::option")]
     pub last_send_at: Option<DateTime<Utc>>,
+    /// The provider it was sent to.
+    #[serde(default)]
+    pub provider: Option<String>,
 }
 
 /// A payment (schema `Payment`).
@@ -277,10 +280,39 @@ pub struct Payment {
     /// canceled as abandoned.
     #[serde(default, with = "micros::option")]
     pub action_expires_at: Option<DateTime<Utc>>,
+    /// The provider its current attempt goes to (the one that holds its
+    /// charge once it has one).
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// How it was routed across providers.
+    #[serde(default)]
+    pub routing: Option<Routing>,
     /// Present on `GET /v1/payments/{id}` and on the 201 of a create;
     /// absent in lists and in capture and cancel answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<Vec<Attempt>>,
+}
+
+/// How a payment was routed (schema `RoutingView`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Routing {
+    /// The account's rule that matched; `None`: the default chain.
+    pub rule: Option<String>,
+    /// The providers the payment may go to, in order.
+    pub chain: Vec<String>,
+    pub reason: String,
+    /// Each move to the next provider, with its proof of no effect.
+    pub moves: Vec<RoutingMove>,
+}
+
+/// A payment's move to the next provider (schema `RoutingMoveView`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutingMove {
+    pub from: String,
+    pub to: String,
+    pub proof: String,
+    pub attempt: String,
+    pub at: String,
 }
 
 /// What the merchant's front end does with a customer who must

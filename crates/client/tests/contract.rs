@@ -9,6 +9,7 @@
 use cobro_client::{
     Attempt, AttemptState, CaptureMethod, CreatePayment, CreateRefund, Failure, FieldError,
     Operation, Payment, PaymentList, PaymentStatus, Problem, ProblemCode, Refund, RefundStatus,
+    Routing, RoutingMove,
 };
 use cobro_test_support::{Backend, Rig, manual_payment_body, payment_body};
 use serde::Serialize;
@@ -150,6 +151,26 @@ fn full_attempt() -> Attempt {
         sends: 1,
         first_send_at: Some(time()),
         last_send_at: Some(time()),
+        provider: Some("fake".into()),
+    }
+}
+
+fn full_routing() -> Routing {
+    Routing {
+        rule: Some("eur-cards".into()),
+        chain: vec!["fake".into(), "stripe".into()],
+        reason: "rule eur-cards".into(),
+        moves: vec![full_move()],
+    }
+}
+
+fn full_move() -> RoutingMove {
+    RoutingMove {
+        from: "fake".into(),
+        to: "stripe".into(),
+        proof: "soft_decline: try_again_later".into(),
+        attempt: "0193a7c4-5f2e-7d41-9b7a-2c1d3e4f5a6b".into(),
+        at: "2026-01-01T00:00:00.000000Z".into(),
     }
 }
 
@@ -184,6 +205,8 @@ fn full_payment() -> Payment {
             client_secret: Some("pi_1_secret_x".into()),
         })),
         action_expires_at: Some(time()),
+        provider: Some("stripe".into()),
+        routing: Some(full_routing()),
         attempts: Some(vec![full_attempt()]),
     }
 }
@@ -195,6 +218,8 @@ async fn every_mirrored_type_has_exactly_the_documented_properties_and_enum_valu
 
     assert_mirrors(&doc, "Payment", &full_payment());
     assert_mirrors(&doc, "Attempt", &full_attempt());
+    assert_mirrors(&doc, "RoutingView", &full_routing());
+    assert_mirrors(&doc, "RoutingMoveView", &full_move());
     assert_mirrors(
         &doc,
         "Failure",

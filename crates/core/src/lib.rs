@@ -8,6 +8,7 @@ pub mod ids;
 pub mod intent;
 pub mod key;
 pub mod money;
+pub mod routing;
 pub mod signature;
 pub mod standard_webhooks;
 pub mod state;

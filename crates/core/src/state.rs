@@ -251,6 +251,11 @@ impl AttemptState {
     pub fn can_become(self, to: AttemptState) -> bool {
         use AttemptState as A;
         match self {
+            // Every send of a pending attempt proven never to have left
+            // (or none made): it had no effect, and may move on to the
+            // next provider (docs/routing.md). An unknown one needs the
+            // reconciler's read.
+            A::Pending if to == A::NoEffect => true,
             A::Pending | A::Unknown => matches!(
                 to,
                 A::Unknown
@@ -417,6 +422,7 @@ mod tests {
             (A::Pending, A::Succeeded),
             (A::Pending, A::Declined),
             (A::Pending, A::Failed),
+            (A::Pending, A::NoEffect),
             (A::Unknown, A::Unknown),
             (A::Unknown, A::Reconciling),
             (A::Unknown, A::Succeeded),
@@ -438,10 +444,11 @@ mod tests {
                 );
             }
         }
-        // Pending -> NoEffect is deliberately absent: only the reconciler can
-        // prove no effect, and only for an attempt handed to it.
-        assert!(!A::Pending.can_become(A::NoEffect));
-        assert_eq!(A::sources_of(A::NoEffect), [A::Reconciling]);
+        // No effect is proven by the reconciler for an attempt handed to it,
+        // or by the worker for a pending attempt whose every send provably
+        // never left (routing, docs/routing.md); never from `unknown`.
+        assert!(!A::Unknown.can_become(A::NoEffect));
+        assert_eq!(A::sources_of(A::NoEffect), [A::Pending, A::Reconciling]);
         assert_eq!(A::sources_of(A::Pending), [A::Held]);
     }
 

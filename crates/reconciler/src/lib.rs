@@ -12,6 +12,7 @@ use cobro_provider::{
 };
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
+use cobro_settle::routing::{NoEffectProof, fail_over};
 use cobro_settle::{
     Applied, Fit, Proof, Source, apply_proof, await_customer, fit, settle_held_cancels,
     stop_the_line,
@@ -23,7 +24,7 @@ use cobro_store::{
     AttemptRow, NewAttempt, PaymentRow, ProviderScope, RefundRow, Store, StoreError, WriteTx,
 };
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -321,11 +322,7 @@ enum Replay {
 
 /// The intent name an attempt's reference was made of.
 fn intent_of(attempt: &AttemptRow) -> &str {
-    attempt
-        .reference
-        .rsplit_once('/')
-        .map(|(intent, _)| intent)
-        .unwrap_or(&attempt.reference)
+    attempt.intent_name()
 }
 
 impl<P: Provider> Reconciler<P> {
@@ -1406,6 +1403,30 @@ impl<P: Provider> Reconciler<P> {
                 tx.rollback().await?;
                 return Ok(Verdict::AlreadySettled);
             };
+            // An authorisation moves on to the next provider of its
+            // route when it has one (docs/routing.md); the circuits are
+            // that provider's worker's to consult.
+            let rerouted = if operation == Operation::Authorize {
+                let proof = (NoEffectProof::NoEffect, "not found by a consistent read");
+                fail_over(&mut tx, attempt, &payment, proof, &BTreeSet::new(), now).await?
+            } else {
+                None
+            };
+            if let Some(to) = rerouted {
+                let d = self.decision(
+                    ctx,
+                    before.as_str(),
+                    after.as_str(),
+                    Decision::NoEffectRetry,
+                    Some(format!(
+                        "not found by a consistent read covering the attempt's window; \
+                         moved to provider {to}"
+                    )),
+                );
+                tx.record_decision(&d, now).await?;
+                finish(tx, dry_run).await?;
+                return Ok(Verdict::Retried);
+            }
             // A new attempt of the same intent, under a NEW provider key:
             // the old one is proven to have done nothing.
             let id = AttemptId::new();

@@ -419,6 +419,9 @@ async fn apply_proof_in_span(
         return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
     }
     let before = payment.status;
+    if let Some(applied) = soft_decline_moves_on(tx, attempt, &payment, proof, now).await? {
+        return Ok(applied);
+    }
 
     if operation == Operation::Refund {
         let refund_id = refund_id.ok_or_else(|| corrupt("refund attempt without refund"))?;
@@ -546,6 +549,42 @@ async fn apply_proof_in_span(
         before: before.as_str().to_owned(),
         after: after.as_str().to_owned(),
     })
+}
+
+/// A soft decline of an authorisation (its code says "try elsewhere",
+/// [`crate::routing::SOFT_DECLINES`]), the attempt just recorded
+/// `declined`: the payment moves to the next provider of its route instead
+/// of ending declined, when it has one and is still `processing`
+/// ([`crate::routing::fail_over`] says when). `None`: it ends as any
+/// decline.
+async fn soft_decline_moves_on(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    payment: &PaymentRow,
+    proof: &Proof,
+    now: DateTime<Utc>,
+) -> Result<Option<Applied>, StoreError> {
+    let Proof::Declined { code, .. } = proof else {
+        return Ok(None);
+    };
+    if attempt.operation != Operation::Authorize
+        || !crate::routing::is_soft_decline(code)
+        || payment.status != PaymentStatus::Processing
+    {
+        return Ok(None);
+    }
+    // The circuits are the next provider's worker's to consult: an
+    // attempt never sent at an open provider moves on again from there.
+    let open = std::collections::BTreeSet::new();
+    let proof = (crate::routing::NoEffectProof::SoftDecline, code.as_str());
+    Ok(
+        crate::routing::fail_over(tx, attempt, payment, proof, &open, now)
+            .await?
+            .map(|_| Applied::Settled {
+                before: payment.status.as_str().to_owned(),
+                after: payment.status.as_str().to_owned(),
+            }),
+    )
 }
 
 /// The provider answered (or a read showed) that the customer must act

@@ -281,6 +281,7 @@ mod tests {
             next_action: None,
             action_expires_at: None,
             action_refreshed_at: None,
+            route: None,
         }
     }
 

@@ -4,6 +4,7 @@ pub mod apply;
 pub mod books;
 pub mod call;
 pub mod evidence;
+pub mod routing;
 pub mod webhook;
 
 pub use apply::{

@@ -14,6 +14,7 @@ pub mod payments;
 pub mod pg_pool;
 pub mod purge;
 pub mod reconcile;
+pub mod routing;
 pub mod settle;
 pub mod webhooks;
 

@@ -52,13 +52,16 @@ pub struct PaymentRow {
     pub action_expires_at: Option<DbTime>,
     /// The last time a GET asked the provider about it.
     pub action_refreshed_at: Option<DbTime>,
+    /// Its routing decision and moves (`cobro_core::routing::Route`, JSON
+    /// text); `None`: created before migration 0023.
+    pub route: Option<String>,
 }
 
 pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amount, currency, \
     capture_method, payment_method, description, metadata, status, amount_captured, \
     amount_refund_reserved, amount_refunded, provider_ref, provider_sequence, failure_code, \
     failure_message, cancel_requested_at, status_changed_at, created_at, updated_at, review_reason, review_from, \
-    provider, return_url, next_action, action_expires_at, action_refreshed_at";
+    provider, return_url, next_action, action_expires_at, action_refreshed_at, route";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundRow {
@@ -111,6 +114,16 @@ pub struct AttemptRow {
     /// The last answer came from the provider's idempotency store: the
     /// effect, if any, was made by an earlier send of this attempt.
     pub provider_replayed: bool,
+}
+
+impl AttemptRow {
+    /// The intent's name, as its reference carries it
+    /// (`{intent}/{attempt id}`, [`cobro_core::attempt_reference`]).
+    pub fn intent_name(&self) -> &str {
+        self.reference
+            .rsplit_once('/')
+            .map_or(self.reference.as_str(), |(intent, _)| intent)
+    }
 }
 
 pub(crate) const ATTEMPT_COLUMNS: &str = "id, intent_id, payment_id, refund_id, operation, \
@@ -258,6 +271,11 @@ pub struct NewPayment {
     pub metadata: String,
     /// Where the customer comes back after authenticating (3-D Secure).
     pub return_url: Option<String>,
+    /// The provider of its first attempt, as routing chose it; `None`:
+    /// the account's provider, else the default one.
+    pub provider: Option<String>,
+    /// The routing decision (`cobro_core::routing::Route`, JSON text).
+    pub route: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -323,9 +341,9 @@ impl WriteTx {
         let sql = format!(
             "INSERT INTO payments (id, account_id, order_ref, intent, amount, currency, \
             capture_method, payment_method, description, metadata, status, status_changed_at, \
-            created_at, updated_at, provider, return_url) \
+            created_at, updated_at, provider, return_url, route) \
             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'processing', $11, $11, $11, \
-            COALESCE((SELECT provider FROM accounts WHERE id = $2), $12), $13) \
+            COALESCE($14, (SELECT provider FROM accounts WHERE id = $2), $12), $13, $15) \
             ON CONFLICT (account_id, order_ref) \
             WHERE status NOT IN ('declined', 'failed', 'canceled') DO NOTHING \
             RETURNING {PAYMENT_COLUMNS}"
@@ -344,6 +362,8 @@ impl WriteTx {
             .bind(DbTime(now))
             .bind(default_provider)
             .bind(&p.return_url)
+            .bind(&p.provider)
+            .bind(&p.route)
             .fetch_optional(&mut *conn)
             .await?);
         Ok(done)

@@ -34,10 +34,13 @@ pub const SPANS_EXPORTED: &str = "cobro_trace_spans_exported_total";
 pub const BOOKS_OBJECTS: &str = "cobro_books_objects_total";
 pub const BOOKS_RUNS: &str = "cobro_books_runs_total";
 pub const BOOKS_UNMATCHED: &str = "cobro_books_last_run_unmatched";
+pub const CIRCUIT_STATE: &str = "cobro_provider_circuit_state";
+pub const ROUTING_FAILOVERS: &str = "cobro_routing_failovers_total";
+pub const ROUTING_DECISIONS: &str = "cobro_routing_decisions_total";
 
 /// Every metric this module records (a counter appears on `/metrics` only
 /// once it was first incremented).
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 25] = [
     HTTP_REQUESTS,
     HTTP_DURATION,
     PROVIDER_CALLS,
@@ -60,6 +63,9 @@ pub const ALL: [&str; 22] = [
     BOOKS_OBJECTS,
     BOOKS_RUNS,
     BOOKS_UNMATCHED,
+    CIRCUIT_STATE,
+    ROUTING_FAILOVERS,
+    ROUTING_DECISIONS,
 ];
 
 /// Latency buckets (seconds) for requests and provider calls: a provider's
@@ -186,6 +192,18 @@ fn describe() {
         "Books runs, by provider and result (finished; failed: a list that failed proves nothing)."
     );
     describe_gauge!(
+        CIRCUIT_STATE,
+        "Each provider's circuit as this process last read it: 0 closed, 1 half-open (its cool-down passed: routed to again, the next call decides), 2 open (routing skips it)."
+    );
+    describe_counter!(
+        ROUTING_FAILOVERS,
+        "Payments moved to the next provider of their route, by provider left, provider taken and proof (soft_decline, not_sent, circuit_open, no_effect)."
+    );
+    describe_counter!(
+        ROUTING_DECISIONS,
+        "New payments routed, by the provider of their first attempt."
+    );
+    describe_gauge!(
         BOOKS_UNMATCHED,
         "Objects and attempts the last finished books run of this process left unmatched (orphans, drifted, missing), by provider."
     );
@@ -306,6 +324,23 @@ pub fn spans_exported(result: &'static str, count: u64) {
 /// connection cap), `idle_timeout`, `header_timeout` or `shutdown`.
 pub fn connection_closed(reason: &'static str) {
     metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => reason).increment(1);
+}
+
+/// A provider's circuit as read (`state`: 0 closed, 1 half-open, 2 open;
+/// alert CobroProviderCircuitOpen).
+pub fn circuit_state(provider: &str, state: u8) {
+    metrics::gauge!(CIRCUIT_STATE, "provider" => provider.to_owned()).set(f64::from(state));
+}
+
+/// A payment moved from `from` to `to` on `proof` (docs/routing.md).
+pub fn routing_failover(from: &str, to: &str, proof: &'static str) {
+    metrics::counter!(ROUTING_FAILOVERS, "from" => from.to_owned(), "to" => to.to_owned(), "proof" => proof)
+        .increment(1);
+}
+
+/// A new payment routed to `provider`.
+pub fn routing_decision(provider: &str) {
+    metrics::counter!(ROUTING_DECISIONS, "provider" => provider.to_owned()).increment(1);
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, Clock, Operation, PaymentId, RefundId};
 use cobro_provider::{CallInfo, Outcome, Provider, Sent};
 use cobro_settle::call::{Answered, Call, judge_answer};
+use cobro_settle::routing::{CallHealth, CircuitState, Circuits, NoEffectProof, fail_over};
 use cobro_settle::{Source, apply_proof, await_customer, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{
@@ -116,6 +117,10 @@ pub enum Step {
     /// The answer carried this attempt's identity but not what it asked
     /// for: kept as a conflict, the payment is in `needs_review`.
     Conflict,
+    /// The payment moved to the next provider of its route: its attempt
+    /// here is proven without effect (`proof`), and a new attempt waits
+    /// at `to`.
+    Rerouted { proof: &'static str, to: String },
     /// The claimed row's attempt could not be read (a stored value no
     /// known variant matches): reported, not sent, left leased, so it is
     /// reported again when the lease expires and never sent while unreadable.
@@ -131,6 +136,10 @@ pub struct Worker<P: Provider> {
     wake: Arc<Notify>,
     slots: Arc<Semaphore>,
     stopping: AtomicBool,
+    /// Routing across providers (docs/routing.md): the circuits this
+    /// worker reports its calls to and consults before a send. `None`: no
+    /// routing (a payment stays at its provider).
+    circuits: Option<Arc<Circuits>>,
 }
 
 /// Logs a leased row whose attempt could not be read. It is not released:
@@ -179,7 +188,15 @@ impl<P: Provider> Worker<P> {
             config,
             wake,
             stopping: AtomicBool::new(false),
+            circuits: None,
         }
+    }
+
+    /// Reports every call to `circuits` and moves payments along their
+    /// route on proof of no effect.
+    pub fn with_circuits(mut self, circuits: Arc<Circuits>) -> Self {
+        self.circuits = Some(circuits);
+        self
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -328,7 +345,7 @@ impl<P: Provider> Worker<P> {
             "worker.process",
             attempt_id = %attempt.id.0,
             payment_id = %attempt.payment_id.0,
-            intent = attempt.reference.rsplit_once('/').map_or(attempt.reference.as_str(), |(i, _)| i),
+            intent = attempt.intent_name(),
             operation = %attempt.operation,
             provider = self.provider.name(),
             send_count = attempt.send_count,
@@ -388,6 +405,9 @@ impl<P: Provider> Worker<P> {
                 .await
                 .map(|_| Step::Released);
         }
+        if let Some(step) = self.leave_open_circuit(&claim, &asked).await? {
+            return Ok(step);
+        }
         if attempt.send_count > 0 {
             if !self.budget.try_retry(now) {
                 let wait = backoff(
@@ -426,8 +446,10 @@ impl<P: Provider> Worker<P> {
             }
         }
         let heartbeat = Heartbeat::start(self, &claim);
+        let started = std::time::Instant::now();
         let Sent { outcome, call } = self.send(call, &attempt.provider_key).await;
         heartbeat.stop().await;
+        self.report_call(&claim, &outcome, started.elapsed()).await;
         tracing::info!(
             attempt_id = %attempt.id.0, reference = %attempt.reference, operation = %attempt.operation,
             sends = attempt.send_count + 1, class = outcome.class(),
@@ -505,8 +527,14 @@ impl<P: Provider> Worker<P> {
                 return self.conflict(claim, asked, &why, &said, call).await;
             }
             Answered::NotSent(reason) => {
+                if let Some(step) = self
+                    .reroute(claim, asked, (NoEffectProof::NotSent, &reason), call)
+                    .await?
+                {
+                    return Ok(step);
+                }
                 let due = now + self.retry_delay(claim);
-                return self.reschedule(claim, due, &reason, call).await.map(|ok| {
+                return self.not_sent(claim, due, &reason, call).await.map(|ok| {
                     if ok {
                         Step::Rescheduled { class }
                     } else {
@@ -722,6 +750,32 @@ impl<P: Provider> Worker<P> {
         reason: &str,
         call: Option<&CallInfo>,
     ) -> Result<bool, WorkerError> {
+        self.reschedule_counting(claim, due, reason, call, false)
+            .await
+    }
+
+    /// A send that never left: rescheduled, and counted on the attempt
+    /// (`sends_not_left`), so that an attempt whose every send never left
+    /// can later move on without a query.
+    async fn not_sent(
+        &self,
+        claim: &Claim,
+        due: DateTime<Utc>,
+        reason: &str,
+        call: Option<&CallInfo>,
+    ) -> Result<bool, WorkerError> {
+        self.reschedule_counting(claim, due, reason, call, true)
+            .await
+    }
+
+    async fn reschedule_counting(
+        &self,
+        claim: &Claim,
+        due: DateTime<Utc>,
+        reason: &str,
+        call: Option<&CallInfo>,
+        not_left: bool,
+    ) -> Result<bool, WorkerError> {
         let now = self.clock.now();
         let mut tx = self.store.begin().await?;
         let ok = tx
@@ -729,12 +783,145 @@ impl<P: Provider> Worker<P> {
             .await?;
         if ok {
             note_call(&mut tx, claim, call).await?;
+            if not_left {
+                tx.count_send_not_left(AttemptId::from_uuid(claim.attempt.id.0))
+                    .await?;
+            }
         }
         tx.commit().await?;
         if !ok {
             self.observe(claim, "not_sent", reason, now).await?;
         }
         Ok(ok)
+    }
+
+    /// The provider this claim's attempt goes to.
+    fn provider_of<'a>(&'a self, claim: &'a Claim) -> &'a str {
+        claim
+            .attempt
+            .provider
+            .as_deref()
+            .unwrap_or_else(|| self.provider.name())
+    }
+
+    /// Tells the circuits how the call went (a failure to record it is
+    /// logged: health is advice, never a reason to lose an answer).
+    async fn report_call(&self, claim: &Claim, outcome: &cobro_provider::Outcome, took: Duration) {
+        let Some(circuits) = &self.circuits else {
+            return;
+        };
+        let health = match outcome {
+            cobro_provider::Outcome::NotSent(_) | cobro_provider::Outcome::Unknown(_) => {
+                CallHealth::Failed
+            }
+            _ => CallHealth::Answered,
+        };
+        let provider = self.provider_of(claim);
+        if let Err(e) = circuits
+            .record(provider, &self.config.owner, health, took)
+            .await
+        {
+            tracing::warn!(error = %e, provider, "provider health not recorded");
+        }
+    }
+
+    /// An authorisation never sent (or whose every send never left) at a
+    /// provider whose circuit is open moves to the next provider of its
+    /// route instead of being sent. `None`: it is sent here.
+    async fn leave_open_circuit(
+        &self,
+        claim: &Claim,
+        asked: &Asked,
+    ) -> Result<Option<Step>, WorkerError> {
+        let Some(circuits) = &self.circuits else {
+            return Ok(None);
+        };
+        if claim.attempt.operation != Operation::Authorize
+            || claim.attempt.state != AttemptState::Pending
+            || circuits.state(self.provider_of(claim)).await? != CircuitState::Open
+        {
+            return Ok(None);
+        }
+        self.reroute(
+            claim,
+            asked,
+            (
+                NoEffectProof::CircuitOpen,
+                "never sent while the circuit was open",
+            ),
+            None,
+        )
+        .await
+    }
+
+    /// Moves the payment to the next provider of its route, in one
+    /// transaction fenced by the claim, when `proof` shows this attempt
+    /// had no effect: the attempt is recorded `no_effect` (it never left),
+    /// and the intent's next attempt waits
+    /// at the next provider. `None`: there is no next provider, the
+    /// attempt may have left (a send whose outcome was never recorded), or
+    /// the payment moved meanwhile; nothing was written.
+    async fn reroute(
+        &self,
+        claim: &Claim,
+        asked: &Asked,
+        (proof, detail): (NoEffectProof, &str),
+        call: Option<&CallInfo>,
+    ) -> Result<Option<Step>, WorkerError> {
+        let Some(circuits) = &self.circuits else {
+            return Ok(None);
+        };
+        let attempt = &claim.attempt;
+        if attempt.operation != Operation::Authorize || asked.payment.route.is_none() {
+            return Ok(None);
+        }
+        let open = circuits.open().await?;
+        let now = self.clock.now();
+        let id = AttemptId::from_uuid(attempt.id.0);
+        let mut tx = self.store.begin().await?;
+        if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
+            tx.rollback().await?;
+            return Ok(Some(Step::LeaseLost));
+        }
+        let Some(payment) = tx
+            .lock_payment_any_account(PaymentId::from_uuid(attempt.payment_id.0))
+            .await?
+        else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        // A soft decline moves on through `apply_proof` (the one settle
+        // path, which webhooks and the reconciler share).
+        let recorded = match proof {
+            NoEffectProof::NotSent => {
+                tx.count_send_not_left(id).await?
+                    && tx
+                        .resolve_attempt(id, AttemptState::NoEffect, None, Some(detail), now)
+                        .await?
+            }
+            _ => {
+                tx.never_left(id).await?
+                    && tx
+                        .resolve_attempt(id, AttemptState::NoEffect, None, Some(detail), now)
+                        .await?
+            }
+        };
+        let moved = if recorded && payment.status == cobro_core::PaymentStatus::Processing {
+            fail_over(&mut tx, attempt, &payment, (proof, detail), &open, now).await?
+        } else {
+            None
+        };
+        let Some(to) = moved else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        note_call(&mut tx, claim, call).await?;
+        tx.commit().await?;
+        self.wake.notify_one();
+        Ok(Some(Step::Rerouted {
+            proof: proof.as_str(),
+            to,
+        }))
     }
 
     /// A stale owner's knowledge, kept for the reconciler.

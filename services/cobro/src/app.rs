@@ -147,6 +147,11 @@ impl Application {
         // New payments of accounts that name no provider go to the default,
         // written on the payment when it is created.
         api.default_provider = Some(registry.default_name().to_owned());
+        // Routing across the providers (docs/routing.md): every account's
+        // stored rules must still name providers this file defines.
+        crate::routing::check_stored_rules(&store, &registry).await?;
+        api.routing = registry.routing_settings(settings.token_cache_ttl);
+        api.breaker = registry.routing().breaker.clone();
         let state = AppState::new(store.clone(), Arc::clone(&clock), api);
         // The workers (one per provider) run in this process unless told
         // otherwise; the API wakes them in memory after every commit that
@@ -164,11 +169,16 @@ impl Application {
                 "the long polls and the workers (one per provider)",
             )?;
             let handle = crate::provider::connect(registry.clone(), true).await?;
+            let circuits = Arc::new(cobro_settle::routing::Circuits::new(
+                store.clone(),
+                Arc::clone(&clock),
+                registry.routing().breaker.clone(),
+            ));
             let task = crate::worker::spawn(
                 store.clone(),
                 &handle,
                 Arc::clone(&clock),
-                configs,
+                (configs, circuits),
                 Arc::clone(&state.work_available),
                 stopping.clone(),
                 settings.shutdown_grace,

@@ -80,6 +80,10 @@ pub enum Command {
     /// Events to merchants: list, resend, and the endpoints they go to.
     #[command(subcommand)]
     Events(crate::events::EventsCommand),
+    /// Routing across providers: an account's rules, and each provider's
+    /// circuit and health.
+    #[command(subcommand)]
+    Routing(crate::routing::RoutingCommand),
 }
 
 impl Cli {
@@ -121,6 +125,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Payments(command) => payments::run(global, command).await,
         Command::Books(args) => crate::books::run(global, *args).await,
         Command::Events(command) => crate::events::run(global, command).await,
+        Command::Routing(command) => crate::routing::run(global, command).await,
     }
 }
 

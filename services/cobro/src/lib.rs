@@ -33,6 +33,7 @@ mod output;
 mod payments;
 pub mod provider;
 pub mod reconcile;
+pub mod routing;
 mod schedule;
 pub mod serve;
 pub mod settings;

@@ -168,6 +168,18 @@ pub struct Registry {
     default: String,
     /// Defined by the environment, not a providers file.
     from_env: bool,
+    /// The file's `[routing]` table (docs/routing.md).
+    routing: RoutingSpec,
+}
+
+/// What the providers file says about routing across its providers.
+#[derive(Clone, Debug)]
+pub struct RoutingSpec {
+    /// The chain of an account with neither rules nor a provider of its
+    /// own; `[default_provider]` when the file gives none.
+    pub default_chain: Vec<String>,
+    /// When a provider's circuit opens, and for how long.
+    pub breaker: cobro_settle::routing::BreakerPolicy,
 }
 
 impl Registry {
@@ -228,6 +240,10 @@ impl Registry {
             }],
             default: ENV_PROVIDER.to_owned(),
             from_env: true,
+            routing: RoutingSpec {
+                default_chain: vec![ENV_PROVIDER.to_owned()],
+                breaker: cobro_settle::routing::BreakerPolicy::default(),
+            },
         }
     }
 
@@ -264,10 +280,16 @@ impl Registry {
             None if providers.len() == 1 => providers[0].name.clone(),
             None => bail!("default_provider is missing: with several providers, name the default"),
         };
+        let routing = file
+            .routing
+            .unwrap_or_default()
+            .validate(&names, &default)
+            .context("[routing]")?;
         Ok(Self {
             providers,
             default,
             from_env: false,
+            routing,
         })
     }
 
@@ -291,6 +313,26 @@ impl Registry {
 
     pub fn default_name(&self) -> &str {
         &self.default
+    }
+
+    /// What new payments are routed across, and the breaker's policy.
+    pub fn routing(&self) -> &RoutingSpec {
+        &self.routing
+    }
+
+    /// The API's routing settings for these providers; an account's rules
+    /// are trusted for `rules_ttl` once read.
+    pub fn routing_settings(&self, rules_ttl: Duration) -> cobro_api::routing::RoutingSettings {
+        cobro_api::routing::RoutingSettings {
+            providers: self.providers.iter().map(|p| p.name.clone()).collect(),
+            default_chain: self.routing.default_chain.clone(),
+            rules_ttl,
+        }
+    }
+
+    /// Whether `name` is one of the providers.
+    pub fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
     }
 
     /// The provider a row names, `None` (older than 0010, or created
@@ -358,6 +400,62 @@ struct File {
     default_provider: Option<String>,
     #[serde(default)]
     provider: Vec<FileProvider>,
+    routing: Option<FileRouting>,
+}
+
+/// The `[routing]` table as written (docs/routing.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRouting {
+    /// The chain of accounts without rules or a provider of their own.
+    default: Option<Vec<String>>,
+    /// The breaker: the window errors are counted over, the fewest calls
+    /// that may open a circuit, the share of failed calls that opens it,
+    /// and how long it stays open before it is half-open.
+    breaker_window: Option<String>,
+    breaker_min_calls: Option<i64>,
+    breaker_error_rate: Option<f64>,
+    breaker_cool_down: Option<String>,
+}
+
+impl FileRouting {
+    fn validate(self, names: &BTreeSet<String>, default: &str) -> anyhow::Result<RoutingSpec> {
+        let default_chain = self.default.unwrap_or_else(|| vec![default.to_owned()]);
+        let set = cobro_core::routing::RuleSet {
+            rules: Vec::new(),
+            default: default_chain.clone(),
+        };
+        set.validate(&|p| names.contains(p))
+            .map_err(|e| anyhow::anyhow!("default: {e}"))?;
+        let mut breaker = cobro_settle::routing::BreakerPolicy::default();
+        if let Some(text) = &self.breaker_window {
+            breaker.window =
+                parse_duration(text).map_err(|e| anyhow::anyhow!("breaker_window: {e}"))?;
+        }
+        if let Some(text) = &self.breaker_cool_down {
+            breaker.cool_down =
+                parse_duration(text).map_err(|e| anyhow::anyhow!("breaker_cool_down: {e}"))?;
+        }
+        if let Some(n) = self.breaker_min_calls {
+            if n < 1 {
+                bail!("breaker_min_calls is at least 1");
+            }
+            breaker.min_calls = n;
+        }
+        if let Some(rate) = self.breaker_error_rate {
+            if !(rate > 0.0 && rate <= 1.0) {
+                bail!("breaker_error_rate is above 0 and at most 1");
+            }
+            breaker.error_rate = rate;
+        }
+        if breaker.window.is_zero() || breaker.cool_down.is_zero() {
+            bail!("breaker_window and breaker_cool_down are longer than zero");
+        }
+        Ok(RoutingSpec {
+            default_chain,
+            breaker,
+        })
+    }
 }
 
 /// One `[[provider]]` table as written.

@@ -10,6 +10,7 @@ use crate::settings::{
 };
 use anyhow::Context;
 use cobro_core::{Clock, SystemClock};
+use cobro_settle::routing::Circuits;
 use cobro_store::Store;
 use cobro_worker::{Worker, WorkerConfig};
 use std::sync::Arc;
@@ -97,7 +98,7 @@ pub fn spawn(
     store: Store,
     handle: &ProviderHandle,
     clock: Arc<dyn Clock>,
-    configs: Vec<(String, WorkerConfig)>,
+    (configs, circuits): (Vec<(String, WorkerConfig)>, Arc<Circuits>),
     wake: Arc<Notify>,
     shutdown: watch::Receiver<bool>,
     grace: Duration,
@@ -111,13 +112,16 @@ pub fn spawn(
             .clone();
         let own_wake = Arc::new(Notify::new());
         wakes.push(Arc::clone(&own_wake));
-        let worker = Arc::new(Worker::new(
-            store.clone(),
-            Arc::new(client),
-            Arc::clone(&clock),
-            config,
-            own_wake,
-        ));
+        let worker = Arc::new(
+            Worker::new(
+                store.clone(),
+                Arc::new(client),
+                Arc::clone(&clock),
+                config,
+                own_wake,
+            )
+            .with_circuits(Arc::clone(&circuits)),
+        );
         workers.spawn(worker.run(shutdown.clone(), grace));
     }
     // The API signals one `Notify`; each worker waits on its own, so the
@@ -157,8 +161,10 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
         configs.len(),
         "the workers (one per provider)",
     )?;
+    let breaker = registry.routing().breaker.clone();
     let handle = crate::provider::connect(registry, false).await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let circuits = Arc::new(Circuits::new(store.clone(), Arc::clone(&clock), breaker));
     let mut scheduler = JobScheduler::new()
         .await
         .context("could not create the scheduler")?;
@@ -197,7 +203,7 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
         store.clone(),
         &handle,
         clock,
-        configs,
+        (configs, circuits),
         Arc::new(Notify::new()),
         shutdown,
         args.shutdown_grace,

@@ -119,6 +119,8 @@ impl Setup {
             description: None,
             metadata: "{}".into(),
             return_url: None,
+            provider: None,
+            route: None,
         };
         let mut tx = store.begin().await.expect("begin");
         tx.insert_payment(&payment, now)

@@ -1,0 +1,799 @@
+//! Routing across providers (issue 51, docs/routing.md): two providers, `a`
+//! (the fake's own API) and `b` (the fake's Stripe dialect), each a fake
+//! provider of its own with its own ledger, a providers file whose
+//! `[routing]` table chains them (`a` then `b`), the registry, clients,
+//! workers (with the circuits) and reconcilers `cobro serve` builds, on both
+//! backends. Two accounts share every order reference and idempotency key.
+//!
+//! What is proven, each time by counting the charges in both ledgers: a
+//! payment moves to `b` only on proof that its attempt at `a` had no effect
+//! (it never left, a soft decline, the consistent read's "no effect"), never
+//! after an unknown outcome until that proof; no payment is charged at both;
+//! the circuit opens on failures, sends new payments elsewhere, and closes
+//! on a half-open success; rules set over HTTP are validated and a refused
+//! set changes nothing.
+
+use cobro::provider::{ProviderHandle, Registry};
+use cobro_core::{AccountId, Clock, PaymentId};
+use cobro_provider::Connector;
+use cobro_reconciler::{Scope, Verdict};
+use cobro_settle::routing::{CircuitState, Circuits};
+use cobro_test_support::{Backend, TestApp, on_both_backends, payment_body};
+use cobro_worker::{Step, Worker};
+use fake_provider::{FaultAction, FaultRule, Ledger, Operation, WebhookDialect};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+on_both_backends!(
+    a_provider_down_before_any_effect_sends_its_payments_to_the_next,
+    soft_declines_move_on_and_the_cards_own_declines_end_the_payment,
+    timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twice,
+    the_circuit_opens_on_failures_and_closes_on_a_half_open_success,
+    rules_over_http_are_validated_and_a_refused_set_changes_nothing,
+);
+
+/// How `a` behaves from the start.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum A {
+    /// A fake provider answers at `a`'s address.
+    Up,
+    /// Nothing listens at `a`'s address: every connection is refused.
+    Down,
+}
+
+struct World {
+    app: TestApp,
+    a: fake_provider::Running,
+    b: fake_provider::Running,
+    handle: ProviderHandle,
+    workers: Vec<(String, Arc<Worker<Connector>>)>,
+    /// The workers' circuits (the API has its own, as another process
+    /// would).
+    circuits: Arc<Circuits>,
+    /// The second account (the app's own is the first) and its token.
+    other: AccountId,
+    other_token: String,
+}
+
+/// The breaker of these tests: `min_calls` calls decide, half of them
+/// failing opens the circuit, for 30 s.
+fn providers_file(a: &str, b: &str, min_calls: u32) -> String {
+    format!(
+        r#"
+        default_provider = "a"
+
+        [[provider]]
+        name = "a"
+        kind = "fake"
+        base_url = "{a}"
+        secret_env = "A_KEY"
+        request_timeout = "2s"
+
+        [[provider]]
+        name = "b"
+        kind = "stripe"
+        base_url = "{b}"
+        secret_env = "B_KEY"
+        request_timeout = "2s"
+        search_lag = "60s"
+
+        [routing]
+        default = ["a", "b"]
+        breaker_window = "60s"
+        breaker_min_calls = {min_calls}
+        breaker_error_rate = 0.5
+        breaker_cool_down = "30s"
+        "#
+    )
+}
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "A_KEY" => Some("sk_test_a".into()),
+        "B_KEY" => Some("sk_test_b".into()),
+        _ => None,
+    }
+}
+
+/// An address nothing listens at: a port the system gave and took back.
+fn refused_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    format!("http://127.0.0.1:{port}")
+}
+
+impl World {
+    /// Four calls decide a circuit.
+    async fn new(backend: Backend, a_is: A) -> Self {
+        Self::with_breaker(backend, a_is, 4).await
+    }
+
+    async fn with_breaker(backend: Backend, a_is: A, min_calls: u32) -> Self {
+        let mut app = TestApp::spawn(backend).await;
+        let start = |dialect| {
+            fake_provider::start(fake_provider::Config {
+                admin: true,
+                webhook_dialect: dialect,
+                clock_start: Some(app.clock.now()),
+                ..Default::default()
+            })
+        };
+        let a = start(WebhookDialect::Fake).await.expect("provider a");
+        let b = start(WebhookDialect::Stripe).await.expect("provider b");
+        let a_url = match a_is {
+            A::Up => a.url(),
+            A::Down => refused_url(),
+        };
+        let registry = Registry::parse(
+            &providers_file(&a_url, &b.url(), min_calls),
+            std::path::Path::new("."),
+            &env,
+        )
+        .expect("providers file");
+        // The API as `serve` configures it (services/cobro/src/app.rs).
+        let settings = cobro_api::ApiSettings {
+            default_provider: Some(registry.default_name().to_owned()),
+            routing: registry.routing_settings(Duration::ZERO),
+            breaker: registry.routing().breaker.clone(),
+            ..Default::default()
+        };
+        app.serve_with(settings).await;
+        let worker_settings = cobro::settings::WorkerSettings {
+            worker_lease: Duration::from_secs(30),
+            worker_heartbeat: Duration::from_secs(10),
+            worker_max_in_flight: 8,
+            worker_poll: Duration::from_secs(1),
+            action_expiry: Duration::from_secs(3600),
+        };
+        let configs =
+            cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");
+        let circuits = Arc::new(Circuits::new(
+            app.db.store.clone(),
+            Arc::new(app.clock.clone()),
+            registry.routing().breaker.clone(),
+        ));
+        let handle = cobro::provider::connect(registry, false)
+            .await
+            .expect("clients");
+        let workers = configs
+            .into_iter()
+            .map(|(name, mut config)| {
+                config.backoff_base = Duration::from_millis(100);
+                config.backoff_cap = Duration::from_secs(1);
+                let client = handle.client(&name).expect("client").clone();
+                let worker = Worker::new(
+                    app.db.store.clone(),
+                    Arc::new(client),
+                    Arc::new(app.clock.clone()),
+                    config,
+                    Arc::new(tokio::sync::Notify::new()),
+                )
+                .with_circuits(Arc::clone(&circuits));
+                (name, Arc::new(worker))
+            })
+            .collect();
+        let (other, other_token) = app.new_account("second-shop").await;
+        World {
+            app,
+            a,
+            b,
+            handle,
+            workers,
+            circuits,
+            other,
+            other_token,
+        }
+    }
+
+    fn tokens(&self) -> [(AccountId, &str); 2] {
+        [
+            (self.app.account, self.app.token.as_str()),
+            (self.other, self.other_token.as_str()),
+        ]
+    }
+
+    /// Runs `name`'s worker until nothing of its provider is due.
+    async fn drain(&self, name: &str) -> Vec<Step> {
+        let worker = &self
+            .workers
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("worker")
+            .1;
+        let mut steps = Vec::new();
+        for _ in 0..8 {
+            let batch = worker.run_once().await.expect("worker round");
+            if batch.is_empty() {
+                break;
+            }
+            steps.extend(batch);
+        }
+        steps
+    }
+
+    /// Creates `order` under both accounts with one key; answers the two
+    /// payments' ids.
+    async fn create_twins(&self, order: &str, body: &Value) -> [String; 2] {
+        let mut ids = Vec::new();
+        for (_, token) in self.tokens() {
+            let r = self
+                .app
+                .post_as(token, "/v1/payments", Some(&format!("key-{order}")))
+                .json(body)
+                .send()
+                .await
+                .expect("send");
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.expect("json");
+            assert!(status == 201 || status == 202, "{order}: {status} {body}");
+            ids.push(body["id"].as_str().expect("id").to_owned());
+        }
+        [ids[0].clone(), ids[1].clone()]
+    }
+
+    /// The payment as its merchant reads it.
+    async fn payment(&self, id: &str) -> Value {
+        for (account, token) in self.tokens() {
+            let row = self
+                .app
+                .db
+                .store
+                .payment_for_account(account, id.parse().expect("id"))
+                .await
+                .expect("read");
+            if row.is_some() {
+                return self
+                    .app
+                    .get_json_as(token, &format!("/v1/payments/{id}"))
+                    .await;
+            }
+        }
+        panic!("no payment {id}")
+    }
+
+    async fn events(&self, id: &str) -> Vec<String> {
+        let payment: PaymentId = id.parse().expect("id");
+        self.app
+            .db
+            .store
+            .events_of_payment_any_account(payment)
+            .await
+            .expect("events")
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect()
+    }
+
+    /// The reconciler `cobro serve` schedules for provider `name`.
+    fn reconciler(&self, name: &str) -> cobro_reconciler::Reconciler<Connector> {
+        crate::providers::scheduled_reconciler(&self.app, &self.handle, name)
+    }
+
+    /// Lets every process's view of the circuits expire.
+    fn let_circuits_be_read_again(&self) {
+        self.app.clock.advance(chrono::Duration::seconds(2));
+    }
+}
+
+/// Per cobro payment, the charges that moved money (or may yet) in both
+/// ledgers together, by the `cobro_payment` metadata each carries.
+fn money_moved(ledgers: &[&Ledger]) -> BTreeMap<String, usize> {
+    let mut per = BTreeMap::new();
+    for ledger in ledgers {
+        for c in &ledger.charges {
+            if c.status == "declined" {
+                continue;
+            }
+            let payment = c
+                .metadata
+                .get("cobro_payment")
+                .cloned()
+                .unwrap_or_else(|| format!("(no cobro_payment: {})", c.id));
+            *per.entry(payment).or_default() += 1;
+        }
+    }
+    per
+}
+
+/// The charges of payment `id` in `ledger` that moved money.
+fn charges_of(ledger: &Ledger, id: &str) -> usize {
+    ledger
+        .charges
+        .iter()
+        .filter(|c| {
+            c.status != "declined"
+                && c.metadata.get("cobro_payment").map(String::as_str) == Some(id)
+        })
+        .count()
+}
+
+/// The payment's route (`routing`) must show one move from `a` to `b`,
+/// with a proof of the given kinds, naming its first attempt.
+fn assert_moved_once(p: &Value, proofs: &[&str]) {
+    let routing = &p["routing"];
+    assert_eq!(routing["chain"], json!(["a", "b"]), "{p}");
+    let moves = routing["moves"].as_array().expect("moves");
+    assert_eq!(moves.len(), 1, "{p}");
+    assert_eq!(
+        (moves[0]["from"].as_str(), moves[0]["to"].as_str()),
+        (Some("a"), Some("b"))
+    );
+    let proof = moves[0]["proof"].as_str().expect("proof");
+    assert!(
+        proofs.iter().any(|k| proof.starts_with(&format!("{k}:"))),
+        "{proof} is none of {proofs:?}"
+    );
+    let attempts = p["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "{p}");
+    // The move names the attempt it proved without effect (the attempt's
+    // id ends its reference).
+    let first = attempts[0]["reference"].as_str().expect("reference");
+    assert_eq!(
+        Some(moves[0]["attempt"].as_str().expect("attempt")),
+        first.rsplit_once('/').map(|(_, id)| id)
+    );
+    // A soft decline is a decline (no money moved, the provider said so);
+    // every other proof records the attempt without effect.
+    let state = if proof.starts_with("soft_decline:") {
+        "declined"
+    } else {
+        "no_effect"
+    };
+    assert_eq!(
+        (
+            attempts[0]["provider"].as_str(),
+            attempts[0]["state"].as_str()
+        ),
+        (Some("a"), Some(state))
+    );
+    assert_eq!(
+        (
+            attempts[1]["provider"].as_str(),
+            attempts[1]["state"].as_str()
+        ),
+        (Some("b"), Some("succeeded"))
+    );
+    assert_eq!(p["provider"], "b");
+}
+
+async fn a_provider_down_before_any_effect_sends_its_payments_to_the_next(backend: Backend) {
+    let world = World::new(backend, A::Down).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.extend(
+            world
+                .create_twins(&format!("o-{i}"), &payment_body(&format!("o-{i}")))
+                .await,
+        );
+    }
+    for id in &ids {
+        let p = world.payment(id).await;
+        assert_eq!(p["provider"], "a", "routed to the chain's head: {p}");
+        assert_eq!(p["routing"]["reason"], "the deployment's default");
+    }
+    // Nothing leaves for `a`: every send is refused before a byte is
+    // sent, and each payment moves on (by that proof, or, once the
+    // circuit opened, without a send).
+    let steps = world.drain("a").await;
+    assert_eq!(steps.len(), 6, "{steps:?}");
+    for step in &steps {
+        assert!(
+            matches!(step, Step::Rerouted { proof: "not_sent" | "circuit_open", to } if to == "b"),
+            "{steps:?}"
+        );
+    }
+    assert!(
+        world.b.control().ledger().charges.is_empty(),
+        "nothing at b before its worker runs"
+    );
+    let steps = world.drain("b").await;
+    assert_eq!(steps, vec![Step::Recorded { class: "succeeded" }; 6]);
+
+    let ledger = world.b.control().ledger();
+    assert_eq!(ledger.totals.charges, 6, "{ledger:?}");
+    for id in &ids {
+        let p = world.payment(id).await;
+        assert_eq!(p["status"], "captured", "{p}");
+        assert_moved_once(&p, &["not_sent", "circuit_open"]);
+        assert_eq!(charges_of(&ledger, id), 1, "{id}");
+        assert!(
+            world
+                .events(id)
+                .await
+                .iter()
+                .any(|e| e == "payment.rerouted"),
+            "{id}"
+        );
+    }
+    // Four refused calls opened the circuit, in the database for every
+    // process.
+    assert_eq!(
+        world.circuits.state("a").await.expect("state"),
+        CircuitState::Open
+    );
+    let rows = world.app.db.store.circuits().await.expect("circuits");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].provider.as_str(), rows[0].state.as_str()),
+        ("a", "open")
+    );
+
+    // A new payment now starts at `b`: its route says why, and `a` (down)
+    // stays at the end of its chain.
+    world.let_circuits_be_read_again();
+    let [first, second] = world.create_twins("o-late", &payment_body("o-late")).await;
+    for id in [&first, &second] {
+        let p = world.payment(id).await;
+        assert_eq!(p["provider"], "b", "{p}");
+        assert_eq!(p["routing"]["chain"], json!(["b", "a"]));
+        assert!(
+            p["routing"]["reason"]
+                .as_str()
+                .expect("reason")
+                .contains("circuit open"),
+            "{p}"
+        );
+    }
+    assert!(world.drain("a").await.is_empty());
+    world.drain("b").await;
+    let ledger = world.b.control().ledger();
+    assert_eq!(ledger.totals.charges, 8);
+    assert!(
+        money_moved(&[&ledger]).values().all(|n| *n == 1),
+        "{ledger:?}"
+    );
+}
+
+async fn soft_declines_move_on_and_the_cards_own_declines_end_the_payment(backend: Backend) {
+    let world = World::new(backend, A::Up).await;
+    for order in ["o-soft-1", "o-soft-2"] {
+        world.a.control().add_fault(
+            FaultRule::new(Operation::Charge, FaultAction::SoftDecline)
+                .with_reference(format!("{order}:")),
+        );
+    }
+    let mut soft = Vec::new();
+    for order in ["o-soft-1", "o-soft-2"] {
+        soft.extend(world.create_twins(order, &payment_body(order)).await);
+    }
+    let mut hard_body = payment_body("o-hard");
+    hard_body["payment_method"] = json!("pm_card_declined");
+    let hard = world.create_twins("o-hard", &hard_body).await;
+    let mut fine = world
+        .create_twins("o-fine", &payment_body("o-fine"))
+        .await
+        .to_vec();
+
+    world.drain("a").await;
+    world.drain("b").await;
+    let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
+    // `a` declined the four soft ones and the two hard ones, charged the
+    // two fine ones; `b` charged the four soft ones, nothing else.
+    assert_eq!((a.totals.charges, a.totals.declines), (2, 6), "{a:?}");
+    assert_eq!((b.totals.charges, b.totals.declines), (4, 0), "{b:?}");
+    for id in &soft {
+        let p = world.payment(id).await;
+        assert_eq!(p["status"], "captured", "{p}");
+        assert_moved_once(&p, &["soft_decline"]);
+        assert!(
+            p["routing"]["moves"][0]["proof"]
+                .as_str()
+                .expect("proof")
+                .contains("try_again_later")
+        );
+        assert_eq!((charges_of(&a, id), charges_of(&b, id)), (0, 1));
+    }
+    for id in &hard {
+        let p = world.payment(id).await;
+        assert_eq!(
+            p["status"], "declined",
+            "the card's answer is the same everywhere: {p}"
+        );
+        assert_eq!(p["provider"], "a");
+        assert_eq!(p["routing"]["moves"], json!([]));
+        assert_eq!(p["attempts"].as_array().expect("attempts").len(), 1);
+        assert!(
+            !world
+                .events(id)
+                .await
+                .iter()
+                .any(|e| e == "payment.rerouted")
+        );
+    }
+    fine.extend(hard);
+    for id in &fine {
+        assert_eq!(charges_of(&b, id), 0);
+    }
+    assert!(money_moved(&[&a, &b]).values().all(|n| *n == 1));
+}
+
+async fn timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twice(
+    backend: Backend,
+) {
+    // A breaker that never opens here: this test is about proofs (the
+    // circuit's own test is below).
+    let world = World::with_breaker(backend, A::Up, 1000).await;
+    const ORDERS: usize = 10;
+    // Even orders: `a` charges and its answer is lost (500). Odd orders:
+    // `a` does nothing and answers 503. To cobro both are unknown.
+    let mut charged = Vec::new();
+    let mut not_charged = Vec::new();
+    for i in 0..ORDERS {
+        let order = format!("o-{i}");
+        let fault = if i % 2 == 0 {
+            FaultAction::FailAfterEffect
+        } else {
+            FaultAction::FailBeforeEffect
+        };
+        world.a.control().add_fault(
+            FaultRule::new(Operation::Charge, fault).with_reference(format!("{order}:")),
+        );
+        let ids = world.create_twins(&order, &payment_body(&order)).await;
+        if i % 2 == 0 {
+            charged.extend(ids);
+        } else {
+            not_charged.extend(ids);
+        }
+    }
+    let steps = world.drain("a").await;
+    assert!(
+        !steps.is_empty()
+            && steps
+                .iter()
+                .all(|s| *s == Step::Rescheduled { class: "unknown" }),
+        "{steps:?}"
+    );
+    // Past the key window the worker hands every attempt to the
+    // reconciler: nothing was sent anywhere else meanwhile.
+    world
+        .app
+        .clock
+        .advance(chrono::Duration::hours(23) + chrono::Duration::minutes(1));
+    let steps = world.drain("a").await;
+    assert_eq!(
+        steps.iter().filter(|s| **s == Step::HandedOver).count(),
+        2 * ORDERS,
+        "{steps:?}"
+    );
+    assert!(world.drain("b").await.is_empty());
+    assert_eq!(
+        world.b.control().ledger().totals.charges,
+        0,
+        "an unknown outcome moves nothing"
+    );
+    world.a.control().clear_faults();
+    // A request sent under a key may be acted on for as long as the
+    // provider keeps the key (docs/proof-of-absence.md): until then the
+    // consistent read proves nothing, and nothing moves.
+    let early = world
+        .reconciler("a")
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(early.still_unknown, ORDERS, "{early:?}");
+    assert_eq!(early.retried, 0);
+    assert!(world.drain("b").await.is_empty());
+    world.app.clock.advance(chrono::Duration::hours(2));
+
+    let summary = world
+        .reconciler("a")
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(
+        summary.examined, ORDERS,
+        "the charged ones were adopted already"
+    );
+    let retried = summary
+        .items
+        .iter()
+        .filter(|i| i.verdict == Verdict::Retried)
+        .count();
+    assert_eq!(retried, not_charged.len(), "{summary:?}");
+    world.drain("b").await;
+
+    let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
+    let moved = money_moved(&[&a, &b]);
+    assert!(
+        moved.values().all(|n| *n == 1),
+        "a payment charged twice: {moved:?}"
+    );
+    for id in &charged {
+        let p = world.payment(id).await;
+        assert_eq!(
+            (p["status"].as_str(), p["provider"].as_str()),
+            (Some("captured"), Some("a")),
+            "{p}"
+        );
+        assert_eq!((charges_of(&a, id), charges_of(&b, id)), (1, 0));
+    }
+    let mut rescued = 0;
+    for id in &not_charged {
+        let p = world.payment(id).await;
+        if p["status"] == "captured" && p["provider"] == "b" {
+            assert_moved_once(&p, &["no_effect"]);
+            rescued += 1;
+        }
+        assert_eq!((charges_of(&a, id), charges_of(&b, id)), (0, 1), "{p}");
+    }
+    // Every payment proven without effect at `a` ended captured at `b`
+    // (the issue asks for at least 99%).
+    assert!(
+        rescued * 100 >= not_charged.len() * 99,
+        "{rescued} of {}",
+        not_charged.len()
+    );
+    assert_eq!(rescued, not_charged.len());
+}
+
+async fn the_circuit_opens_on_failures_and_closes_on_a_half_open_success(backend: Backend) {
+    let world = World::new(backend, A::Up).await;
+    // `a` refuses every charge with 429 (nothing done): each send is
+    // proven not to have acted, so each payment moves on, and the fourth
+    // failure opens the circuit.
+    world
+        .a
+        .control()
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::RateLimit));
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        ids.extend(
+            world
+                .create_twins(&format!("o-{i}"), &payment_body(&format!("o-{i}")))
+                .await,
+        );
+    }
+    world.drain("a").await;
+    assert_eq!(
+        world.circuits.state("a").await.expect("state"),
+        CircuitState::Open
+    );
+    world.drain("b").await;
+    for id in &ids {
+        assert_moved_once(&world.payment(id).await, &["not_sent", "circuit_open"]);
+    }
+
+    // While open, new payments go to `b` first.
+    world.let_circuits_be_read_again();
+    for id in world.create_twins("o-open", &payment_body("o-open")).await {
+        assert_eq!(world.payment(&id).await["provider"], "b");
+    }
+    world.drain("b").await;
+
+    // `a` recovers; after the cool-down its circuit is half-open, new
+    // payments go to it again, and the first answer closes it.
+    world.a.control().clear_faults();
+    world.app.clock.advance(chrono::Duration::seconds(31));
+    assert_eq!(
+        world.circuits.state("a").await.expect("state"),
+        CircuitState::HalfOpen
+    );
+    let back = world.create_twins("o-back", &payment_body("o-back")).await;
+    for id in &back {
+        assert_eq!(world.payment(id).await["provider"], "a");
+    }
+    let steps = world.drain("a").await;
+    assert_eq!(steps, vec![Step::Recorded { class: "succeeded" }; 2]);
+    assert_eq!(
+        world.circuits.state("a").await.expect("state"),
+        CircuitState::Closed
+    );
+    let rows = world.app.db.store.circuits().await.expect("circuits");
+    assert_eq!(rows[0].state, "closed");
+    assert!(rows[0].closed_at.is_some());
+
+    let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
+    assert_eq!((a.totals.charges, b.totals.charges), (2, 6));
+    assert!(money_moved(&[&a, &b]).values().all(|n| *n == 1));
+    for id in &back {
+        assert_eq!(charges_of(&a, id), 1);
+    }
+}
+
+async fn rules_over_http_are_validated_and_a_refused_set_changes_nothing(backend: Backend) {
+    let world = World::new(backend, A::Up).await;
+    let put = |token: &str, body: Value| {
+        world
+            .app
+            .client
+            .put(format!("{}/v1/routing", world.app.url))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    let token = world.app.token.clone();
+    let before = world.app.get_json_as(&token, "/v1/routing").await;
+    assert_eq!(before["rules"], Value::Null);
+    assert_eq!(before["version"], 0);
+    assert_eq!(before["default"], json!(["a", "b"]));
+    assert_eq!(before["providers"], json!(["a", "b"]));
+
+    for (bad, says) in [
+        (json!({"default": ["c"]}), "\"c\""),
+        (json!({"default": ["a", "a"]}), "twice"),
+        (json!({"default": []}), "at least one provider"),
+        (
+            json!({"rules": [{"name": "r", "when": {"currencies": ["XXX"]}, "providers": ["b"]}], "default": ["a"]}),
+            "XXX",
+        ),
+        (
+            json!({"rules": [{"name": "r", "when": {"amount_min": 10, "amount_max": 5}, "providers": ["b"]}], "default": ["a"]}),
+            "amount_min",
+        ),
+        (
+            json!({"rules": [{"name": "r", "providers": ["b"], "weights": {"a": 1}}], "default": ["a"]}),
+            "not one of its providers",
+        ),
+        (json!({"default": ["a"], "surprise": true}), "surprise"),
+    ] {
+        let r = put(&token, bad.clone()).await.expect("put");
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+        assert_eq!(
+            r.headers()["content-type"].to_str().expect("type"),
+            "application/problem+json"
+        );
+        let problem: Value = r.json().await.expect("json");
+        assert!(
+            problem["type"]
+                .as_str()
+                .expect("type")
+                .ends_with("validation-error"),
+            "{problem}"
+        );
+        let message = problem["errors"][0]["message"].as_str().expect("message");
+        assert!(message.contains(says), "{bad}: {problem}");
+    }
+    assert_eq!(world.app.get_json_as(&token, "/v1/routing").await, before);
+    assert_eq!(world.app.db.count("routing_changes").await, 0);
+
+    // EUR to `b` first for the first account only.
+    let rules = json!({
+        "rules": [{"name": "eur-to-b", "when": {"currencies": ["EUR"]}, "providers": ["b", "a"]}],
+        "default": ["a"],
+    });
+    let r = put(&token, rules).await.expect("put");
+    assert_eq!(r.status().as_u16(), 200);
+    let set: Value = r.json().await.expect("json");
+    assert_eq!(set["version"], 1);
+    assert_eq!(set["rules"]["rules"][0]["name"], "eur-to-b");
+    let other = world
+        .app
+        .get_json_as(&world.other_token, "/v1/routing")
+        .await;
+    assert_eq!(
+        other["rules"],
+        Value::Null,
+        "another account's rules are its own"
+    );
+
+    let [mine, theirs] = world.create_twins("o-1", &payment_body("o-1")).await;
+    let mine = world.payment(&mine).await;
+    assert_eq!(mine["provider"], "b");
+    assert_eq!(mine["routing"]["rule"], "eur-to-b");
+    assert_eq!(mine["routing"]["reason"], "rule \"eur-to-b\" matched");
+    let theirs = world.payment(&theirs).await;
+    assert_eq!(theirs["provider"], "a");
+    assert_eq!(theirs["routing"]["rule"], Value::Null);
+    world.drain("a").await;
+    world.drain("b").await;
+    let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
+    assert_eq!((a.totals.charges, b.totals.charges), (1, 1));
+
+    let r = world
+        .app
+        .client
+        .delete(format!("{}/v1/routing", world.app.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status().as_u16(), 200);
+    let after: Value = r.json().await.expect("json");
+    assert_eq!(after["rules"], Value::Null);
+    assert_eq!(world.app.db.count("routing_changes").await, 2);
+    let again = world.create_twins("o-2", &payment_body("o-2")).await;
+    assert_eq!(world.payment(&again[0]).await["provider"], "a");
+}

@@ -410,10 +410,7 @@ async fn a_provider_down_before_any_effect_sends_its_payments_to_the_next(backen
     }
     // Four refused calls opened the circuit, in the database for every
     // process.
-    assert_eq!(
-        world.circuits.state("a").await.expect("state"),
-        CircuitState::Open
-    );
+    assert_eq!(world.circuits.state("a").await, CircuitState::Open);
     let rows = world.app.db.store.circuits().await.expect("circuits");
     assert_eq!(rows.len(), 1);
     assert_eq!(
@@ -631,65 +628,74 @@ async fn timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twic
 
 async fn the_circuit_opens_on_failures_and_closes_on_a_half_open_success(backend: Backend) {
     let world = World::new(backend, A::Up).await;
-    // `a` refuses every charge with 429 (nothing done): each send is
-    // proven not to have acted, so each payment moves on, and the fourth
-    // failure opens the circuit.
+    // `a` answers every charge 429: "not executed", yet no proof that no
+    // earlier try under the key reached it (a retrying proxy may have sent
+    // one), so the payments stay at `a`, retried under their keys; the
+    // failures open the circuit.
     world
         .a
         .control()
         .add_fault(FaultRule::new(Operation::Charge, FaultAction::RateLimit));
-    let mut ids = Vec::new();
+    let mut stayed = Vec::new();
     for i in 0..2 {
-        ids.extend(
-            world
-                .create_twins(&format!("o-{i}"), &payment_body(&format!("o-{i}")))
-                .await,
-        );
+        let order = format!("o-{i}");
+        stayed.extend(world.create_twins(&order, &payment_body(&order)).await);
     }
-    world.drain("a").await;
-    assert_eq!(
-        world.circuits.state("a").await.expect("state"),
-        CircuitState::Open
+    let steps = world.drain("a").await;
+    assert!(
+        !steps.is_empty()
+            && steps
+                .iter()
+                .all(|s| *s == Step::Rescheduled { class: "not_sent" }),
+        "{steps:?}"
     );
-    world.drain("b").await;
-    for id in &ids {
-        assert_moved_once(&world.payment(id).await, &["not_sent", "circuit_open"]);
+    assert_eq!(world.circuits.state("a").await, CircuitState::Open);
+    assert!(world.drain("b").await.is_empty(), "a 429 moves nothing");
+    for id in &stayed {
+        let p = world.payment(id).await;
+        assert_eq!(
+            (p["status"].as_str(), p["provider"].as_str()),
+            (Some("processing"), Some("a"))
+        );
+        assert_eq!(p["routing"]["moves"], json!([]));
     }
 
-    // While open, new payments go to `b` first.
+    // While open, new payments start at `b`.
     world.let_circuits_be_read_again();
-    for id in world.create_twins("o-open", &payment_body("o-open")).await {
-        assert_eq!(world.payment(&id).await["provider"], "b");
+    let open = world.create_twins("o-open", &payment_body("o-open")).await;
+    for id in &open {
+        let p = world.payment(id).await;
+        assert_eq!(p["provider"], "b");
+        assert_eq!(p["routing"]["chain"], json!(["b", "a"]));
     }
     world.drain("b").await;
 
-    // `a` recovers; after the cool-down its circuit is half-open, new
-    // payments go to it again, and the first answer closes it.
+    // `a` recovers; after the cool-down its circuit is half-open: new
+    // payments go to it again, the retries under the old keys go out, and
+    // the first answer closes the circuit.
     world.a.control().clear_faults();
     world.app.clock.advance(chrono::Duration::seconds(31));
-    assert_eq!(
-        world.circuits.state("a").await.expect("state"),
-        CircuitState::HalfOpen
-    );
+    assert_eq!(world.circuits.state("a").await, CircuitState::HalfOpen);
     let back = world.create_twins("o-back", &payment_body("o-back")).await;
     for id in &back {
         assert_eq!(world.payment(id).await["provider"], "a");
     }
     let steps = world.drain("a").await;
-    assert_eq!(steps, vec![Step::Recorded { class: "succeeded" }; 2]);
-    assert_eq!(
-        world.circuits.state("a").await.expect("state"),
-        CircuitState::Closed
-    );
+    assert_eq!(steps, vec![Step::Recorded { class: "succeeded" }; 6]);
+    assert_eq!(world.circuits.state("a").await, CircuitState::Closed);
     let rows = world.app.db.store.circuits().await.expect("circuits");
     assert_eq!(rows[0].state, "closed");
     assert!(rows[0].closed_at.is_some());
 
     let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
-    assert_eq!((a.totals.charges, b.totals.charges), (2, 6));
+    assert_eq!((a.totals.charges, b.totals.charges), (6, 2));
     assert!(money_moved(&[&a, &b]).values().all(|n| *n == 1));
-    for id in &back {
-        assert_eq!(charges_of(&a, id), 1);
+    for id in stayed.iter().chain(&back) {
+        assert_eq!((charges_of(&a, id), charges_of(&b, id)), (1, 0));
+        assert_eq!(world.payment(id).await["status"], "captured");
+    }
+    for id in &open {
+        assert_eq!((charges_of(&a, id), charges_of(&b, id)), (0, 1));
     }
 }
 
@@ -796,4 +802,38 @@ async fn rules_over_http_are_validated_and_a_refused_set_changes_nothing(backend
     assert_eq!(world.app.db.count("routing_changes").await, 2);
     let again = world.create_twins("o-2", &payment_body("o-2")).await;
     assert_eq!(world.payment(&again[0]).await["provider"], "a");
+
+    // An account an operator pinned to `b` keeps it: its token can neither
+    // set nor clear rules, and its payments go to `b` alone.
+    let store = &world.app.db.store;
+    let pinned = store
+        .create_account_with_provider("pinned-shop", Some("b"), cobro_test_support::t0())
+        .await
+        .expect("account");
+    let pinned_token = format!("test_{}", uuid::Uuid::new_v4().simple());
+    store
+        .create_token(
+            pinned,
+            "test",
+            &cobro_api::token_hash(&pinned_token),
+            cobro_test_support::t0(),
+        )
+        .await
+        .expect("token");
+    let r = put(&pinned_token, json!({"default": ["a"]}))
+        .await
+        .expect("put");
+    assert_eq!(r.status().as_u16(), 400);
+    let problem: Value = r.json().await.expect("json");
+    assert!(problem.to_string().contains("pinned"), "{problem}");
+    assert_eq!(
+        world.app.db.count("routing_changes").await,
+        2,
+        "nothing stored"
+    );
+    let view = world.app.get_json_as(&pinned_token, "/v1/routing").await;
+    assert_eq!(
+        (view["rules"].clone(), view["default"].clone()),
+        (Value::Null, json!(["b"]))
+    );
 }

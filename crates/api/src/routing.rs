@@ -119,7 +119,7 @@ impl Router {
             return Ok(None);
         }
         let now = state.clock.now();
-        let open = self.circuits.open().await?;
+        let open = self.circuits.open().await;
         let is_open = |p: &str| open.contains(p);
         let route = match self.profile(state, account, now).await? {
             Profile::Rules(set) => set.route(facts, payment.as_uuid().as_u128(), &is_open),
@@ -190,6 +190,23 @@ async fn view(state: &AppState, account: AccountId) -> Result<RoutingRulesView, 
     })
 }
 
+/// An account an operator pinned to one provider (`cobro accounts create
+/// --provider`) keeps it: its token cannot route its payments elsewhere
+/// (providers may be different merchants' contracts); its routing is the
+/// operator's (`cobro routing set`).
+async fn refuse_pinned(state: &AppState, account: AccountId) -> Result<(), ApiError> {
+    match state.store.routing_profile(account).await?.provider {
+        Some(provider) => Err(ApiError::Validation(vec![FieldError::new(
+            "body",
+            format!(
+                "this account is pinned to provider {provider:?} by an operator; \
+                 its routing is changed by an operator (cobro routing set)"
+            ),
+        )])),
+        None => Ok(()),
+    }
+}
+
 openapi::refusals!(
     /// What `get_routing` refuses.
     GetRoutingRefusals = read []
@@ -242,6 +259,7 @@ async fn put_routing(
     account: Account,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
+    refuse_pinned(&state, account.0).await?;
     let text = Value::Object(body.0).to_string();
     let set = RuleSet::parse(&text, &state.routing.known())
         .map_err(|e| ApiError::Validation(vec![FieldError::new("body", e.to_string())]))?;
@@ -257,7 +275,7 @@ async fn put_routing(
 
 openapi::refusals!(
     /// What `delete_routing` refuses.
-    DeleteRoutingRefusals = read []
+    DeleteRoutingRefusals = read [Validation]
 );
 
 /// Remove the account's routing rules
@@ -277,6 +295,7 @@ async fn delete_routing(
     State(state): State<AppState>,
     account: Account,
 ) -> Result<Response, ApiError> {
+    refuse_pinned(&state, account.0).await?;
     state
         .store
         .set_routing_rules(account.0, None, "api", state.clock.now())

@@ -65,6 +65,9 @@ impl HttpProvider {
         let client = crate::client_builder(&config.base_url)
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
+            // A redirect's failed connection would look like a send that
+            // never left, after the POST reached the first server.
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         Ok(Self { config, client })
     }
@@ -296,7 +299,7 @@ pub(crate) fn traceparent() -> reqwest::header::HeaderMap {
 /// happened before the connection existed.
 fn classify_transport_error(e: &reqwest::Error) -> Outcome {
     if e.is_connect() {
-        Outcome::NotSent(redact(e))
+        Outcome::NotConnected(redact(e))
     } else {
         // Timeouts, resets after the request was written, a closed
         // connection without an answer: the effect may have happened.
@@ -691,7 +694,9 @@ mod tests {
             .expect("addr")
             .port();
         let p = provider(format!("http://127.0.0.1:{port}"), Duration::from_secs(5));
-        assert_eq!(p.authorize("k", &request()).await.class(), "not_sent");
+        let outcome = p.authorize("k", &request()).await;
+        assert_eq!(outcome.class(), "not_sent");
+        assert!(matches!(outcome, Outcome::NotConnected(_)), "{outcome:?}");
     }
 
     #[tokio::test]

@@ -223,9 +223,16 @@ pub enum Outcome {
         message: String,
         object: Option<ProviderObject>,
     },
-    /// Nothing reached the provider (connection refused, DNS, TLS, or the
-    /// provider said it did not execute, e.g. 429): retry the same attempt.
+    /// The provider said it did not execute (e.g. 429), or the request
+    /// could not be built: retry the same attempt under the same key. Not
+    /// proof that no earlier try under the key reached it (a retrying proxy
+    /// between cobro and the provider may have forwarded one).
     NotSent(String),
+    /// Nothing left cobro: no connection was made (refused, DNS, TLS,
+    /// connect timeout), so this send reached no one. Retried like
+    /// `NotSent`; the one answer routing may move a payment on
+    /// (docs/routing.md §2), when every send of the attempt was this.
+    NotConnected(String),
     /// The request may or may not have had an effect (timeout, reset after
     /// sending, 5xx, malformed answer, 409 in progress): retry with the same
     /// key inside the key window, else reconcile. Never a reason to charge
@@ -257,7 +264,7 @@ impl Outcome {
             Outcome::Succeeded(_) => "succeeded",
             Outcome::Declined { .. } => "declined",
             Outcome::Failed { .. } => "failed",
-            Outcome::NotSent(_) => "not_sent",
+            Outcome::NotSent(_) | Outcome::NotConnected(_) => "not_sent",
             Outcome::Unknown(_) => "unknown",
         }
     }

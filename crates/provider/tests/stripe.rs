@@ -405,7 +405,7 @@ async fn authorize(provider: &StripeProvider, capture: bool) -> Sent {
 
 fn reason(outcome: &Outcome) -> &str {
     match outcome {
-        Outcome::NotSent(r) | Outcome::Unknown(r) => r,
+        Outcome::NotSent(r) | Outcome::NotConnected(r) | Outcome::Unknown(r) => r,
         other => panic!("not a NotSent or Unknown: {other:?}"),
     }
 }
@@ -442,6 +442,11 @@ async fn a_refused_connection_is_not_sent() {
     let provider = StripeProvider::new(config).expect("provider");
     let sent = authorize(&provider, false).await;
     assert_class(&sent, "not_sent", "not_connected");
+    assert!(
+        matches!(sent.outcome, Outcome::NotConnected(_)),
+        "nothing left cobro: the proof routing may move on: {:?}",
+        sent.outcome
+    );
     assert_eq!(sent.call, None, "no answer, nothing known of the call");
 }
 
@@ -791,6 +796,11 @@ async fn a_rate_limited_request_is_not_sent() {
     let (provider, _) = stripe(vec![Reply::new(429, &body)]).await;
     let sent = authorize(&provider, false).await;
     assert_class(&sent, "not_sent", "rate_limited");
+    assert!(
+        matches!(sent.outcome, Outcome::NotSent(_)),
+        "an answer, never proof that nothing left: {:?}",
+        sent.outcome
+    );
 }
 
 /// Stripe's older answer to rate limiting: a 400 with code `rate_limit`.

@@ -12,7 +12,7 @@ use cobro_provider::{
 };
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
-use cobro_settle::routing::{NoEffectProof, fail_over};
+use cobro_settle::routing::{NoEffectProof, fail_over, note_failover};
 use cobro_settle::{
     Applied, Fit, Proof, Source, apply_proof, await_customer, fit, settle_held_cancels,
     stop_the_line,
@@ -1091,9 +1091,10 @@ impl<P: Provider> Reconciler<P> {
             Answered::Proof(_, said)
             | Answered::Conflict(_, said)
             | Answered::RequiresAction { said, .. } => (said.clone(), None),
-            Answered::NotSent(why) | Answered::Unknown(why) | Answered::InProgress(why) => {
-                (String::new(), Some(why.clone()))
-            }
+            Answered::NotSent(why)
+            | Answered::NotConnected(why)
+            | Answered::Unknown(why)
+            | Answered::InProgress(why) => (String::new(), Some(why.clone())),
         };
         let said = serde_json::json!({ "replayed_key": said, "before": ctx.said });
         let ctx = Ctx {
@@ -1109,7 +1110,10 @@ impl<P: Provider> Reconciler<P> {
                 action,
                 ..
             } => self.await_customer(&ctx, &provider_ref, &action).await,
-            Answered::NotSent(_) | Answered::Unknown(_) | Answered::InProgress(_) => {
+            Answered::NotSent(_)
+            | Answered::NotConnected(_)
+            | Answered::Unknown(_)
+            | Answered::InProgress(_) => {
                 let reason = format!(
                     "not found by the consistent read, but the replay of its key proves nothing yet: {}",
                     reason.unwrap_or_default()
@@ -1425,6 +1429,14 @@ impl<P: Provider> Reconciler<P> {
                 );
                 tx.record_decision(&d, now).await?;
                 finish(tx, dry_run).await?;
+                if !dry_run {
+                    note_failover(
+                        PaymentId::from_uuid(payment.id.0),
+                        attempt.provider.as_deref().unwrap_or_default(),
+                        &to,
+                        NoEffectProof::NoEffect,
+                    );
+                }
                 return Ok(Verdict::Retried);
             }
             // A new attempt of the same intent, under a NEW provider key:

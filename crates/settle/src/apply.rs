@@ -577,14 +577,16 @@ async fn soft_decline_moves_on(
     // attempt never sent at an open provider moves on again from there.
     let open = std::collections::BTreeSet::new();
     let proof = (crate::routing::NoEffectProof::SoftDecline, code.as_str());
-    Ok(
-        crate::routing::fail_over(tx, attempt, payment, proof, &open, now)
-            .await?
-            .map(|_| Applied::Settled {
-                before: payment.status.as_str().to_owned(),
-                after: payment.status.as_str().to_owned(),
-            }),
-    )
+    let Some(to) = crate::routing::fail_over(tx, attempt, payment, proof, &open, now).await? else {
+        return Ok(None);
+    };
+    // Counted when decided: the settle path's caller commits.
+    let from = attempt.provider.as_deref().unwrap_or_default();
+    crate::routing::note_failover(PaymentId::from_uuid(payment.id.0), from, &to, proof.0);
+    Ok(Some(Applied::Settled {
+        before: payment.status.as_str().to_owned(),
+        after: payment.status.as_str().to_owned(),
+    }))
 }
 
 /// The provider answered (or a read showed) that the customer must act

@@ -75,6 +75,9 @@ pub enum Answered {
     /// and what the provider said.
     Conflict(String, String),
     NotSent(String),
+    /// Nothing left cobro (no connection): `NotSent`, and proof that this
+    /// send reached no one.
+    NotConnected(String),
     Unknown(String),
     /// The attempt's own object, not final yet (Stripe's `processing`, a
     /// status cobro does not know): a resend under the same key would only
@@ -154,6 +157,7 @@ pub fn judge_answer(
             )
         }
         Outcome::NotSent(reason) => Answered::NotSent(reason),
+        Outcome::NotConnected(reason) => Answered::NotConnected(reason),
         Outcome::Unknown(reason) => Answered::Unknown(reason),
     }
 }

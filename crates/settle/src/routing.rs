@@ -160,25 +160,35 @@ impl Circuits {
         }
     }
 
+    /// The circuits now; a failed read is logged and reads as none open:
+    /// health is advice, and an unreadable circuit never stops a send or
+    /// a create (nothing that is not proven moves anyway).
+    async fn rows_or_none(&self, now: DateTime<Utc>) -> Arc<Vec<CircuitRow>> {
+        self.rows(now).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the circuits could not be read: taken as closed");
+            Arc::new(Vec::new())
+        })
+    }
+
     /// `provider`'s circuit now.
-    pub async fn state(&self, provider: &str) -> Result<CircuitState, StoreError> {
+    pub async fn state(&self, provider: &str) -> CircuitState {
         let now = self.clock.now();
-        let rows = self.rows(now).await?;
-        Ok(rows
+        self.rows_or_none(now)
+            .await
             .iter()
             .find(|r| r.provider == provider)
-            .map_or(CircuitState::Closed, |r| self.state_of(r, now)))
+            .map_or(CircuitState::Closed, |r| self.state_of(r, now))
     }
 
     /// The providers routing skips now.
-    pub async fn open(&self) -> Result<BTreeSet<String>, StoreError> {
+    pub async fn open(&self) -> BTreeSet<String> {
         let now = self.clock.now();
-        let rows = self.rows(now).await?;
-        Ok(rows
+        self.rows_or_none(now)
+            .await
             .iter()
             .filter(|r| self.state_of(r, now) == CircuitState::Open)
             .map(|r| r.provider.clone())
-            .collect())
+            .collect()
     }
 
     /// Records a call to `provider` by process `owner` and moves its
@@ -296,6 +306,16 @@ pub fn is_soft_decline(code: &str) -> bool {
     SOFT_DECLINES.contains(&code)
 }
 
+/// Counts and logs a move [`fail_over`] made, once its transaction
+/// committed.
+pub fn note_failover(payment: PaymentId, from: &str, to: &str, proof: NoEffectProof) {
+    cobro_telemetry::metrics::routing_failover(from, to, proof.as_str());
+    tracing::warn!(
+        payment_id = %payment, from, to, proof = proof.as_str(),
+        "payment moved to the next provider of its route"
+    );
+}
+
 /// Moves the payment of `attempt` (an authorisation already recorded
 /// without effect in this transaction, its payment locked) to the next
 /// provider of its route, and opens the intent's next attempt there under
@@ -359,10 +379,5 @@ pub async fn fail_over(
         now,
     )
     .await?;
-    cobro_telemetry::metrics::routing_failover(current, &next, proof.0.as_str());
-    tracing::warn!(
-        payment_id = %payment_id, from = current, to = %next, proof = proof.0.as_str(),
-        "payment moved to the next provider of its route"
-    );
     Ok(Some(next))
 }

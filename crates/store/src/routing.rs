@@ -5,6 +5,7 @@
 use crate::{DbId, DbTime, Result, Store, WriteTx, on_pool, on_tx, on_write_pool};
 use chrono::{DateTime, Utc};
 use cobro_core::{AccountId, AttemptId, PaymentId};
+use uuid::Uuid;
 
 /// What routing needs of an account: the provider it names (migration
 /// 0010) and its rules, if it has any.
@@ -185,6 +186,18 @@ impl Store {
             .rows_affected()))
     }
 
+    /// The provider and route of every payment that may still move (its
+    /// status `processing`): what a start checks against the providers
+    /// file. Read through `payments_unsettled` (hence the time condition,
+    /// true of every row).
+    pub async fn movable_routes(&self) -> Result<Vec<(Uuid, Option<String>, String)>> {
+        let sql = "SELECT id, provider, route FROM payments WHERE status = 'processing' \
+            AND status_changed_at IS NOT NULL AND route IS NOT NULL";
+        let rows: Vec<(DbId, Option<String>, String)> =
+            on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?);
+        Ok(rows.into_iter().map(|(id, p, r)| (id.0, p, r)).collect())
+    }
+
     /// Every circuit that was ever opened.
     pub async fn circuits(&self) -> Result<Vec<CircuitRow>> {
         let sql = "SELECT provider, state, opened_at, closed_at, reason, updated_at \
@@ -253,28 +266,38 @@ impl Store {
 }
 
 impl WriteTx {
-    /// Counts a send of `attempt` proven never to have left, and answers
-    /// whether every send of it so far is such a send: then the attempt
-    /// provably had no effect anywhere.
-    pub async fn count_send_not_left(&mut self, attempt: AttemptId) -> Result<bool> {
-        let sql = "UPDATE attempts SET sends_not_left = sends_not_left + 1 WHERE id = $1 \
-            RETURNING send_count = sends_not_left";
-        let row: Option<(bool,)> = on_tx!(self, conn => sqlx::query_as(sql)
+    /// Counts a send of `attempt` that provably never left cobro (no
+    /// connection was made).
+    pub async fn count_send_not_left(&mut self, attempt: AttemptId) -> Result<()> {
+        let sql = "UPDATE attempts SET sends_not_left = sends_not_left + 1 WHERE id = $1";
+        on_tx!(self, conn => sqlx::query(sql)
             .bind(DbId::from(attempt))
-            .fetch_optional(&mut *conn)
-            .await?);
-        Ok(row.is_some_and(|(all,)| all))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(())
     }
 
-    /// Whether every send of `attempt` is proven never to have left (an
-    /// attempt never sent included).
-    pub async fn never_left(&mut self, attempt: AttemptId) -> Result<bool> {
-        let sql = "SELECT send_count = sends_not_left FROM attempts WHERE id = $1";
-        let row: Option<(bool,)> = on_tx!(self, conn => sqlx::query_as(sql)
+    /// Records `attempt` without effect because none of its sends ever
+    /// left cobro (or it was never sent): one compare-and-set on both, so
+    /// a send counted meanwhile by another worker (its `send_count` is
+    /// raised before it sends) makes it `false` and changes nothing.
+    pub async fn resolve_never_left(
+        &mut self,
+        attempt: AttemptId,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let sql = "UPDATE attempts SET state = 'no_effect', last_error = $2, updated_at = $3 \
+            WHERE id = $1 AND state = 'pending' AND send_count = sends_not_left";
+        let n = on_tx!(self, conn => sqlx::query(sql)
             .bind(DbId::from(attempt))
-            .fetch_optional(&mut *conn)
-            .await?);
-        Ok(row.is_some_and(|(all,)| all))
+            .bind(note)
+            .bind(DbTime(now))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected());
+        Ok(n == 1)
     }
 
     /// Moves a payment from provider `from` to `to` with its route (JSON),

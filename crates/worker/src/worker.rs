@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, AttemptState, Clock, Operation, PaymentId, RefundId};
 use cobro_provider::{CallInfo, Outcome, Provider, Sent};
 use cobro_settle::call::{Answered, Call, judge_answer};
-use cobro_settle::routing::{CallHealth, CircuitState, Circuits, NoEffectProof, fail_over};
+use cobro_settle::routing::{
+    CallHealth, CircuitState, Circuits, NoEffectProof, fail_over, note_failover,
+};
 use cobro_settle::{Source, apply_proof, await_customer, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{
@@ -448,8 +450,9 @@ impl<P: Provider> Worker<P> {
         let heartbeat = Heartbeat::start(self, &claim);
         let started = std::time::Instant::now();
         let Sent { outcome, call } = self.send(call, &attempt.provider_key).await;
-        heartbeat.stop().await;
+        // Under the heartbeat still: the lease outlives a slow report.
         self.report_call(&claim, &outcome, started.elapsed()).await;
+        heartbeat.stop().await;
         tracing::info!(
             attempt_id = %attempt.id.0, reference = %attempt.reference, operation = %attempt.operation,
             sends = attempt.send_count + 1, class = outcome.class(),
@@ -526,7 +529,9 @@ impl<P: Provider> Worker<P> {
             Answered::Conflict(why, said) => {
                 return self.conflict(claim, asked, &why, &said, call).await;
             }
-            Answered::NotSent(reason) => {
+            // Nothing left cobro: the payment may move on (when every send
+            // of the attempt was such a send), else the same key again.
+            Answered::NotConnected(reason) => {
                 if let Some(step) = self
                     .reroute(claim, asked, (NoEffectProof::NotSent, &reason), call)
                     .await?
@@ -535,6 +540,19 @@ impl<P: Provider> Worker<P> {
                 }
                 let due = now + self.retry_delay(claim);
                 return self.not_sent(claim, due, &reason, call).await.map(|ok| {
+                    if ok {
+                        Step::Rescheduled { class }
+                    } else {
+                        Step::LeaseLost
+                    }
+                });
+            }
+            // The provider said it did not execute (429): the same key
+            // again, never a move (an earlier try under the key may have
+            // reached it through a proxy that retried).
+            Answered::NotSent(reason) => {
+                let due = now + self.retry_delay(claim);
+                return self.reschedule(claim, due, &reason, call).await.map(|ok| {
                     if ok {
                         Step::Rescheduled { class }
                     } else {
@@ -811,9 +829,9 @@ impl<P: Provider> Worker<P> {
             return;
         };
         let health = match outcome {
-            cobro_provider::Outcome::NotSent(_) | cobro_provider::Outcome::Unknown(_) => {
-                CallHealth::Failed
-            }
+            cobro_provider::Outcome::NotSent(_)
+            | cobro_provider::Outcome::NotConnected(_)
+            | cobro_provider::Outcome::Unknown(_) => CallHealth::Failed,
             _ => CallHealth::Answered,
         };
         let provider = self.provider_of(claim);
@@ -838,7 +856,7 @@ impl<P: Provider> Worker<P> {
         };
         if claim.attempt.operation != Operation::Authorize
             || claim.attempt.state != AttemptState::Pending
-            || circuits.state(self.provider_of(claim)).await? != CircuitState::Open
+            || circuits.state(self.provider_of(claim)).await != CircuitState::Open
         {
             return Ok(None);
         }
@@ -875,7 +893,7 @@ impl<P: Provider> Worker<P> {
         if attempt.operation != Operation::Authorize || asked.payment.route.is_none() {
             return Ok(None);
         }
-        let open = circuits.open().await?;
+        let open = circuits.open().await;
         let now = self.clock.now();
         let id = AttemptId::from_uuid(attempt.id.0);
         let mut tx = self.store.begin().await?;
@@ -891,21 +909,13 @@ impl<P: Provider> Worker<P> {
             return Ok(None);
         };
         // A soft decline moves on through `apply_proof` (the one settle
-        // path, which webhooks and the reconciler share).
-        let recorded = match proof {
-            NoEffectProof::NotSent => {
-                tx.count_send_not_left(id).await?
-                    && tx
-                        .resolve_attempt(id, AttemptState::NoEffect, None, Some(detail), now)
-                        .await?
-            }
-            _ => {
-                tx.never_left(id).await?
-                    && tx
-                        .resolve_attempt(id, AttemptState::NoEffect, None, Some(detail), now)
-                        .await?
-            }
-        };
+        // path, which webhooks and the reconciler share); here the proof is
+        // that nothing ever left: this send (`NotSent`) and every earlier
+        // one, or no send at all (`CircuitOpen`).
+        if proof == NoEffectProof::NotSent {
+            tx.count_send_not_left(id).await?;
+        }
+        let recorded = tx.resolve_never_left(id, detail, now).await?;
         let moved = if recorded && payment.status == cobro_core::PaymentStatus::Processing {
             fail_over(&mut tx, attempt, &payment, (proof, detail), &open, now).await?
         } else {
@@ -917,6 +927,12 @@ impl<P: Provider> Worker<P> {
         };
         note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
+        note_failover(
+            PaymentId::from_uuid(attempt.payment_id.0),
+            self.provider_of(claim),
+            &to,
+            proof,
+        );
         self.wake.notify_one();
         Ok(Some(Step::Rerouted {
             proof: proof.as_str(),

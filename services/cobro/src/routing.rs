@@ -72,7 +72,8 @@ fn actor() -> String {
 
 /// Refuses to start when an account's stored rules name a provider the
 /// providers file no longer defines (or no longer parse): a payment of
-/// that account could not be routed.
+/// that account could not be routed; or when a payment that may still
+/// move has such a provider left on its route.
 pub async fn check_stored_rules(store: &Store, registry: &Registry) -> anyhow::Result<()> {
     for (account, rules) in store.all_routing_rules().await? {
         RuleSet::parse(&rules, &|p| registry.has(p)).map_err(|e| {
@@ -81,6 +82,24 @@ pub async fn check_stored_rules(store: &Store, registry: &Registry) -> anyhow::R
                  fix them with `cobro routing set` or `cobro routing clear`"
             )
         })?;
+    }
+    // A payment that may still move must find every provider left on its
+    // chain, or its next attempt would wait for a worker that never comes.
+    for (payment, at, route) in store.movable_routes().await? {
+        let Some(route) = cobro_core::routing::Route::from_json(&route) else {
+            bail!("payment {payment} has a route cobro cannot read");
+        };
+        let from = at
+            .as_deref()
+            .and_then(|p| route.chain.iter().position(|c| c == p))
+            .unwrap_or(0);
+        if let Some(missing) = route.chain[from..].iter().find(|p| !registry.has(p)) {
+            bail!(
+                "payment {payment} (processing) may still move to provider {missing:?}, which the \
+                 providers file no longer defines: keep it until the payment is settled \
+                 (`cobro payments show {payment}`)"
+            );
+        }
     }
     Ok(())
 }
@@ -230,7 +249,7 @@ async fn circuits(
     let rows = store.circuits().await?;
     let mut report = Vec::new();
     for name in &names {
-        let state = book.state(name).await?;
+        let state = book.state(name).await;
         let from = now - chrono::Duration::from_std(breaker.window)?;
         let window = store.provider_window(name, from.timestamp()).await?;
         let row = rows.iter().find(|r| &r.provider == name);

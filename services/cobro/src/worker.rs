@@ -155,6 +155,9 @@ pub async fn run_alone(global: &GlobalSettings, args: &WorkerArgs) -> anyhow::Re
     let configs = worker_configs(&registry, &args.worker)?;
     let (store, target) = database::open(global, SchemaPolicy::Require).await?;
     database::check_clock(&store, registry.clock_bound()).await?;
+    // The workers move payments along their routes: every provider a
+    // route may still name must be here.
+    crate::routing::check_stored_rules(&store, &registry).await?;
     database::require_pool(
         global,
         &store,

@@ -552,6 +552,9 @@ pub fn outcome(
     };
     let reason = |heard: &Heard| scrub(&format!("{}: {}{request}", row.id, said(heard)));
     match row.class {
+        Class::NotSent if matches!(heard, Heard::NotConnected(_)) => {
+            Outcome::NotConnected(reason(&heard))
+        }
         Class::NotSent => Outcome::NotSent(reason(&heard)),
         Class::Unknown => Outcome::Unknown(reason(&heard)),
         Class::Succeeded => match object_of(heard) {

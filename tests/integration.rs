@@ -25,6 +25,7 @@ mod providers;
 mod reconciler;
 mod refunds;
 mod routing;
+mod routing_chaos;
 mod scenarios;
 mod schema_parity;
 mod store_conformance;

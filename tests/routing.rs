@@ -32,6 +32,7 @@ on_both_backends!(
     timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twice,
     the_circuit_opens_on_failures_and_closes_on_a_half_open_success,
     rules_over_http_are_validated_and_a_refused_set_changes_nothing,
+    capture_and_refund_of_a_moved_payment_go_to_the_provider_that_holds_its_charge,
 );
 
 /// How `a` behaves from the start.
@@ -836,4 +837,100 @@ async fn rules_over_http_are_validated_and_a_refused_set_changes_nothing(backend
         (view["rules"].clone(), view["default"].clone()),
         (Value::Null, json!(["b"]))
     );
+}
+
+async fn capture_and_refund_of_a_moved_payment_go_to_the_provider_that_holds_its_charge(
+    backend: Backend,
+) {
+    let world = World::new(backend, A::Down).await;
+    let mut body = payment_body("o-1");
+    body["capture_method"] = json!("manual");
+    let ids = world.create_twins("o-1", &body).await;
+    world.drain("a").await;
+    world.drain("b").await;
+    let post = |token: &str, path: String, key: &str, body: Value| {
+        let request = world.app.post_as(token, &path, Some(key)).json(&body);
+        async move {
+            let r = request.send().await.expect("send");
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.expect("json");
+            assert!(status == 201 || status == 202, "{path}: {status} {body}");
+        }
+    };
+    for ((_, token), id) in world.tokens().into_iter().zip(&ids) {
+        let p = world.payment(id).await;
+        assert_eq!(
+            (p["status"].as_str(), p["provider"].as_str()),
+            (Some("authorized"), Some("b")),
+            "{p}"
+        );
+        post(
+            token,
+            format!("/v1/payments/{id}/capture"),
+            "k-capture",
+            json!({}),
+        )
+        .await;
+    }
+    assert!(
+        world.drain("a").await.is_empty(),
+        "nothing of these payments is a's"
+    );
+    world.drain("b").await;
+    for ((_, token), id) in world.tokens().into_iter().zip(&ids) {
+        post(
+            token,
+            format!("/v1/payments/{id}/refunds"),
+            "k-refund",
+            json!({"amount": 500}),
+        )
+        .await;
+    }
+    assert!(world.drain("a").await.is_empty());
+    world.drain("b").await;
+
+    let b = world.b.control().ledger();
+    assert_eq!(
+        (b.totals.charges, b.totals.captures, b.totals.refunds),
+        (2, 2, 2),
+        "{b:?}"
+    );
+    for id in &ids {
+        let p = world.payment(id).await;
+        assert_eq!(
+            (p["status"].as_str(), p["amount_refunded"].as_i64()),
+            (Some("partially_refunded"), Some(500)),
+            "{p}"
+        );
+        let attempts = p["attempts"].as_array().expect("attempts");
+        // The authorisation's two attempts, then the capture and the
+        // refund, each at the provider that holds the charge.
+        let sent: Vec<(&str, &str)> = attempts
+            .iter()
+            .map(|a| {
+                (
+                    a["operation"].as_str().expect("operation"),
+                    a["provider"].as_str().expect("provider"),
+                )
+            })
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                ("payment.authorize", "a"),
+                ("payment.authorize", "b"),
+                ("payment.capture", "b"),
+                ("refund.create", "b"),
+            ],
+            "{p}"
+        );
+        let charge = b
+            .charge_of_payment_intent(p["provider_ref"].as_str().expect("intent"))
+            .expect("the PaymentIntent's charge");
+        assert_eq!(
+            (charge.amount_captured, charge.amount_refunded),
+            (1999, 500)
+        );
+        assert_eq!(b.refunds_of_charge(&charge.id).len(), 1);
+    }
 }

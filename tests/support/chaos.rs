@@ -526,15 +526,19 @@ struct Journey {
 
 /// A merchant's client: retries every request with the same key on a lost
 /// connection (an API process was killed), 408, 409 and 503, alternating
-/// between the API processes, until the answer is final.
-struct Merchant {
-    http: reqwest::Client,
-    token: String,
-    urls: Arc<Mutex<Vec<String>>>,
+/// between the API processes, until the answer is final (tests/routing_chaos.rs
+/// drives its own journeys with it).
+pub struct Merchant {
+    pub http: reqwest::Client,
+    pub token: String,
+    /// The API processes' base URLs (a restarted one replaces its entry).
+    pub urls: Arc<Mutex<Vec<String>>>,
 }
 
 impl Merchant {
-    async fn send(&self, path: &str, key: Option<&str>, body: Option<&Value>) -> (u16, Value) {
+    /// `POST path` with `key` and `body` (`{}` when `None`), or `GET path`
+    /// without a key: its final status and body, within 3 minutes.
+    pub async fn send(&self, path: &str, key: Option<&str>, body: Option<&Value>) -> (u16, Value) {
         let deadline = Instant::now() + Duration::from_secs(180);
         for attempt in 0usize.. {
             assert!(

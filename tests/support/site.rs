@@ -28,6 +28,11 @@
 //! sends Stripe's webhooks. The `COBRO_PROVIDER_*` and
 //! `COBRO_WEBHOOK_SECRET` variables a test passes become that file's
 //! fields ([`Site::command`]), so one test body runs on either.
+//!
+//! Routed: a site made by [`Site::routed`] has two fake providers, `a`
+//! ([`Site::provider`]) and `b` ([`Site::provider_b`]), each with its own
+//! ledger, and every process reads the providers file the test wrote for
+//! them (tests/routing_chaos.rs).
 
 use crate::process::{Cobro, cobro_binary};
 use crate::{Backend, Dialect, RIG_SECRET_KEY, TestDb, wait_for};
@@ -41,8 +46,9 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// The variables the Stripe site's providers file names for the secrets
-/// (set on each process, never written into the file).
-const STRIPE_SECRET_ENV: &str = "COBRO_TEST_STRIPE_SECRET_KEY";
+/// (set on each process, never written into the file). A routed site's
+/// file names [`STRIPE_SECRET_ENV`] for the key of each of its providers.
+pub const STRIPE_SECRET_ENV: &str = "COBRO_TEST_STRIPE_SECRET_KEY";
 const STRIPE_WEBHOOK_SECRET_ENV: &str = "COBRO_TEST_STRIPE_WEBHOOK_SECRET";
 
 /// The environment variables of the single environment-defined provider,
@@ -78,6 +84,9 @@ pub struct Site {
     /// Where a Stripe site writes its providers files (removed with it).
     files: PathBuf,
     written: AtomicUsize,
+    /// A routed site's second provider and the providers file every
+    /// process reads ([`Site::routed`]); `None` on every other site.
+    routed: Option<(fake_provider::Running, PathBuf)>,
 }
 
 impl Site {
@@ -138,7 +147,38 @@ impl Site {
             dialect,
             files: std::env::temp_dir().join(format!("cobro-site-{}", Uuid::new_v4().simple())),
             written: AtomicUsize::new(0),
+            routed: None,
         }
+    }
+
+    /// A site of two fake providers, each a server with its own ledger:
+    /// `a` runs with `config_a` ([`Site::provider`]), `b` with `config_b`
+    /// ([`Site::provider_b`]). Every process reads the providers file
+    /// `file(a_url, b_url)` returns, whose providers name their key by
+    /// [`STRIPE_SECRET_ENV`]; the `COBRO_PROVIDER_*` variables a test
+    /// passes are passed as they are (the file says everything about the
+    /// providers).
+    pub async fn routed(
+        backend: Backend,
+        config_a: fake_provider::Config,
+        config_b: fake_provider::Config,
+        file: impl FnOnce(&str, &str) -> String,
+    ) -> Self {
+        let mut site = Self::with_provider(backend, config_a).await;
+        let b = fake_provider::start(config_b)
+            .await
+            .expect("start the second fake provider");
+        std::fs::create_dir_all(&site.files).expect("the site's directory");
+        let path = site.files.join("providers-routed.toml");
+        std::fs::write(&path, file(&site.provider.url(), &b.url()))
+            .expect("write the providers file");
+        site.routed = Some((b, path));
+        site
+    }
+
+    /// A routed site's provider `b`.
+    pub fn provider_b(&self) -> &fake_provider::Running {
+        &self.routed.as_ref().expect("a routed site").0
     }
 
     /// The PostgreSQL database, for checks only PostgreSQL can make.
@@ -164,12 +204,18 @@ impl Site {
                 command.env_remove(name);
             }
         }
-        let env: Vec<(&str, &str)> = match self.dialect {
-            Dialect::Fake => {
+        let env: Vec<(&str, &str)> = match (&self.routed, self.dialect) {
+            (Some((_, file)), _) => {
+                command
+                    .env("COBRO_PROVIDERS_FILE", file)
+                    .env(STRIPE_SECRET_ENV, RIG_SECRET_KEY);
+                env.to_vec()
+            }
+            (None, Dialect::Fake) => {
                 command.env("COBRO_PROVIDER_URL", self.provider.url());
                 env.to_vec()
             }
-            Dialect::Stripe => {
+            (None, Dialect::Stripe) => {
                 let (file, webhook_secret, rest) = self.providers_file(env);
                 command
                     .env("COBRO_PROVIDERS_FILE", file)

@@ -888,3 +888,109 @@ async fn resolve_checks_every_verdict_at_the_provider() {
     assert!(text.contains("NOT verified"), "{text}");
     assert_eq!(setup.provider.control().ledger().totals.charges, 1);
 }
+
+/// `cobro routing` as an operator runs it: rules from a file are checked
+/// against the providers file before anything is stored (an invalid set
+/// exits 1, names the problem and changes nothing), a valid one is stored
+/// as version 1, `history` keeps who set what, `clear` removes it, and
+/// `circuits` reports each provider of the file. The account's payments
+/// are untouched by all of it: the provider made nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn routing_rules_are_checked_against_the_providers_file_and_every_change_is_kept() {
+    let setup = Setup::new().await;
+    json_run(&setup, &["migrate", "--json"], 0).await;
+    json_run(
+        &setup,
+        &["accounts", "create", "--name", "acme", "--json"],
+        0,
+    )
+    .await;
+    let providers = setup.dir.path().join("providers.toml");
+    std::fs::write(
+        &providers,
+        format!(
+            "default_provider = \"fake\"\n\n\
+             [[provider]]\nname = \"fake\"\nkind = \"fake\"\nbase_url = \"{url}\"\nsecret_env = \"FAKE_KEY\"\n\n\
+             [[provider]]\nname = \"backup\"\nkind = \"fake\"\nbase_url = \"{url}\"\nsecret_env = \"FAKE_KEY\"\n\n\
+             [routing]\ndefault = [\"fake\", \"backup\"]\n",
+            url = setup.provider.url()
+        ),
+    )
+    .expect("providers file");
+    let run = |args: Vec<String>| {
+        let mut command = setup.cobro(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        command
+            .env_remove("COBRO_PROVIDER_URL")
+            .env_remove("COBRO_PROVIDER_API_KEY")
+            .env_remove("COBRO_PROVIDER_SEARCH_LAG")
+            .env("COBRO_PROVIDERS_FILE", &providers)
+            .env("FAKE_KEY", "sk_test_cobro");
+        async move {
+            tokio::task::spawn_blocking(move || command.output().expect("cobro runs"))
+                .await
+                .expect("join")
+        }
+    };
+    let args = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let write = |name: &str, text: &str| {
+        let path = setup.dir.path().join(name);
+        std::fs::write(&path, text).expect("rules file");
+        path.display().to_string()
+    };
+
+    let bad = write("bad.json", r#"{"default": ["fake", "elsewhere"]}"#);
+    let refused = run(args(&["routing", "set", "acme", "--file", &bad])).await;
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("\"elsewhere\""), "{stderr}");
+    let shown = stdout_json(&run(args(&["routing", "show", "acme", "--json"])).await);
+    assert_eq!(
+        (shown["rules"].clone(), shown["version"].clone()),
+        (Value::Null, 0.into())
+    );
+
+    let good = write(
+        "good.json",
+        r#"{"rules": [{"name": "usd", "when": {"currencies": ["USD"]}, "providers": ["backup", "fake"]}],
+            "default": ["fake", "backup"]}"#,
+    );
+    let set = run(args(&["routing", "set", "acme", "--file", &good, "--json"])).await;
+    assert_eq!(
+        set.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    assert_eq!(stdout_json(&set)["version"], 1);
+    let shown = stdout_json(&run(args(&["routing", "show", "acme", "--json"])).await);
+    assert_eq!(shown["rules"]["rules"][0]["name"], "usd");
+    assert_eq!(shown["version"], 1);
+
+    let cleared = run(args(&["routing", "clear", "acme", "--json"])).await;
+    assert_eq!(stdout_json(&cleared)["version"], 2);
+    let history = stdout_json(&run(args(&["routing", "history", "acme", "--json"])).await);
+    let changes = history["changes"].as_array().expect("changes");
+    assert_eq!(changes.len(), 2, "{history}");
+    assert!(
+        changes.iter().all(|c| c["actor"] == "operator:alice"),
+        "{history}"
+    );
+    assert_eq!(
+        changes.iter().filter(|c| c["rules"].is_null()).count(),
+        1,
+        "one set, one clear: {history}"
+    );
+
+    let circuits = stdout_json(&run(args(&["routing", "circuits", "--json"])).await);
+    let names: Vec<&str> = circuits["providers"]
+        .as_array()
+        .expect("providers")
+        .iter()
+        .map(|p| {
+            assert_eq!(p["state"], "closed");
+            p["provider"].as_str().expect("name")
+        })
+        .collect();
+    assert_eq!(names, ["fake", "backup"]);
+    assert_eq!(setup.provider.control().ledger().totals.charges, 0);
+}

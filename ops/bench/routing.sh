@@ -12,7 +12,10 @@
 # and prints, per run, requests/s, p99 and the CPU per request of cobro
 # and of the whole cluster; then B/A per round and their median, min and
 # max. Nothing is sent to a provider (no worker). Copy each build aside
-# first (ops/bench/README.md, "Routing").
+# first (ops/bench/README.md, "Routing"). ROUTED=0: B runs as A does (the
+# single provider of the environment, no rules; its payments still get a
+# one-provider route), which separates what routing decides from what the
+# schema stores.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
 source ops/bench/lib.sh
@@ -52,24 +55,31 @@ cat >"$WORK/rules.json" <<'JSON'
  ],
  "default": ["fake", "backup"]}
 JSON
-COBRO_DATABASE_URL=$(db_url pb) BENCH_PROVIDER_KEY=sk_test_bench COBRO_LOG=warn \
-  "$B" routing set bench --file "$WORK/rules.json" --providers-file "$WORK/providers.toml" >/dev/null
+ROUTED=${ROUTED:-1}
+B_ENV=()
+if [ "$ROUTED" != 0 ]; then
+  if [ "$ROUTED" = 1 ]; then
+    COBRO_DATABASE_URL=$(db_url pb) BENCH_PROVIDER_KEY=sk_test_bench COBRO_LOG=warn \
+      "$B" routing set bench --file "$WORK/rules.json" --providers-file "$WORK/providers.toml" >/dev/null
+  fi
+  B_ENV=(COBRO_PROVIDERS_FILE="$WORK/providers.toml" BENCH_PROVIDER_KEY=sk_test_bench)
+fi
 
 COBRO_BIN=$A; start_cobro a serve --no-migrate --listen 127.0.0.1:0 -- \
   COBRO_DATABASE_URL="$(db_url pa)" COBRO_NO_WORKER=true
 PID_A=$COBRO_PID; URL_A=$COBRO_URL
 COBRO_BIN=$B; start_cobro b serve --no-migrate --listen 127.0.0.1:0 -- \
-  COBRO_DATABASE_URL="$(db_url pb)" COBRO_NO_WORKER=true \
-  COBRO_PROVIDERS_FILE="$WORK/providers.toml" BENCH_PROVIDER_KEY=sk_test_bench
+  COBRO_DATABASE_URL="$(db_url pb)" COBRO_NO_WORKER=true "${B_ENV[@]}"
 PID_B=$COBRO_PID; URL_B=$COBRO_URL
 
-# B really routes: a payment's route names the matching rule.
+# B really routes: a payment's route names the matching rule (ROUTED=0:
+# none, the environment's provider alone).
 COBRO_URL=$URL_B; TOKEN=$TOKEN_B
 [ "$(post_payment routing-check routing-check "$WORK/check.json")" = 201 ] || die "B refused a payment"
-python3 - "$WORK/check.json" <<'PY' || die "B did not route"
+python3 - "$WORK/check.json" "$ROUTED" <<'PY' || die "B's route is not what this run measures"
 import json, sys
 p = json.load(open(sys.argv[1]))
-assert p["routing"]["rule"] == "split", p
+assert p["routing"]["rule"] == ("split" if sys.argv[2] == "1" else None), p
 PY
 
 wrk_once() { # side seconds prefix out

@@ -38,13 +38,55 @@
 //! charge's, and a payment holding a double charge or refund the provider
 //! made late is in `needs_review` with its reason kept.
 //!
+//! **Routing seeds** (one in four, [`routing`]: `seed % 8` is 2, or 5, which
+//! is also a short-window seed, so routing meets both key windows; the
+//! seeds of `FOUND` are 3 mod 4 and never route): two providers, `fake` and
+//! `backup`, two names in front of the one fake provider (one ledger, so
+//! every invariant above counts the charges made through either name, and
+//! "no intent charged twice" is "no intent charged at two providers"). The
+//! API routes every payment along `fake, backup` (the second account, in
+//! half of these seeds, along `backup, fake` by rules of its own), with a
+//! breaker that opens a circuit for 2 minutes on 2 calls in 5 minutes half
+//! of which got no answer ([`breaker`]); an open circuit puts its provider
+//! at the end of new chains.
+//! Three workers (two of `fake`, one of `backup`), each claiming only its
+//! provider's attempts, share one set of circuits; the step reconcilers
+//! (two of `fake`, one of `backup`) and every whole run are one provider's
+//! (a run's provider drawn). A webhook goes to the route of the provider
+//! whose name its object was made through, and one in four goes first to
+//! the other provider's route, which must keep it unmatched. One fault in
+//! three is routing's own: a soft decline (`try_again_later`) or a 429 on
+//! the next charges, or connections to one provider refused (nothing sent:
+//! the worker's `not_sent`). A routing seed's own draws come from a fourth
+//! stream, so the other seeds draw what they drew before. After every step
+//! in these seeds: a payment's route moves forward only along its chain
+//! (each provider visited once) and the payment is where its moves lead;
+//! each move names an authorisation of the payment at the provider it
+//! left, recorded `declined` for a soft decline (whose declined charge the
+//! ledger holds) and `no_effect` for every other proof, under whose key the
+//! provider made no money-moving charge (late ones apart), and one moved as
+//! never sent (`not_sent`, `circuit_open`) was never sent through any name;
+//! every authorisation at a provider the payment left is `no_effect` or
+//! `declined` and none is at one it never visited; its captures, voids and
+//! refunds, and the authorisation whose charge it holds, are at its
+//! current provider; every attempt went out only through its own
+//! provider's name. Once quiet, every payment equals its own charge
+//! wherever it was taken (above). Each run prints the moves by proof, the
+//! seeds whose circuit opened and the events delivered at the wrong route,
+//! and fails if 20 or more routing seeds moved no payment at all (400 or
+//! more: none on one of the proofs).
+//!
 //! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
 //! below; `EXPLORE_FIRST_SEED=F` starts them at F, for runs in chunks;
 //! progress is printed every 1000 seeds), `EXPLORE_SEED=S` runs that one seed alone (a failure prints its
 //! seed and step trace; it replays the same steps). `ops/explore.sh`.
 
+use cobro_core::routing::Route;
 use cobro_core::{AttemptState, Clock, Operation, PaymentId};
-use cobro_reconciler::{Reconciler, Scope};
+use cobro_provider::Connector;
+use cobro_reconciler::{Reconciler, ReconcilerConfig, Scope};
+use cobro_settle::routing::{BreakerPolicy, Circuits};
+use cobro_store::ProviderScope;
 use cobro_test_support::{Backend, Dialect, RIG_SECRET_KEY, Rig, TestApp, TestDb};
 use cobro_worker::{Worker, WorkerConfig};
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
@@ -53,6 +95,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
@@ -111,6 +154,73 @@ fn short_window(seed: u64) -> bool {
     seed % 4 == 1
 }
 
+/// The provider every payment starts at (its worker and reconcilers are
+/// the rig's own), and the one a routing seed adds: two names in front of
+/// the same fake provider.
+const PRIMARY: &str = "fake";
+const BACKUP: &str = "backup";
+const PROVIDERS: [&str; 2] = [PRIMARY, BACKUP];
+/// The proofs a move may name (docs/routing.md §2), in the order counted.
+const PROOFS: [&str; 4] = ["soft_decline", "not_sent", "circuit_open", "no_effect"];
+/// A run of at least this many routing seeds must move some payment (the
+/// default run has 50), and one of the second many must have moved
+/// payments on every proof (2 000 seeds moved 49 to 394 on each).
+const ROUTING_SEEDS_THAT_MUST_MOVE: u64 = 20;
+const ROUTING_SEEDS_THAT_MUST_SEE_EVERY_PROOF: u64 = 400;
+
+/// One seed in four routes across two providers (see the module doc):
+/// half of them with the default key window (`seed % 8 == 2`), half with
+/// the short one (`seed % 8 == 5`, a `short_window` seed). The seeds of
+/// `FOUND` are 3 mod 4: they replay as they were found.
+fn routing(seed: u64) -> bool {
+    matches!(seed % 8, 2 | 5)
+}
+
+/// The breaker of a routing seed: 2 calls in 5 minutes, half of them
+/// without an answer, open a circuit for 2 minutes (a seed makes few
+/// calls, and its clock moves by 2 s, 35 s, 400 s or a day at a time).
+fn breaker() -> BreakerPolicy {
+    BreakerPolicy {
+        window: Duration::from_secs(300),
+        min_calls: 2,
+        error_rate: 0.5,
+        cool_down: Duration::from_secs(120),
+        read_every: Duration::from_secs(1),
+    }
+}
+
+/// Which attempts a routing seed's worker or reconciler of `provider`
+/// handles (the primary's also those naming no provider, of which a
+/// routing seed makes none).
+fn scope(provider: &str) -> ProviderScope {
+    ProviderScope {
+        name: provider.to_owned(),
+        is_default: provider == PRIMARY,
+    }
+}
+
+/// The API of a routing seed: webhooks of both providers (the fake's
+/// scheme, one secret), the default chain `fake, backup`, the account's
+/// rules read at every create, and the seed's breaker.
+fn routed_settings() -> cobro_api::ApiSettings {
+    let mut settings = cobro_test_support::test_api_settings();
+    for name in PROVIDERS {
+        let secret = cobro_provider::WebhookSecret::new(SECRET);
+        settings
+            .webhooks
+            .insert(name.to_owned(), cobro_api::WebhookReceiver::fake(secret));
+    }
+    let names: Vec<String> = PROVIDERS.iter().map(|p| (*p).to_owned()).collect();
+    settings.default_provider = Some(PRIMARY.to_owned());
+    settings.routing = cobro_api::routing::RoutingSettings {
+        providers: names.clone(),
+        default_chain: names,
+        rules_ttl: Duration::ZERO,
+    };
+    settings.breaker = breaker();
+    settings
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn explore_postgres() {
     explore(Backend::Postgres).await;
@@ -159,6 +269,8 @@ async fn explore(backend: Backend) {
     let with_late = std::sync::atomic::AtomicU64::new(0);
     let with_late_double = Mutex::new(Vec::new());
     let with_late_double_refund = std::sync::atomic::AtomicU64::new(0);
+    // What the routing seeds reached (printed and asserted at the end).
+    let routed = Mutex::new(RoutingTally::default());
     // `EXPLORE_STOP_AT_FIRST`: no new seed starts after a violation (for
     // hunting a known defect: which seed finds it first).
     let stop_at_first = std::env::var("EXPLORE_STOP_AT_FIRST").is_ok();
@@ -190,8 +302,12 @@ async fn explore(backend: Backend) {
                 &stopped,
                 reuse_lanes,
             );
-            let (with_late, with_late_double, with_late_double_refund) =
-                (&with_late, &with_late_double, &with_late_double_refund);
+            let (with_late, with_late_double, with_late_double_refund, routed) = (
+                &with_late,
+                &with_late_double,
+                &with_late_double_refund,
+                &routed,
+            );
             async move {
                 if stopped.load(std::sync::atomic::Ordering::Relaxed) {
                     return None;
@@ -216,6 +332,12 @@ async fn explore(backend: Backend) {
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
                                 .push(seed);
+                        }
+                        if let Some(reached) = &reached.routing {
+                            routed
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .add(reached);
                         }
                     }
                     Err(violation) => {
@@ -272,6 +394,8 @@ async fn explore(backend: Backend) {
         &late_double[..late_double.len().min(10)],
         with_late_double_refund.load(std::sync::atomic::Ordering::Relaxed),
     );
+    let routed = routed.into_inner().unwrap_or_else(PoisonError::into_inner);
+    eprintln!("explorer {backend:?}: {}", routed.summary());
     // Wiped lanes go now; a failed one is kept (dropped while panicking).
     for lane in lanes.into_inner().unwrap_or_else(PoisonError::into_inner) {
         lane.store.close().await;
@@ -294,6 +418,62 @@ async fn explore(backend: Backend) {
         failures.len(),
         shown.join("\n\n")
     );
+    // The routing mode cannot silently do nothing.
+    assert!(
+        routed.seeds < ROUTING_SEEDS_THAT_MUST_MOVE || routed.moves.iter().sum::<u64>() > 0,
+        "{} routing seeds moved no payment: {}",
+        routed.seeds,
+        routed.summary()
+    );
+    assert!(
+        routed.seeds < ROUTING_SEEDS_THAT_MUST_SEE_EVERY_PROOF
+            || routed.moves.iter().all(|n| *n > 0),
+        "{} routing seeds never moved a payment on some proof: {}",
+        routed.seeds,
+        routed.summary()
+    );
+}
+
+/// What the routing seeds of a run reached, added up.
+#[derive(Default)]
+struct RoutingTally {
+    seeds: u64,
+    /// Moves by proof (`PROOFS`' order).
+    moves: [u64; 4],
+    seeds_with_moves: u64,
+    seeds_with_open_circuit: u64,
+    /// Events delivered at the route of the provider they are not about
+    /// (each one kept unmatched, or a duplicate of such a delivery).
+    misdelivered: u64,
+}
+
+impl RoutingTally {
+    fn add(&mut self, reached: &RoutingReached) {
+        self.seeds += 1;
+        for (total, n) in self.moves.iter_mut().zip(reached.moves) {
+            *total += n;
+        }
+        self.seeds_with_moves += u64::from(reached.moves.iter().sum::<u64>() > 0);
+        self.seeds_with_open_circuit += u64::from(reached.circuit_opened);
+        self.misdelivered += reached.misdelivered;
+    }
+
+    fn summary(&self) -> String {
+        let by_proof: Vec<String> = PROOFS
+            .iter()
+            .zip(self.moves)
+            .map(|(proof, n)| format!("{proof} {n}"))
+            .collect();
+        format!(
+            "routing in {} seeds: {} moves in {} seeds ({}), a circuit opened in {} seeds, {} events delivered at the other provider's route and kept unmatched",
+            self.seeds,
+            self.moves.iter().sum::<u64>(),
+            self.seeds_with_moves,
+            by_proof.join(", "),
+            self.seeds_with_open_circuit,
+            self.misdelivered,
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -416,27 +596,74 @@ impl Gate {
     }
 }
 
+/// Each provider key a worker sent, with the provider names it went out
+/// through (every [`Front`] of a seed shares one).
+type SentLog = Arc<Mutex<BTreeMap<String, BTreeSet<&'static str>>>>;
+
+/// A provider name in front of the seed's one fake provider: what a
+/// [`Gated`] reports as its `name()`, the connections a routing seed's
+/// fault refuses there, and the log of what went out through it.
+#[derive(Clone)]
+struct Front {
+    name: &'static str,
+    /// Sends still to be refused before a connection is made: nothing is
+    /// sent, and the worker is answered `NotConnected`.
+    refusals: Arc<AtomicU32>,
+    sent: SentLog,
+}
+
+impl Front {
+    fn new(name: &'static str, sent: &SentLog) -> Self {
+        Front {
+            name,
+            refusals: Arc::new(AtomicU32::new(0)),
+            sent: Arc::clone(sent),
+        }
+    }
+
+    /// Whether this send is refused (using up one refusal).
+    fn refuse(&self) -> bool {
+        self.refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn note_sent(&self, key: &str) {
+        self.sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key.to_owned())
+            .or_default()
+            .insert(self.name);
+    }
+}
+
 /// A provider whose calls wait for the explorer. A worker's mutations park
 /// before they go out and before their answer returns; a reconciler's
 /// queries (`queries: true`) park once answered, so the explorer can act
-/// between what a reconciler read and what it applies.
+/// between what a reconciler read and what it applies. It answers to its
+/// front's name (a routing seed's worker of `backup` sends through one
+/// named `backup`, to the same fake provider).
 struct Gated {
     inner: cobro_provider::HttpProvider,
     gate: Arc<Gate>,
     queries: bool,
+    front: Front,
 }
 
 impl Gated {
-    fn new(rig: &Rig, gate: &Arc<Gate>, queries: bool) -> Self {
+    fn new(rig: &Rig, gate: &Arc<Gate>, queries: bool, front: &Front) -> Self {
         let mut client =
             cobro_provider::HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro");
         // Real time, for a loaded machine: the request timeout of the
         // explorer's virtual time is the reconcilers' (`Gate::time_out_unsent`).
         client.request_timeout = Duration::from_secs(5);
+        client.name = front.name.to_owned();
         Gated {
             inner: cobro_provider::HttpProvider::new(client).expect("client"),
             gate: Arc::clone(gate),
             queries,
+            front: front.clone(),
         }
     }
 
@@ -456,13 +683,25 @@ impl Gated {
         if self.gate.park(Stage::Before, key).await {
             return cobro_provider::Outcome::Unknown("timed out before it was sent".into());
         }
-        let outcome = call.await;
+        // A refused connection sends nothing (the call is never polled).
+        let outcome = if self.front.refuse() {
+            cobro_provider::Outcome::NotConnected(format!(
+                "connection to {} refused (the explorer's fault): nothing was sent",
+                self.front.name
+            ))
+        } else {
+            self.front.note_sent(key);
+            call.await
+        };
         self.gate.park(Stage::After, key).await;
         outcome
     }
 }
 
 impl cobro_provider::Provider for Gated {
+    fn name(&self) -> &str {
+        self.front.name
+    }
     async fn authorize(
         &self,
         key: &str,
@@ -586,10 +825,16 @@ struct Explorer {
     workers: Vec<Driven<Worker<Gated>>>,
     /// Reconcilers whose runs are steps: each query parks once answered.
     reconcilers: Vec<Driven<Reconciler<Gated>>>,
+    /// The provider each worker, and each step reconciler, is of (in a
+    /// seed that does not route, every one is the primary's and handles
+    /// every attempt).
+    worker_providers: Vec<&'static str>,
+    reconciler_providers: Vec<&'static str>,
     payments: Vec<(usize, String)>,
     sent: Vec<Sent>,
-    /// Webhook bodies delivered, for duplicates and late deliveries.
-    events: Vec<Vec<u8>>,
+    /// Webhook bodies delivered, each with the provider whose route it was
+    /// delivered to, for duplicates and late deliveries.
+    events: Vec<(&'static str, Vec<u8>)>,
     trace: Vec<String>,
     next_key: u64,
     /// Tasks of crashed workers and reconcilers (aborted; awaited at the
@@ -628,25 +873,54 @@ struct Explorer {
     /// over such a double refund.
     late_doubles: u64,
     late_double_refunds: u64,
+    /// Every provider key sent, with the names it went out through.
+    sent_through: SentLog,
+    /// A routing seed's own state; `None` in the other seeds.
+    routing: Option<Routing>,
+}
+
+/// What only a routing seed has.
+struct Routing {
+    /// The seed's fourth stream: every draw only a routing seed makes (the
+    /// provider of a whole reconciler run, routing's faults, webhooks at
+    /// the wrong route, the second account's rules).
+    rng: StdRng,
+    /// Both providers' fronts (`PROVIDERS`' order).
+    fronts: Vec<Front>,
+    /// Events delivered at the route of the provider they are not about.
+    misdelivered: u64,
 }
 
 /// What a seed reached that is rare: late charges or refunds made, and
 /// payments stopped in review over a double charge or refund the provider
-/// made late.
+/// made late; and what a routing seed reached.
 #[derive(Default)]
 struct Reached {
     late_effects: u64,
     late_doubles: u64,
     late_double_refunds: u64,
+    routing: Option<RoutingReached>,
+}
+
+/// What a routing seed reached, once quiet.
+struct RoutingReached {
+    /// Moves by proof (`PROOFS`' order).
+    moves: [u64; 4],
+    circuit_opened: bool,
+    misdelivered: u64,
 }
 
 async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, String> {
     let mut x = Explorer::new(db, seed).await;
-    let outcome = x.run().await.map(|()| Reached {
-        late_effects: x.late_effects.len() as u64,
-        late_doubles: x.late_doubles,
-        late_double_refunds: x.late_double_refunds,
-    });
+    let outcome = match x.run().await {
+        Ok(()) => x.routing_reached().await.map(|routing| Reached {
+            late_effects: x.late_effects.len() as u64,
+            late_doubles: x.late_doubles,
+            late_double_refunds: x.late_double_refunds,
+            routing,
+        }),
+        Err(violation) => Err(violation),
+    };
     let trace = std::mem::take(&mut x.trace);
     x.finish().await;
     if std::env::var("EXPLORE_VERBOSE").is_ok() {
@@ -696,6 +970,11 @@ impl Explorer {
         )
         .await;
         rig.accept_webhooks(SECRET, false).await;
+        let routed = routing(seed);
+        if routed {
+            // Served again, routing (the clocks stay aligned).
+            rig.app.serve_with(routed_settings()).await;
+        }
         if short {
             for operation in [FOp::Charge, FOp::Refund] {
                 let lag = FaultRule::new(operation, FaultAction::SearchLag)
@@ -705,8 +984,31 @@ impl Explorer {
         }
         let store = rig.app.db.store.clone();
         let clock: Arc<dyn Clock> = Arc::new(rig.app.clock.clone());
+        let sent_through = SentLog::default();
+        let fronts: Vec<Front> = PROVIDERS
+            .iter()
+            .map(|name| Front::new(name, &sent_through))
+            .collect();
+        let front = |provider: &str| {
+            fronts
+                .iter()
+                .find(|f| f.name == provider)
+                .expect("a provider of the seed")
+        };
+        // A routing seed's workers are one "process": one set of circuits
+        // (the API has its own, as another process would).
+        let circuits =
+            routed.then(|| Arc::new(Circuits::new(store.clone(), Arc::clone(&clock), breaker())));
+        let (worker_providers, reconciler_providers) = if routed {
+            (
+                vec![PRIMARY, PRIMARY, BACKUP],
+                vec![PRIMARY, PRIMARY, BACKUP],
+            )
+        } else {
+            (vec![PRIMARY; 2], vec![PRIMARY; 2])
+        };
         let mut workers = Vec::new();
-        for w in 0..2 {
+        for (w, provider) in worker_providers.iter().enumerate() {
             let gate = Arc::new(Gate::default());
             let config = WorkerConfig {
                 owner: format!("explorer-{w}"),
@@ -715,33 +1017,67 @@ impl Explorer {
                 backoff_cap: Duration::from_secs(10),
                 key_retention: retention,
                 safety_margin: margin,
+                provider: routed.then(|| scope(provider)),
                 ..Default::default()
             };
-            let worker = Worker::new(
+            let mut worker = Worker::new(
                 store.clone(),
-                Arc::new(Gated::new(&rig, &gate, false)),
+                Arc::new(Gated::new(&rig, &gate, false, front(provider))),
                 Arc::clone(&clock),
                 config,
                 Arc::new(Notify::new()),
             );
+            if let Some(circuits) = &circuits {
+                worker = worker.with_circuits(Arc::clone(circuits));
+            }
             workers.push(Driven::new(worker, gate));
         }
-        let reconcilers = (0..2)
-            .map(|r| {
+        let reconcilers = reconciler_providers
+            .iter()
+            .enumerate()
+            .map(|(r, provider)| {
                 let gate = Arc::new(Gate::default());
                 let reconciler = Reconciler::new(
                     store.clone(),
-                    Arc::new(Gated::new(&rig, &gate, true)),
+                    Arc::new(Gated::new(&rig, &gate, true, front(provider))),
                     Arc::clone(&clock),
                     Rig::reconciler_config(|c| {
                         c.actor = format!("reconciler:explorer-step-{r}");
                         c.key_window = key_window;
+                        c.provider = routed.then(|| scope(provider));
                     }),
                 );
                 Driven::new(reconciler, gate)
             })
             .collect();
         let (_, b_token) = rig.app.new_account("merchant-b").await;
+        let mut routing = routed.then(|| Routing {
+            rng: StdRng::seed_from_u64(seed ^ 0x726f_7574),
+            fronts: fronts.clone(),
+            misdelivered: 0,
+        });
+        let mut trace = Vec::new();
+        // Half the routing seeds: the second account's own rules start its
+        // payments at `backup`.
+        if let Some(routing) = &mut routing
+            && routing.rng.random_bool(0.5)
+        {
+            let r = rig
+                .app
+                .client
+                .put(format!("{}/v1/routing", rig.app.url))
+                .bearer_auth(&b_token)
+                .json(&json!({"default": [BACKUP, PRIMARY]}))
+                .send()
+                .await
+                .expect("PUT /v1/routing");
+            assert_eq!(
+                r.status().as_u16(),
+                200,
+                "seed {seed}: the second account's rules"
+            );
+            trace.push(format!("acct 1 routes along {BACKUP}, {PRIMARY}"));
+        }
         let accounts = vec![
             Account {
                 token: rig.app.token.clone(),
@@ -754,10 +1090,12 @@ impl Explorer {
             accounts,
             workers,
             reconcilers,
+            worker_providers,
+            reconciler_providers,
             payments: Vec::new(),
             sent: Vec::new(),
             events: Vec::new(),
-            trace: Vec::new(),
+            trace,
             next_key: 0,
             crashed: Vec::new(),
             dashboard: BTreeMap::new(),
@@ -771,6 +1109,8 @@ impl Explorer {
             late_effects: BTreeSet::new(),
             late_doubles: 0,
             late_double_refunds: 0,
+            sent_through,
+            routing,
         }
     }
 
@@ -1045,7 +1385,8 @@ impl Explorer {
         if what == "claim" && parked == Some(Stage::Before) {
             self.sends.push(self.rig.app.clock.now());
         }
-        self.note(format!("worker {w} {what} -> {parked:?}"));
+        let of = self.of_provider(self.worker_providers[w]);
+        self.note(format!("worker {w}{of} {what} -> {parked:?}"));
         Ok(())
     }
 
@@ -1123,7 +1464,8 @@ impl Explorer {
         };
         driven.settle().await?;
         let parked = driven.gate.parked();
-        self.note(format!("reconciler {r} {what} -> {parked:?}"));
+        let of = self.of_provider(self.reconciler_providers[r]);
+        self.note(format!("reconciler {r}{of} {what} -> {parked:?}"));
         Ok(())
     }
 
@@ -1150,6 +1492,30 @@ impl Explorer {
     }
 
     fn fault(&mut self) {
+        // One fault in three of a routing seed is routing's own (drawn from
+        // its stream): a soft decline or a 429 on the next charges (whatever
+        // provider name sends them), or the next connections to one
+        // provider refused.
+        if let Some(routing) = &mut self.routing
+            && routing.rng.random_ratio(1, 3)
+        {
+            let next = routing.rng.random_range(1..=3u32);
+            let what = match routing.rng.random_range(0..3) {
+                0 => FaultAction::SoftDecline,
+                1 => FaultAction::RateLimit,
+                _ => {
+                    let front = &routing.fronts[routing.rng.random_range(0..routing.fronts.len())];
+                    front.refusals.fetch_add(next, Ordering::SeqCst);
+                    let note = format!("fault next {next} connection(s) to {} refused", front.name);
+                    self.note(note);
+                    return;
+                }
+            };
+            let rule = FaultRule::new(FOp::Charge, what).with_next(next);
+            self.rig.provider.control().add_fault(rule);
+            self.note(format!("fault next {next} Charge {what:?}"));
+            return;
+        }
         let operation = [
             FOp::Charge,
             FOp::Capture,
@@ -1220,13 +1586,20 @@ impl Explorer {
             older_than: now.then_some(Duration::ZERO),
             ..Default::default()
         };
-        let runs: Vec<_> = (0..at_once)
-            .map(|i| {
-                self.rig.reconciler(|c| {
-                    *c = cobro_reconciler::ReconcilerConfig {
-                        actor: format!("reconciler:explorer-{i}"),
-                        ..self.model.clone()
-                    };
+        // A routing seed's runs are each one provider's (drawn).
+        let providers: Vec<Option<&'static str>> = (0..at_once)
+            .map(|_| {
+                self.routing
+                    .as_mut()
+                    .map(|r| PROVIDERS[r.rng.random_range(0..PROVIDERS.len())])
+            })
+            .collect();
+        let runs: Vec<_> = providers
+            .iter()
+            .enumerate()
+            .map(|(i, provider)| {
+                self.reconciler_of(*provider, |c| {
+                    c.actor = format!("reconciler:explorer-{i}");
                 })
             })
             .collect();
@@ -1240,7 +1613,12 @@ impl Explorer {
             verdicts.extend(verdicts_of(result)?);
         }
         let scope = if now { " --older-than 0s" } else { "" };
-        self.note(format!("reconcile x{at_once}{scope} -> {verdicts:?}"));
+        let of = if self.routing.is_some() {
+            format!(" {providers:?}")
+        } else {
+            String::new()
+        };
+        self.note(format!("reconcile x{at_once}{of}{scope} -> {verdicts:?}"));
         Ok(())
     }
 
@@ -1339,7 +1717,14 @@ impl Explorer {
             invoked_by: "explorer@test".into(),
             verified: None,
         };
-        let checker = self.rig.reconciler(|c| *c = self.model.clone());
+        // Checked at the provider the attempt went to (in a seed that does
+        // not route, the rig's reconciler of every attempt).
+        let at = self
+            .routing
+            .as_ref()
+            .and(attempt.provider.as_deref())
+            .and_then(|p| PROVIDERS.iter().copied().find(|known| *known == p));
+        let checker = self.reconciler_of(at, |_| {});
         let result = match checker.check_verdict(&resolution).await {
             Ok(showed) => {
                 resolution.verified = Some(showed);
@@ -1406,8 +1791,46 @@ impl Explorer {
         let event = json!({"id": format!("evt_{id}_{sequence}"), "type": format!("{kind}.{status}"),
             "created": "2026-12-01T00:00:00Z", "sequence": sequence, "data": object});
         let body = serde_json::to_vec(&event).map_err(|e| e.to_string())?;
-        self.events.push(body.clone());
-        self.deliver(body).await
+        // To the route of the provider whose name the object was made
+        // through; in a routing seed one in four goes to the other's route
+        // first, which must keep it unmatched (the event is signed by the
+        // provider it is about, and proves nothing about another's).
+        let route = self.route_of_effect(id);
+        if let (Some(routing), Some(to)) = (&mut self.routing, route)
+            && routing.rng.random_ratio(1, 4)
+        {
+            routing.misdelivered += 1;
+            let wrong = PROVIDERS.iter().copied().find(|p| *p != to);
+            self.deliver_at(wrong.expect("two providers"), body.clone(), true)
+                .await?;
+        }
+        let route = route.unwrap_or(PRIMARY);
+        self.events.push((route, body.clone()));
+        self.deliver(route, body).await
+    }
+
+    /// The provider whose name the charge or refund `id` was made through
+    /// (its idempotency key's send): in a seed that does not route, the
+    /// primary; `None` when no one name sent it.
+    fn route_of_effect(&self, id: &str) -> Option<&'static str> {
+        if self.routing.is_none() {
+            return Some(PRIMARY);
+        }
+        let ledger = self.rig.ledger();
+        let charges = ledger.charges.iter().map(|c| (&c.id, &c.idempotency_key));
+        let refunds = ledger.refunds.iter().map(|r| (&r.id, &r.idempotency_key));
+        let key = charges
+            .chain(refunds)
+            .find(|(made, _)| *made == id)
+            .and_then(|(_, key)| key.clone())?;
+        let sent = self
+            .sent_through
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match sent.get(&key).map(|names| names.iter().collect::<Vec<_>>()) {
+            Some(names) if names.len() == 1 => Some(names[0]),
+            _ => None,
+        }
     }
 
     /// The provider makes every charge and refund it held (a `hold_effect`
@@ -1518,26 +1941,70 @@ impl Explorer {
         if self.events.is_empty() {
             return Ok(());
         }
-        let body = self.events[self.rng.random_range(0..self.events.len())].clone();
-        self.deliver(body).await
+        let (route, body) = self.events[self.rng.random_range(0..self.events.len())].clone();
+        self.deliver(route, body).await
     }
 
-    async fn deliver(&mut self, body: Vec<u8>) -> Result<(), String> {
-        let response = self
-            .rig
-            .post_fake_event(SECRET, body.clone())
-            .await
-            .map_err(|e| format!("webhook: {e}"))?;
+    async fn deliver(&mut self, route: &'static str, body: Vec<u8>) -> Result<(), String> {
+        self.deliver_at(route, body, false).await
+    }
+
+    /// Posts `body` to provider `route`'s webhook route, signed as the fake
+    /// provider signs; `wrong`: the event is about an attempt sent to the
+    /// other provider, and must be kept unmatched (or be a duplicate of
+    /// such a delivery), never applied.
+    async fn deliver_at(
+        &mut self,
+        route: &'static str,
+        body: Vec<u8>,
+        wrong: bool,
+    ) -> Result<(), String> {
+        let response = if route == PRIMARY {
+            self.rig.post_fake_event(SECRET, body.clone()).await
+        } else {
+            let t = self.rig.app.clock.now().timestamp();
+            self.rig
+                .app
+                .client
+                .post(format!("{}/v1/webhooks/{route}", self.rig.app.url))
+                .header("content-type", "application/json")
+                .header(
+                    fake_provider::SIGNATURE_HEADER,
+                    fake_provider::sign(SECRET, t, &body),
+                )
+                .body(body.clone())
+                .send()
+                .await
+        }
+        .map_err(|e| format!("webhook: {e}"))?;
         let status = response.status().as_u16();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         let event: Value = serde_json::from_slice(&body).unwrap_or_default();
         if status != 200 && status != 503 {
             return Err(format!("webhook answered {status}: {answer}"));
         }
+        let at = if self.routing.is_some() {
+            format!(
+                " at {route}{}",
+                if wrong { " (the wrong route)" } else { "" }
+            )
+        } else {
+            String::new()
+        };
         self.note(format!(
-            "webhook {} {} -> {status} {}",
+            "webhook {} {}{at} -> {status} {}",
             event["type"], event["sequence"], answer["outcome"]
         ));
+        let kept = matches!(
+            answer["outcome"].as_str(),
+            Some("unmatched" | "duplicate_delivery")
+        );
+        if wrong && status == 200 && !kept {
+            return Err(format!(
+                "event {} ({}) about an attempt sent to the other provider was delivered at {route}'s route and answered {answer}: it must be kept unmatched",
+                event["id"], event["type"]
+            ));
+        }
         Ok(())
     }
 
@@ -1546,6 +2013,9 @@ impl Explorer {
     async fn quiesce(&mut self) -> Result<(), String> {
         self.note("quiesce".into());
         self.rig.provider.control().clear_faults();
+        for front in self.routing.iter().flat_map(|r| &r.fronts) {
+            front.refusals.store(0, Ordering::SeqCst);
+        }
         for driven in &mut self.workers {
             driven.gate.open();
             if let Some(task) = driven.task.take() {
@@ -1603,31 +2073,42 @@ impl Explorer {
                     }
                 }
             }
-            let run = self
-                .rig
-                .reconciler(|c| *c = self.model.clone())
-                .run(
-                    &Scope {
-                        older_than: Some(Duration::ZERO),
-                        ..Default::default()
-                    },
-                    false,
-                    "explorer",
-                    &|_, _| {},
-                )
-                .await;
-            let summary = match run {
-                Ok(summary) => summary,
-                Err(e) if e.to_string().contains("timed out waiting for a lock") => continue,
-                Err(e) => return Err(format!("reconcile: {e}")),
+            // One run of every provider's reconciler (of the rig's, which
+            // sees every attempt, in a seed that does not route).
+            let providers: Vec<Option<&'static str>> = match self.routing {
+                Some(_) => PROVIDERS.iter().copied().map(Some).collect(),
+                None => vec![None],
             };
+            let (mut examined, mut busy) = (0, false);
+            for provider in providers {
+                let run = self
+                    .reconciler_of(provider, |_| {})
+                    .run(
+                        &Scope {
+                            older_than: Some(Duration::ZERO),
+                            ..Default::default()
+                        },
+                        false,
+                        "explorer",
+                        &|_, _| {},
+                    )
+                    .await;
+                match run {
+                    Ok(summary) => examined += summary.examined,
+                    Err(e) if e.to_string().contains("timed out waiting for a lock") => busy = true,
+                    Err(e) => return Err(format!("reconcile: {e}")),
+                }
+            }
+            if busy {
+                continue;
+            }
             let pending = self
                 .rig
                 .app
                 .db
                 .count("outbox WHERE state = 'pending'")
                 .await;
-            if summary.examined == 0 && pending == 0 {
+            if examined == 0 && pending == 0 {
                 return Ok(());
             }
         }
@@ -1776,6 +2257,17 @@ impl Explorer {
                     "payment {id} of {} had {refunded} refunded at the provider",
                     p.amount
                 ));
+            }
+        }
+        if self.routing.is_some() {
+            let sent = self
+                .sent_through
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (id, p) in &payments {
+                let attempts = attempts_of.get(id).map(Vec::as_slice).unwrap_or_default();
+                check_route(p, attempts, &sent, &ledger, &self.late_effects)
+                    .map_err(|e| format!("payment {id}: {e}"))?;
             }
         }
         Ok(())
@@ -1981,6 +2473,75 @@ impl Explorer {
 }
 
 impl Explorer {
+    /// A whole-run reconciler with the explorer's model of time, adjusted
+    /// by `tweak`: provider `provider`'s (its scope, through a connector
+    /// of its name), or with `None` the rig's, which examines every attempt.
+    fn reconciler_of(
+        &self,
+        provider: Option<&'static str>,
+        tweak: impl FnOnce(&mut ReconcilerConfig),
+    ) -> Reconciler<Connector> {
+        let mut config = self.model.clone();
+        tweak(&mut config);
+        let Some(name) = provider else {
+            return self.rig.reconciler(|c| *c = config);
+        };
+        config.provider = Some(scope(name));
+        let mut client =
+            cobro_provider::HttpProviderConfig::new(&self.rig.client.base_url, RIG_SECRET_KEY);
+        client.request_timeout = self.rig.client.request_timeout;
+        client.name = name.to_owned();
+        let connector: Connector = cobro_provider::HttpProvider::new(client)
+            .expect("client")
+            .into();
+        Reconciler::new(
+            self.rig.app.db.store.clone(),
+            Arc::new(connector),
+            Arc::new(self.rig.app.clock.clone()),
+            config,
+        )
+    }
+
+    /// ` (provider)` in a routing seed's trace; nothing otherwise.
+    fn of_provider(&self, provider: &str) -> String {
+        if self.routing.is_some() {
+            format!(" ({provider})")
+        } else {
+            String::new()
+        }
+    }
+
+    /// What a routing seed reached once quiet (`None` in the other seeds):
+    /// its payments' moves by proof, whether a circuit opened.
+    async fn routing_reached(&self) -> Result<Option<RoutingReached>, String> {
+        let Some(routing) = &self.routing else {
+            return Ok(None);
+        };
+        let mut moves = [0; 4];
+        for p in self.all_payments().await? {
+            let route = p.route.as_deref().and_then(Route::from_json);
+            for m in route.iter().flat_map(|r| &r.moves) {
+                let kind = m.proof.split_once(':').map_or(m.proof.as_str(), |(k, _)| k);
+                if let Some(i) = PROOFS.iter().position(|p| *p == kind) {
+                    moves[i] += 1;
+                }
+            }
+        }
+        let circuits = self
+            .rig
+            .app
+            .db
+            .store
+            .circuits()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Some(RoutingReached {
+            moves,
+            circuit_opened: circuits.iter().any(|c| c.opened_at.is_some()),
+            misdelivered: routing.misdelivered,
+        }))
+    }
+
     /// Every payment of every account, as the store has it now.
     async fn all_payments(&self) -> Result<Vec<cobro_store::PaymentRow>, String> {
         self.rig
@@ -2015,6 +2576,152 @@ impl Explorer {
             .chain(refunds)
             .any(|(id, made_under)| self.late_effects.contains(id) && made_under.as_deref() == key)
     }
+}
+
+/// The invariants of routing (docs/routing.md) on one payment of a routing
+/// seed and its attempts, after any step: its route moves forward only
+/// along its chain and the payment is where its moves lead; each move
+/// names an authorisation of the payment at the provider it left, proven
+/// without effect (`declined` for a soft decline, whose declined charge the
+/// ledger holds; `no_effect` for every other proof), under whose key the
+/// provider made no money-moving charge (late ones apart), and one never
+/// sent (`not_sent`, `circuit_open`) went out through no provider name;
+/// every authorisation at a provider it left is `no_effect` or `declined`,
+/// none is at a provider it never reached, and everything else (captures,
+/// voids, refunds, the charge it holds) is at its current provider; every
+/// attempt went out only through its own provider's name.
+fn check_route(
+    p: &cobro_store::PaymentRow,
+    attempts: &[cobro_store::AttemptRow],
+    sent: &BTreeMap<String, BTreeSet<&'static str>>,
+    ledger: &fake_provider::Ledger,
+    late: &BTreeSet<String>,
+) -> Result<(), String> {
+    let route = p
+        .route
+        .as_deref()
+        .and_then(Route::from_json)
+        .ok_or_else(|| format!("no readable route: {:?}", p.route))?;
+    let chain = &route.chain;
+    let distinct: BTreeSet<&String> = chain.iter().collect();
+    if chain.is_empty()
+        || distinct.len() != chain.len()
+        || chain.iter().any(|c| !PROVIDERS.contains(&c.as_str()))
+    {
+        return Err(format!("a chain of {chain:?}"));
+    }
+    let place = |name: &str| chain.iter().position(|c| c == name);
+    let mut current = chain[0].as_str();
+    let mut left = BTreeSet::new();
+    for m in &route.moves {
+        let forward = place(&m.to)
+            .zip(place(&m.from))
+            .is_some_and(|(to, from)| to > from);
+        if m.from != current || !forward {
+            return Err(format!(
+                "moved {} -> {} while at {current} along {chain:?}: a route moves forward only, one provider at a time",
+                m.from, m.to
+            ));
+        }
+        let kind = m.proof.split_once(':').map_or(m.proof.as_str(), |(k, _)| k);
+        if !PROOFS.contains(&kind) {
+            return Err(format!("moved on {:?}, which is no proof", m.proof));
+        }
+        let Some(a) = attempts.iter().find(|a| a.id.0.to_string() == m.attempt) else {
+            return Err(format!(
+                "moved on attempt {}, which is none of its",
+                m.attempt
+            ));
+        };
+        let recorded = if kind == "soft_decline" {
+            AttemptState::Declined
+        } else {
+            AttemptState::NoEffect
+        };
+        if a.operation != Operation::Authorize
+            || a.provider.as_deref() != Some(m.from.as_str())
+            || a.state != recorded
+        {
+            return Err(format!(
+                "moved from {} on {:?}, naming its {:?} attempt {} at {:?}, recorded {}",
+                m.from, m.proof, a.operation, m.attempt, a.provider, a.state
+            ));
+        }
+        if matches!(kind, "not_sent" | "circuit_open")
+            && let Some(names) = sent.get(&a.provider_key)
+        {
+            return Err(format!(
+                "moved from {} on {:?}, but its attempt {} went out through {names:?}",
+                m.from, m.proof, m.attempt
+            ));
+        }
+        let under_key: Vec<&fake_provider::LedgerCharge> = ledger
+            .charges
+            .iter()
+            .filter(|c| c.idempotency_key.as_deref() == Some(a.provider_key.as_str()))
+            .collect();
+        if let Some(c) = under_key
+            .iter()
+            .find(|c| c.status != "declined" && !late.contains(&c.id))
+        {
+            return Err(format!(
+                "moved from {} on {:?}, but the provider holds {} ({}) under its attempt {}'s key",
+                m.from, m.proof, c.id, c.status, m.attempt
+            ));
+        }
+        if kind == "soft_decline" && !under_key.iter().any(|c| c.status == "declined") {
+            return Err(format!(
+                "moved from {} on {:?}, but the provider declined nothing under its attempt {}'s key",
+                m.from, m.proof, m.attempt
+            ));
+        }
+        left.insert(m.from.as_str());
+        current = m.to.as_str();
+    }
+    if p.provider.as_deref() != Some(current) {
+        return Err(format!(
+            "at {:?}, but its moves ({:?}) lead to {current}",
+            p.provider, route.moves
+        ));
+    }
+    for a in attempts {
+        let Some(at) = a.provider.as_deref() else {
+            return Err(format!("attempt {} names no provider", a.id.0));
+        };
+        if let Some(names) = sent.get(&a.provider_key)
+            && names.iter().any(|name| *name != at)
+        {
+            return Err(format!(
+                "{:?} attempt {} of provider {at} went out through {names:?}",
+                a.operation, a.id.0
+            ));
+        }
+        let wrong = match a.operation {
+            Operation::Authorize if left.contains(at) => {
+                !matches!(a.state, AttemptState::NoEffect | AttemptState::Declined)
+            }
+            _ => at != current,
+        };
+        if wrong {
+            return Err(format!(
+                "its {:?} attempt {} at {at} is {} while the payment is at {current} (left {left:?})",
+                a.operation, a.id.0, a.state
+            ));
+        }
+    }
+    if let Some(charge) = p.provider_ref.as_deref()
+        && let Some(key) = ledger
+            .charge(charge)
+            .and_then(|c| c.idempotency_key.as_deref())
+        && let Some(a) = attempts.iter().find(|a| a.provider_key == key)
+        && a.provider.as_deref() != Some(current)
+    {
+        return Err(format!(
+            "holds {charge}, made by attempt {} at {:?}, while it is at {current}",
+            a.id.0, a.provider
+        ));
+    }
+    Ok(())
 }
 
 /// The provider's effects (id, idempotency key, reference) by the intent

@@ -192,7 +192,20 @@ pub async fn stop_the_line(
         let reason = format!("{}: {detail}", kind.as_str());
         tx.flag_for_review(payment, refund, &reason, now).await?;
     }
-    tracing::error!(payment_id = ?payment.map(|p| p.to_string()), kind = kind.as_str(), detail, source = source.name, "conflicting provider evidence: payment needs review");
+    match payment {
+        Some(payment) => {
+            tracing::error!(payment_id = %payment, kind = kind.as_str(), detail, source = source.name, "conflicting provider evidence: payment needs review")
+        }
+        // Evidence about no payment of cobro's (an event at the wrong
+        // provider's route, a charge cobro never asked for): kept, and no
+        // payment is stopped.
+        None => tracing::error!(
+            kind = kind.as_str(),
+            detail,
+            source = source.name,
+            "provider evidence about no payment of cobro's: kept as a conflict"
+        ),
+    }
     cobro_telemetry::metrics::evidence_conflict(kind.as_str(), source.name);
     Ok(())
 }

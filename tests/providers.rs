@@ -99,34 +99,7 @@ impl World {
             }
         }
         app.serve_with(settings).await;
-        let worker_settings = cobro::settings::WorkerSettings {
-            worker_lease: Duration::from_secs(30),
-            worker_heartbeat: Duration::from_secs(10),
-            worker_max_in_flight: 8,
-            worker_poll: Duration::from_secs(1),
-            action_expiry: Duration::from_secs(3600),
-        };
-        let configs =
-            cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");
-        let handle = cobro::provider::connect(registry, false)
-            .await
-            .expect("clients");
-        let workers = configs
-            .into_iter()
-            .map(|(name, mut config)| {
-                config.backoff_base = Duration::from_millis(100);
-                config.backoff_cap = Duration::from_secs(1);
-                let client = handle.client(&name).expect("client").clone();
-                let worker = Worker::new(
-                    app.db.store.clone(),
-                    Arc::new(client),
-                    Arc::new(app.clock.clone()),
-                    config,
-                    Arc::new(tokio::sync::Notify::new()),
-                );
-                (name, Arc::new(worker))
-            })
-            .collect();
+        let (handle, workers) = serve_workers(&app, registry, None).await;
         let stripe_account = app
             .db
             .store
@@ -281,6 +254,48 @@ impl World {
                 .advance_clock((-gap).to_std().expect("gap")),
         }
     }
+}
+
+/// The workers `cobro serve` runs for `registry`, one per provider, on
+/// `app`'s store and manual clock (backoff shortened for tests), each
+/// reporting to `circuits` when routing; and the registry's clients.
+pub(crate) async fn serve_workers(
+    app: &TestApp,
+    registry: Registry,
+    circuits: Option<Arc<cobro_settle::routing::Circuits>>,
+) -> (ProviderHandle, Vec<(String, Arc<Worker<Connector>>)>) {
+    let worker_settings = cobro::settings::WorkerSettings {
+        worker_lease: Duration::from_secs(30),
+        worker_heartbeat: Duration::from_secs(10),
+        worker_max_in_flight: 8,
+        worker_poll: Duration::from_secs(1),
+        action_expiry: Duration::from_secs(3600),
+    };
+    let configs =
+        cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");
+    let handle = cobro::provider::connect(registry, false)
+        .await
+        .expect("clients");
+    let workers = configs
+        .into_iter()
+        .map(|(name, mut config)| {
+            config.backoff_base = Duration::from_millis(100);
+            config.backoff_cap = Duration::from_secs(1);
+            let client = handle.client(&name).expect("client").clone();
+            let mut worker = Worker::new(
+                app.db.store.clone(),
+                Arc::new(client),
+                Arc::new(app.clock.clone()),
+                config,
+                Arc::new(tokio::sync::Notify::new()),
+            );
+            if let Some(circuits) = &circuits {
+                worker = worker.with_circuits(Arc::clone(circuits));
+            }
+            (name, Arc::new(worker))
+        })
+        .collect();
+    (handle, workers)
 }
 
 /// The reconciler `cobro serve` schedules for provider `name` of `handle`,

@@ -142,40 +142,13 @@ impl World {
             ..Default::default()
         };
         app.serve_with(settings).await;
-        let worker_settings = cobro::settings::WorkerSettings {
-            worker_lease: Duration::from_secs(30),
-            worker_heartbeat: Duration::from_secs(10),
-            worker_max_in_flight: 8,
-            worker_poll: Duration::from_secs(1),
-            action_expiry: Duration::from_secs(3600),
-        };
-        let configs =
-            cobro::worker::worker_configs(&registry, &worker_settings).expect("worker configs");
         let circuits = Arc::new(Circuits::new(
             app.db.store.clone(),
             Arc::new(app.clock.clone()),
             registry.routing().breaker.clone(),
         ));
-        let handle = cobro::provider::connect(registry, false)
-            .await
-            .expect("clients");
-        let workers = configs
-            .into_iter()
-            .map(|(name, mut config)| {
-                config.backoff_base = Duration::from_millis(100);
-                config.backoff_cap = Duration::from_secs(1);
-                let client = handle.client(&name).expect("client").clone();
-                let worker = Worker::new(
-                    app.db.store.clone(),
-                    Arc::new(client),
-                    Arc::new(app.clock.clone()),
-                    config,
-                    Arc::new(tokio::sync::Notify::new()),
-                )
-                .with_circuits(Arc::clone(&circuits));
-                (name, Arc::new(worker))
-            })
-            .collect();
+        let (handle, workers) =
+            crate::providers::serve_workers(&app, registry, Some(Arc::clone(&circuits))).await;
         let (other, other_token) = app.new_account("second-shop").await;
         World {
             app,

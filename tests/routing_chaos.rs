@@ -38,7 +38,7 @@ use fake_provider::{FaultAction, FaultRule, Ledger, LedgerCharge, Operation as F
 use futures::{StreamExt, stream};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 on_both_backends!(
@@ -224,20 +224,13 @@ async fn a_provider_failing_every_way_under_kills_charges_no_payment_twice_and_m
             a.add_fault(FaultRule::new(FOp::Charge, FaultAction::FailBeforeEffect).with_next(60));
         }
         let victim = round % workers.len();
-        workers[victim].kill9();
+        site.kill_and_restart_worker(&mut workers, victim, round, env)
+            .await;
         worker_kills += 1;
-        workers[victim] = site
-            .worker(&format!("worker {victim} (restart {round})"), env)
-            .await
-            .0;
         if round % 4 == 2 {
-            api_b.kill9();
-            api_kills += 1;
-            let (process, url) = site
-                .serve(&format!("api b (restart {round})"), &["--no-worker"], env)
+            site.kill_and_restart_api(&mut api_b, &urls, round, env)
                 .await;
-            api_b = process;
-            urls.lock().unwrap_or_else(PoisonError::into_inner)[1] = url;
+            api_kills += 1;
         }
     }
     let journeys = journeys.await.expect("the merchants' task");

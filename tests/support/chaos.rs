@@ -157,20 +157,13 @@ pub async fn chaos_run(backend: Backend, dialect: Dialect) {
             kills_in_flow += 1;
         }
         let victim = round % workers.len();
-        workers[victim].kill9();
+        site.kill_and_restart_worker(&mut workers, victim, round, env)
+            .await;
         worker_kills += 1;
-        workers[victim] = site
-            .worker(&format!("worker {victim} (restart {round})"), env)
-            .await
-            .0;
         if round % 3 == 1 {
-            api_b.kill9();
-            api_kills += 1;
-            let (process, url) = site
-                .serve(&format!("api b (restart {round})"), &["--no-worker"], env)
+            site.kill_and_restart_api(&mut api_b, &urls, round, env)
                 .await;
-            api_b = process;
-            urls.lock().unwrap_or_else(PoisonError::into_inner)[1] = url;
+            api_kills += 1;
         }
     }
     let journeys = journeys.await.expect("the merchants' task");

@@ -294,6 +294,40 @@ impl Site {
         (process, url)
     }
 
+    /// SIGKILLs the worker `workers[victim]` and starts another in its
+    /// place (named for chaos round `round`).
+    pub async fn kill_and_restart_worker(
+        &self,
+        workers: &mut [Cobro],
+        victim: usize,
+        round: usize,
+        env: &[(&str, &str)],
+    ) {
+        workers[victim].kill9();
+        workers[victim] = self
+            .worker(&format!("worker {victim} (restart {round})"), env)
+            .await
+            .0;
+    }
+
+    /// SIGKILLs the API process `api` (`serve --no-worker`, the second of
+    /// `urls`) and serves another in its place, whose URL replaces its own.
+    pub async fn kill_and_restart_api(
+        &self,
+        api: &mut Cobro,
+        urls: &std::sync::Mutex<Vec<String>>,
+        round: usize,
+        env: &[(&str, &str)],
+    ) {
+        api.kill9();
+        let (process, url) = self
+            .serve(&format!("api b (restart {round})"), &["--no-worker"], env)
+            .await;
+        *api = process;
+        urls.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)[1] = url;
+    }
+
     /// `cobro worker`, running; and its lease owner name.
     pub async fn worker(&self, name: &str, env: &[(&str, &str)]) -> (Cobro, String) {
         let mut process = Cobro::spawn(name, self.command(&["worker"], env));

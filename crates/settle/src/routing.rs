@@ -119,10 +119,6 @@ impl Circuits {
         }
     }
 
-    pub fn policy(&self) -> &BreakerPolicy {
-        &self.policy
-    }
-
     async fn rows(&self, now: DateTime<Utc>) -> Result<Arc<Vec<CircuitRow>>, StoreError> {
         if let Some((at, rows)) = self.seen.lock().map(|s| s.clone()).ok().flatten()
             && now >= at

@@ -1077,3 +1077,94 @@ async fn a_worker_killed_while_a_payment_waits_for_its_customer_resends_nothing(
     assert_eq!(creates(), 1);
     assert_eq!(site.db.count("evidence_conflicts").await, 0);
 }
+
+/// The database stops answering without closing anything (a frozen
+/// primary; a partition with no router in between to cut the sessions).
+/// `cobro serve` (API, worker and reconciler in one process) answers 503
+/// instead of holding requests: its own deadline (`COBRO_DB_DEADLINE`)
+/// gives each call up, long before the HTTP request timeout would. Once the
+/// database answers again, the same key sent by two merchants that share it
+/// and the order ref executes once for each, the worker (never restarted)
+/// charges each payment once, and the provider's ledger holds exactly those
+/// charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_that_stops_answering_gets_503s_not_hangs_and_the_retries_charge_once() {
+    use cobro_test_support::freeze::{FreezingProxy, server_of};
+    let site = Site::new(Backend::Postgres).await;
+    let other = site.new_account("other").await;
+    let proxy = FreezingProxy::start(server_of(&site.db.url).await).await;
+    let through = proxy.url_through(&site.db.url);
+    let (_serve, api) = site
+        .serve(
+            "serve",
+            &[],
+            &[
+                ("COBRO_DATABASE_URL", through.as_str()),
+                ("COBRO_DB_DEADLINE", "1s"),
+                ("COBRO_HTTP_REQUEST_TIMEOUT", "300s"),
+            ],
+        )
+        .await;
+    let first = site.create_payment(&api, "k-1", &payment_body("o-1")).await;
+    site.payment_in(&api, &id_of(&first), "captured").await;
+
+    proxy.freeze();
+    // A request cobro never gave up on fails the test here, not at the
+    // suite's timeout.
+    let guard = Duration::from_secs(120);
+    let body = payment_body("o-2");
+    for token in [&site.token, &other] {
+        let answer = tokio::time::timeout(
+            guard,
+            site.post_as(token, &api, "/v1/payments", "k-2", &body)
+                .send(),
+        )
+        .await
+        .expect("cobro held the request while the database was silent")
+        .expect("an answer");
+        assert_eq!(answer.status().as_u16(), 503);
+        let problem: Value = answer.json().await.expect("problem+json");
+        assert!(
+            problem["type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("service-unavailable")),
+            "{problem}"
+        );
+    }
+
+    proxy.thaw();
+    let mut created = Vec::new();
+    for token in [&site.token, &other] {
+        // The same key again, as a client must after a 503, until stored.
+        let payment: Value = wait_for("the retry is answered 201", SETTLE, async || {
+            let answer = site
+                .post_as(token, &api, "/v1/payments", "k-2", &body)
+                .send()
+                .await
+                .expect("an answer");
+            match answer.status().as_u16() {
+                201 => Some(answer.json().await.expect("json")),
+                503 => None,
+                other => panic!("k-2 answered {other}"),
+            }
+        })
+        .await;
+        created.push(payment);
+    }
+    assert_ne!(created[0]["id"], created[1]["id"], "one payment each");
+    for (token, payment) in [&site.token, &other].into_iter().zip(&created) {
+        let id = id_of(payment);
+        let captured = wait_for(&format!("{id} is captured"), SETTLE, async || {
+            let (_, now) = site
+                .get_as(token, &api, &format!("/v1/payments/{id}"))
+                .await;
+            (now["status"] == "captured").then_some(now)
+        })
+        .await;
+        assert_eq!(captured["attempts"].as_array().map(Vec::len), Some(1));
+    }
+    assert_eq!(site.count("payments").await, 3);
+    let ledger = site.ledger();
+    assert_eq!(ledger.totals.charges, 3, "one charge per payment");
+    assert!(ledger.duplicate_charge_references.is_empty());
+}

@@ -1290,6 +1290,54 @@ fn the_api_never_calls_an_any_account_read() {
     );
 }
 
+/// A database that stops answering without closing anything (a frozen
+/// primary; a partition with no router to cut the sessions): a `COMMIT`, a
+/// read and a `BEGIN` each fail `Unavailable` once their deadline has
+/// passed, instead of waiting for ever; and once the server answers again
+/// the pool (of one connection, which a connection left hanging would
+/// starve for good) serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_server_that_stops_answering_fails_each_call_by_its_deadline() {
+    use cobro_store::StoreError;
+    use cobro_test_support::freeze::{FreezingProxy, server_of};
+    let db = TestDb::new(Backend::Postgres).await;
+    let proxy = FreezingProxy::start(server_of(&db.url).await).await;
+    let mut config = cobro_store::StoreConfig::new(proxy.url_through(&db.url));
+    config.max_connections = 1;
+    config.acquire_timeout = std::time::Duration::from_secs(2);
+    config.deadline = std::time::Duration::from_millis(300);
+    let store = Store::connect(&config).await.expect("connect");
+    store.check_schema().await.expect("answers before");
+    let tx = store.begin().await.expect("begin");
+    proxy.freeze();
+    // A call never given up on fails the test here instead of stalling it.
+    let guard = std::time::Duration::from_secs(60);
+    let hung = "a call to the silent server was never given up";
+    let unavailable = |what: &str, got: Result<(), StoreError>| {
+        assert!(
+            matches!(got, Err(StoreError::Unavailable(_))),
+            "{what}: {got:?}"
+        );
+    };
+    unavailable(
+        "commit",
+        tokio::time::timeout(guard, tx.commit()).await.expect(hung),
+    );
+    for _ in 0..2 {
+        let read = tokio::time::timeout(guard, store.schema_version()).await;
+        unavailable("read", read.expect(hung).map(drop));
+        let begin = tokio::time::timeout(guard, store.begin()).await;
+        unavailable("begin", begin.expect(hung).map(drop));
+    }
+    proxy.thaw();
+    cobro_test_support::wait_for(
+        "the pool serves again",
+        std::time::Duration::from_secs(20),
+        async || store.check_schema().await.ok(),
+    )
+    .await;
+}
+
 /// cobro's PostgreSQL pool (crates/store/src/pg_pool.rs) sends nothing when
 /// a connection in sync with the server goes back, unlike sqlx's pool,
 /// which pings every connection it takes back. A transaction dropped open (a handler that returned early, a task
@@ -1305,10 +1353,10 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
     use sqlx::Connection;
     let db = TestDb::new(Backend::Postgres).await;
     let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
-    let pool =
-        cobro_store::pg_pool::PgPool::connect(options, 1, std::time::Duration::from_secs(10))
-            .await
-            .expect("pool");
+    let ten = std::time::Duration::from_secs(10);
+    let pool = cobro_store::pg_pool::PgPool::connect(options, 1, ten, ten)
+        .await
+        .expect("pool");
     let mut other = sqlx::PgConnection::connect(&db.url)
         .await
         .expect("another session");
@@ -1332,11 +1380,11 @@ async fn postgres_a_connection_given_back_mid_transaction_is_rolled_back_at_once
         {
             let mut tx = pool.begin().await.expect("begin");
             sqlx::query("SELECT v FROM drained WHERE v = 1 FOR UPDATE")
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .expect("lock");
             sqlx::query("UPDATE drained SET v = 2 WHERE v = 1")
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await
                 .expect("update");
         }

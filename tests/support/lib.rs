@@ -1449,6 +1449,7 @@ mod dep_info_tests {
 }
 pub mod chaos;
 pub mod fleet;
+pub mod freeze;
 pub mod process;
 pub mod site;
 

@@ -225,7 +225,7 @@ impl Store {
                 // after this one's positions are committed.
                 sqlx::query("SELECT pg_advisory_xact_lock($1)")
                     .bind(SEQUENCER_LOCK)
-                    .execute(&mut **t)
+                    .execute(&mut *t)
                     .await?;
             }
             let base_sql = "SELECT COALESCE(MAX(feed_position), 0) FROM events";

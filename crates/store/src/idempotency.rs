@@ -135,7 +135,7 @@ impl WriteTx {
                      LEFT JOIN ({SELECT_RECORD}) AS r ON true"
                 );
                 let row = bind_reservation!(sqlx::query(&sql))
-                    .fetch_one(&mut **tx)
+                    .fetch_one(&mut *tx)
                     .await?;
                 if sqlx::Row::try_get::<bool, _>(&row, "reserved")? {
                     return Ok(Reservation::Reserved);

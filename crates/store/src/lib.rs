@@ -197,9 +197,27 @@ pub struct StoreConfig {
     /// How long a transaction waits for a lock held by another (the
     /// idempotency decision table bounds this at about 2 s).
     pub lock_timeout: Duration,
-    /// How long a request waits for a pooled connection.
+    /// How long a request waits for a pooled connection (PostgreSQL:
+    /// connecting included).
     pub acquire_timeout: Duration,
+    /// PostgreSQL: the longest cobro waits for any one answer of the
+    /// server (a statement's, a `COMMIT`'s, connecting aside), so that a
+    /// server that stops answering without closing the connection (a frozen
+    /// primary, a partition) fails a request instead of holding it for ever
+    /// (src/pg_pool.rs). Client-side only: the server is never asked to
+    /// cancel anything (no `statement_timeout`), because a cancelled
+    /// `COMMIT` that waits for its synchronous standby commits locally,
+    /// unreplicated, and is then seen by everyone (docs/high-availability.md).
+    /// Migrations run without it.
+    pub deadline: Duration,
 }
+
+/// PostgreSQL's `idle_in_transaction_session_timeout` on cobro's
+/// connections: cobro never holds a transaction open across anything slow
+/// (no network call inside one), so a session idle in a transaction this
+/// long belongs to a process that froze or lost its network while holding
+/// row locks. The server ends it and the locks go.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl StoreConfig {
     pub fn new(url: impl Into<String>) -> Self {
@@ -208,6 +226,7 @@ impl StoreConfig {
             max_connections: 10,
             lock_timeout: Duration::from_secs(2),
             acquire_timeout: Duration::from_secs(5),
+            deadline: Duration::from_secs(10),
         }
     }
 }
@@ -315,7 +334,7 @@ macro_rules! on_tx {
     ($tx:expr, $conn:ident => $body:expr) => {
         match &mut $tx.inner {
             $crate::TxInner::Postgres(t) => {
-                let $conn = &mut **t;
+                let $conn = &mut *t;
                 $body
             }
             $crate::TxInner::Sqlite(t) => {
@@ -425,20 +444,32 @@ impl Store {
     pub async fn connect(config: &StoreConfig) -> Result<Self> {
         let url = config.url.as_str();
         let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let lock_timeout = format!("{}ms", config.lock_timeout.as_millis());
+            let millis = |d: Duration| format!("{}ms", d.as_millis());
             let options = PgConnectOptions::from_str(url)
                 .map_err(|e| StoreError::InvalidUrl(e.to_string()))?
                 // On the connection, not per transaction: no extra round trip
-                // on the hot path, and no statement of cobro should ever wait
-                // longer than this for a lock.
-                .options([("lock_timeout", lock_timeout.as_str())]);
+                // on the hot path. No statement of cobro should ever wait
+                // longer than the first for a lock; the second frees a
+                // frozen process's row locks.
+                .options([
+                    ("lock_timeout", millis(config.lock_timeout)),
+                    (
+                        "idle_in_transaction_session_timeout",
+                        millis(IDLE_IN_TRANSACTION_TIMEOUT),
+                    ),
+                ]);
             // deadpool over sqlx's connections, not sqlx's pool: no round
             // trip when a connection goes back or is taken out (src/pg_pool.rs).
             // A connection that died fails its first statement instead,
             // which surfaces as `Unavailable` (503, retryable), and is not
             // reused.
-            let pool =
-                PgPool::connect(options, config.max_connections, config.acquire_timeout).await?;
+            let pool = PgPool::connect(
+                options,
+                config.max_connections,
+                config.acquire_timeout,
+                config.deadline,
+            )
+            .await?;
             Backend::Postgres(pool)
         } else if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)
@@ -524,6 +555,9 @@ impl Store {
         // Migrations manage their own transactions: on SQLite they run on
         // the writer's pool directly, never inside a group.
         match &self.backend {
+            // A connection taken as it is, statements run on it directly:
+            // the pool's deadline does not bound a migration (one may build
+            // an index over a large table); `lock_timeout` still does.
             Backend::Postgres(pool) => self.migrator().run(&mut *pool.acquire().await?).await?,
             Backend::Sqlite(pools) => self.migrator().run(pools.writer.pool()).await?,
         }
@@ -642,15 +676,38 @@ impl Store {
 /// process and is woken in memory.
 pub struct WorkSignal {
     listener: sqlx::postgres::PgListener,
+    deadline: Duration,
 }
 
 impl WorkSignal {
     /// Waits for the next notification. An error means the listening
-    /// connection broke; the caller falls back to polling and may listen
-    /// again.
+    /// connection broke (or stopped answering); the caller falls back to
+    /// polling and may listen again.
     pub async fn recv(&mut self) -> Result<()> {
-        self.listener.recv().await?;
+        next_notification(&mut self.listener, self.deadline).await?;
         Ok(())
+    }
+}
+
+/// How long a listener waits for a notification before it asks its server
+/// whether it is still there.
+const LISTEN_PROBE: Duration = Duration::from_secs(30);
+
+/// Waits for the next notification on `listener`. A listener's connection
+/// only ever reads, so a server that froze or vanished without closing it
+/// (a partition, a failover behind a moved address) would leave it waiting
+/// for ever: after [`LISTEN_PROBE`] without a notification it sends a
+/// `SELECT 1`, which must be answered within `deadline`, or this fails and
+/// the caller listens anew on a fresh connection.
+async fn next_notification(
+    listener: &mut sqlx::postgres::PgListener,
+    deadline: Duration,
+) -> std::result::Result<(), sqlx::Error> {
+    loop {
+        if let Ok(received) = tokio::time::timeout(LISTEN_PROBE, listener.recv()).await {
+            return received.map(drop);
+        }
+        pg_pool::within(deadline, sqlx::query("SELECT 1").execute(&mut *listener)).await?;
     }
 }
 
@@ -794,7 +851,10 @@ impl Store {
                 let mut listener =
                     sqlx::postgres::PgListener::connect_with(&listening_pool(pool)).await?;
                 listener.listen("cobro_outbox").await?;
-                Ok(Some(WorkSignal { listener }))
+                Ok(Some(WorkSignal {
+                    listener,
+                    deadline: pool.deadline(),
+                }))
             }
             Backend::Sqlite(_) => Ok(None),
         }
@@ -823,7 +883,7 @@ async fn listen_for_payment_moves(pool: PgPool, moves: Arc<PaymentMoves>) {
             let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
             listener.listen("cobro_payment_settled").await?;
             loop {
-                listener.recv().await?;
+                next_notification(&mut listener, pool.deadline()).await?;
                 moves.bump();
             }
         };

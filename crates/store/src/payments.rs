@@ -394,7 +394,7 @@ impl WriteTx {
                 sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1::text), hashtext($2))")
                     .bind(DbId::from(account))
                     .bind(order_ref.as_str())
-                    .execute(&mut **t)
+                    .execute(&mut *t)
                     .await?;
             }
             let sql = "SELECT COUNT(*) FROM payments WHERE account_id = $1 AND order_ref = $2";

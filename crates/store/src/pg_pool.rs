@@ -35,6 +35,24 @@
 //! use: a connection whose server went away while it sat in the pool fails
 //! its next statement, which cobro reports as `Unavailable` (503,
 //! retryable), and is then closed on its way back (its ping fails).
+//!
+//! **Nothing waits for ever on a dead socket.** sqlx 0.8 sets no TCP
+//! keepalive and no read timeout on its sockets, and offers no way to: a
+//! server that stops answering without closing the connection (a frozen
+//! primary, a partition, a failover behind a moved address) would leave a
+//! statement waiting until the kernel gives up, which on a read with nothing
+//! in flight is never. So every round trip this module makes (each
+//! statement run through the pool or a [`PgTx`], each `BEGIN`, `COMMIT`,
+//! `ROLLBACK` and settling ping) has a deadline, [`PgPool::deadline`]: past
+//! it the caller gets an I/O error (`TimedOut`, which cobro answers 503,
+//! retryable) and the connection, unsettled, is pinged once more with the
+//! same deadline and closed when that fails too. Connecting is bounded by
+//! the acquire timeout. A `COMMIT` cut by its deadline has an unknown
+//! outcome, like one whose connection died: the caller must treat it as
+//! such (cobro's API answers 503 and the same key replays or executes
+//! once). The deadline is the client's alone (`StoreConfig::deadline`):
+//! closing the socket leaves the server's work as it is, and in particular
+//! never cuts short a `COMMIT`'s wait for its synchronous standby.
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use futures_core::future::BoxFuture;
@@ -47,6 +65,7 @@ use sqlx::{
     ConnectOptions, Connection, Database, Describe, Either, Execute, Executor, Postgres,
     TransactionManager as _,
 };
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +109,7 @@ impl managed::Manager for Manager {
 pub struct PgPool {
     inner: managed::Pool<Manager>,
     acquire_timeout: Duration,
+    deadline: Duration,
     /// `true` once [`PgPool::close`] was called.
     closed: Arc<tokio::sync::watch::Sender<bool>>,
 }
@@ -99,6 +119,7 @@ impl std::fmt::Debug for PgPool {
         f.debug_struct("PgPool")
             .field("status", &self.inner.status())
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("deadline", &self.deadline)
             .finish()
     }
 }
@@ -106,8 +127,14 @@ impl std::fmt::Debug for PgPool {
 impl PgPool {
     /// A pool of at most `max_connections`, none opened yet. Taking a
     /// connection (waiting for one to be free, or opening one) gives up
-    /// after `acquire_timeout` with `sqlx::Error::PoolTimedOut`.
-    pub fn new(options: PgConnectOptions, max_connections: u32, acquire_timeout: Duration) -> Self {
+    /// after `acquire_timeout` with `sqlx::Error::PoolTimedOut`; each round
+    /// trip on a connection after `deadline` (module doc).
+    pub fn new(
+        options: PgConnectOptions,
+        max_connections: u32,
+        acquire_timeout: Duration,
+        deadline: Duration,
+    ) -> Self {
         let inner = managed::Pool::builder(Manager { options })
             .max_size(max_connections as usize)
             .build()
@@ -115,6 +142,7 @@ impl PgPool {
         Self {
             inner,
             acquire_timeout,
+            deadline,
             closed: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
@@ -125,10 +153,16 @@ impl PgPool {
         options: PgConnectOptions,
         max_connections: u32,
         acquire_timeout: Duration,
+        deadline: Duration,
     ) -> Result<Self, sqlx::Error> {
-        let pool = Self::new(options, max_connections, acquire_timeout);
+        let pool = Self::new(options, max_connections, acquire_timeout, deadline);
         pool.acquire().await?;
         Ok(pool)
+    }
+
+    /// The longest any one round trip on this pool's connections may take.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     /// The options every connection is opened with.
@@ -149,13 +183,14 @@ impl PgPool {
         Ok(PgConn {
             object: Some(object),
             settled: true,
+            deadline: self.deadline,
         })
     }
 
     /// Opens a transaction (`BEGIN`) on a connection of its own.
     pub async fn begin(&self) -> Result<PgTx, sqlx::Error> {
         let mut conn = self.acquire().await?;
-        TransactionManager::begin(&mut *conn, None).await?;
+        within(self.deadline, TransactionManager::begin(&mut *conn, None)).await?;
         Ok(PgTx { conn })
     }
 
@@ -189,6 +224,8 @@ pub struct PgConn {
     /// In sync with the server and outside any transaction, as far as this
     /// module has seen.
     settled: bool,
+    /// The pool's [`PgPool::deadline`].
+    deadline: Duration,
 }
 
 impl Deref for PgConn {
@@ -226,9 +263,11 @@ impl Drop for PgConn {
             drop(Object::take(object));
             return;
         };
+        let deadline = self.deadline;
         runtime.spawn(async move {
-            // Sends what is queued, then reads up to the last ReadyForQuery.
-            if object.ping().await.is_err() {
+            // Sends what is queued, then reads up to the last ReadyForQuery;
+            // a server that does not answer in time is given up on.
+            if within(deadline, object.ping()).await.is_err() {
                 drop(Object::take(object));
             }
         });
@@ -237,36 +276,129 @@ impl Drop for PgConn {
 
 /// An open transaction on a connection of its own. Dropped without
 /// [`PgTx::commit`] or [`PgTx::rollback`], it is rolled back before its
-/// connection goes back to the pool.
+/// connection goes back to the pool. Statements run on it as on sqlx's
+/// connection (`.execute(&mut tx)`), each within the pool's deadline.
 pub struct PgTx {
     conn: PgConn,
 }
 
+impl std::fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTx").finish_non_exhaustive()
+    }
+}
+
 impl PgTx {
+    /// A `COMMIT` past the deadline fails with an unknown outcome: it may
+    /// have committed (module doc).
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        TransactionManager::commit(&mut *self.conn).await?;
+        within(
+            self.conn.deadline,
+            TransactionManager::commit(&mut *self.conn),
+        )
+        .await?;
         self.conn.settled = true;
         Ok(())
     }
 
     pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        TransactionManager::rollback(&mut *self.conn).await?;
+        within(
+            self.conn.deadline,
+            TransactionManager::rollback(&mut *self.conn),
+        )
+        .await?;
         self.conn.settled = true;
         Ok(())
     }
 }
 
-impl Deref for PgTx {
-    type Target = PgConnection;
-
-    fn deref(&self) -> &PgConnection {
-        &self.conn
+/// `work`'s result, or an I/O `TimedOut` error once `deadline` has passed
+/// without it (module doc).
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    work: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(deadline, work).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from PostgreSQL within {deadline:?}"),
+        ))),
     }
 }
 
-impl DerefMut for PgTx {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.conn
+/// Every answer of `query` on `conn`, each awaited within `deadline`.
+fn answers_within<'e, 'q: 'e, E>(
+    conn: &'e mut PgConnection,
+    deadline: Duration,
+    query: E,
+) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+where
+    E: 'q + Execute<'q, Postgres>,
+{
+    Box::pin(async_stream::try_stream! {
+        let mut answers = conn.fetch_many(query);
+        while let Some(answer) = within(deadline, answers.try_next()).await? {
+            yield answer;
+        }
+    })
+}
+
+/// One statement in the transaction, as on sqlx's own connection, within
+/// the deadline. A statement that fails or times out leaves the
+/// connection unsettled: it is settled (or closed) when the transaction
+/// is dropped.
+impl<'c> Executor<'c> for &'c mut PgTx {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let deadline = self.conn.deadline;
+        answers_within(&mut self.conn, deadline, query)
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let deadline = self.conn.deadline;
+        Box::pin(within(deadline, (&mut *self.conn).fetch_optional(query)))
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let deadline = self.conn.deadline;
+        Box::pin(within(
+            deadline,
+            (&mut *self.conn).prepare_with(sql, parameters),
+        ))
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let deadline = self.conn.deadline;
+        Box::pin(within(deadline, (&mut *self.conn).describe(sql)))
     }
 }
 
@@ -288,7 +420,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         Box::pin(async_stream::try_stream! {
             let mut conn = pool.acquire().await?;
             {
-                let mut answers = (&mut *conn).fetch_many(query);
+                let mut answers = answers_within(&mut conn, pool.deadline, query);
                 while let Some(answer) = answers.try_next().await? {
                     yield answer;
                 }
@@ -307,7 +439,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         let pool = self.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
-            let row = (&mut *conn).fetch_optional(query).await?;
+            let row = within(pool.deadline, (&mut *conn).fetch_optional(query)).await?;
             conn.settled = true;
             Ok(row)
         })
@@ -321,7 +453,8 @@ impl<'p> Executor<'p> for &'_ PgPool {
         let pool = self.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
-            let statement = (&mut *conn).prepare_with(sql, parameters).await?;
+            let statement =
+                within(pool.deadline, (&mut *conn).prepare_with(sql, parameters)).await?;
             conn.settled = true;
             Ok(statement)
         })
@@ -334,7 +467,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         let pool = self.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
-            let described = (&mut *conn).describe(sql).await?;
+            let described = within(pool.deadline, (&mut *conn).describe(sql)).await?;
             conn.settled = true;
             Ok(described)
         })

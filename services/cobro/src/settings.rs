@@ -80,6 +80,16 @@ pub struct GlobalSettings {
     #[arg(long, env = "COBRO_LOCK_TIMEOUT", default_value = "2s",
           value_parser = parse_duration, global = true)]
     pub lock_timeout: Duration,
+
+    /// PostgreSQL: the longest cobro waits for any one answer of the
+    /// database, so that one that stops answering without closing its
+    /// connections (a frozen primary, a partition) fails requests with 503
+    /// instead of holding them. cobro's own bound, never the server's
+    /// `statement_timeout` (docs/high-availability.md). Migrations are not
+    /// bounded by it.
+    #[arg(long, env = "COBRO_DB_DEADLINE", default_value = "10s",
+          value_parser = parse_duration, global = true)]
+    pub db_deadline: Duration,
 }
 
 /// Log output format.
@@ -666,6 +676,7 @@ impl GlobalSettings {
         config.max_connections = self.db_max_connections;
         config.lock_timeout = self.lock_timeout;
         config.acquire_timeout = ACQUIRE_TIMEOUT;
+        config.deadline = self.db_deadline;
         config
     }
 }
@@ -927,6 +938,7 @@ mod tests {
             verbose: 0,
             db_max_connections: 10,
             lock_timeout: Duration::from_secs(2),
+            db_deadline: Duration::from_secs(10),
         }
     }
 

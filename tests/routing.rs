@@ -33,6 +33,10 @@ on_both_backends!(
     the_circuit_opens_on_failures_and_closes_on_a_half_open_success,
     rules_over_http_are_validated_and_a_refused_set_changes_nothing,
     capture_and_refund_of_a_moved_payment_go_to_the_provider_that_holds_its_charge,
+    a_soft_decline_whose_answer_was_lost_moves_on_when_the_reconciler_reads_it,
+    a_soft_decline_whose_answer_was_lost_moves_on_when_the_reconciler_reads_it_at_stripe,
+    a_webhook_and_the_reconciler_settling_one_soft_decline_move_the_payment_once,
+    a_soft_decline_the_reconciler_reads_while_the_worker_still_retries_sends_nothing_more,
 );
 
 /// How `a` behaves from the start.
@@ -241,6 +245,14 @@ impl World {
             .collect()
     }
 
+    /// Whether payment `id` emitted `payment.rerouted`.
+    async fn was_rerouted(&self, id: &str) -> bool {
+        self.events(id)
+            .await
+            .iter()
+            .any(|e| e == "payment.rerouted")
+    }
+
     /// The reconciler `cobro serve` schedules for provider `name`.
     fn reconciler(&self, name: &str) -> cobro_reconciler::Reconciler<Connector> {
         crate::providers::scheduled_reconciler(&self.app, &self.handle, name)
@@ -250,6 +262,81 @@ impl World {
     fn let_circuits_be_read_again(&self) {
         self.app.clock.advance(chrono::Duration::seconds(2));
     }
+
+    /// The fake provider named `name`.
+    fn fake(&self, name: &str) -> &fake_provider::Running {
+        match name {
+            "a" => &self.a,
+            "b" => &self.b,
+            other => panic!("no provider {other}"),
+        }
+    }
+
+    /// Sends both accounts' payments along `chain` (their rules'
+    /// default).
+    async fn route_along(&self, chain: [&str; 2]) {
+        for (_, token) in self.tokens() {
+            let r = self
+                .app
+                .client
+                .put(format!("{}/v1/routing", self.app.url))
+                .bearer_auth(token)
+                .json(&json!({ "default": chain }))
+                .send()
+                .await
+                .expect("put");
+            let status = r.status().as_u16();
+            assert_eq!(status, 200, "{}", r.text().await.unwrap_or_default());
+        }
+    }
+
+    /// Runs `name`'s worker: every send's outcome must be unknown.
+    async fn send_unknown(&self, name: &str) {
+        let steps = self.drain(name).await;
+        assert!(
+            !steps.is_empty()
+                && steps
+                    .iter()
+                    .all(|s| *s == Step::Rescheduled { class: "unknown" }),
+            "{steps:?}"
+        );
+    }
+
+    /// Runs `name`'s worker until its unknown attempts are retried past
+    /// the key window and handed to the reconciler; answers how many were.
+    async fn hand_over_unknowns(&self, name: &str) -> usize {
+        self.send_unknown(name).await;
+        self.past_the_key_window(name).await
+    }
+
+    /// Moves the clock past the key window and runs `name`'s worker, which
+    /// hands its unknown attempts to the reconciler; answers how many.
+    async fn past_the_key_window(&self, name: &str) -> usize {
+        self.app
+            .clock
+            .advance(chrono::Duration::hours(23) + chrono::Duration::minutes(1));
+        let steps = self.drain(name).await;
+        assert!(steps.iter().all(|s| *s == Step::HandedOver), "{steps:?}");
+        steps.len()
+    }
+}
+
+/// Scripts `provider` to decline `order`'s charges, softly
+/// (`try_again_later`) when `soft`, and to lose every answer about them
+/// (a 500 after the effect, replays under the key too): cobro never hears
+/// the decline, only a read can show it.
+fn decline_and_lose_the_answer(provider: &fake_provider::Running, order: &str, soft: bool) {
+    let control = provider.control();
+    if soft {
+        control.add_fault(
+            FaultRule::new(Operation::Charge, FaultAction::SoftDecline)
+                .with_reference(format!("{order}:")),
+        );
+    }
+    control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::FailAfterEffect)
+            .with_reference(format!("{order}:")),
+    );
 }
 
 /// Per cobro payment, the charges that moved money (or may yet) in both
@@ -287,13 +374,19 @@ fn charges_of(ledger: &Ledger, id: &str) -> usize {
 /// The payment's route (`routing`) must show one move from `a` to `b`,
 /// with a proof of the given kinds, naming its first attempt.
 fn assert_moved_once(p: &Value, proofs: &[&str]) {
+    assert_moved_along(p, ["a", "b"], proofs);
+}
+
+/// [`assert_moved_once`] along `chain`: one move from its head to its
+/// tail.
+fn assert_moved_along(p: &Value, [from, to]: [&str; 2], proofs: &[&str]) {
     let routing = &p["routing"];
-    assert_eq!(routing["chain"], json!(["a", "b"]), "{p}");
+    assert_eq!(routing["chain"], json!([from, to]), "{p}");
     let moves = routing["moves"].as_array().expect("moves");
     assert_eq!(moves.len(), 1, "{p}");
     assert_eq!(
         (moves[0]["from"].as_str(), moves[0]["to"].as_str()),
-        (Some("a"), Some("b"))
+        (Some(from), Some(to))
     );
     let proof = moves[0]["proof"].as_str().expect("proof");
     assert!(
@@ -321,16 +414,16 @@ fn assert_moved_once(p: &Value, proofs: &[&str]) {
             attempts[0]["provider"].as_str(),
             attempts[0]["state"].as_str()
         ),
-        (Some("a"), Some(state))
+        (Some(from), Some(state))
     );
     assert_eq!(
         (
             attempts[1]["provider"].as_str(),
             attempts[1]["state"].as_str()
         ),
-        (Some("b"), Some("succeeded"))
+        (Some(to), Some("succeeded"))
     );
-    assert_eq!(p["provider"], "b");
+    assert_eq!(p["provider"], to);
 }
 
 async fn a_provider_down_before_any_effect_sends_its_payments_to_the_next(backend: Backend) {
@@ -373,14 +466,7 @@ async fn a_provider_down_before_any_effect_sends_its_payments_to_the_next(backen
         assert_eq!(p["status"], "captured", "{p}");
         assert_moved_once(&p, &["not_sent", "circuit_open"]);
         assert_eq!(charges_of(&ledger, id), 1, "{id}");
-        assert!(
-            world
-                .events(id)
-                .await
-                .iter()
-                .any(|e| e == "payment.rerouted"),
-            "{id}"
-        );
+        assert!(world.was_rerouted(id).await, "{id}");
     }
     // Four refused calls opened the circuit, in the database for every
     // process.
@@ -466,13 +552,7 @@ async fn soft_declines_move_on_and_the_cards_own_declines_end_the_payment(backen
         assert_eq!(p["provider"], "a");
         assert_eq!(p["routing"]["moves"], json!([]));
         assert_eq!(p["attempts"].as_array().expect("attempts").len(), 1);
-        assert!(
-            !world
-                .events(id)
-                .await
-                .iter()
-                .any(|e| e == "payment.rerouted")
-        );
+        assert!(!world.was_rerouted(id).await);
     }
     fine.extend(hard);
     for id in &fine {
@@ -509,26 +589,9 @@ async fn timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twic
             not_charged.extend(ids);
         }
     }
-    let steps = world.drain("a").await;
-    assert!(
-        !steps.is_empty()
-            && steps
-                .iter()
-                .all(|s| *s == Step::Rescheduled { class: "unknown" }),
-        "{steps:?}"
-    );
     // Past the key window the worker hands every attempt to the
     // reconciler: nothing was sent anywhere else meanwhile.
-    world
-        .app
-        .clock
-        .advance(chrono::Duration::hours(23) + chrono::Duration::minutes(1));
-    let steps = world.drain("a").await;
-    assert_eq!(
-        steps.iter().filter(|s| **s == Step::HandedOver).count(),
-        2 * ORDERS,
-        "{steps:?}"
-    );
+    assert_eq!(world.hand_over_unknowns("a").await, 2 * ORDERS);
     assert!(world.drain("b").await.is_empty());
     assert_eq!(
         world.b.control().ledger().totals.charges,
@@ -906,4 +969,272 @@ async fn capture_and_refund_of_a_moved_payment_go_to_the_provider_that_holds_its
         );
         assert_eq!(b.refunds_of_charge(&charge.id).len(), 1);
     }
+}
+
+async fn a_soft_decline_whose_answer_was_lost_moves_on_when_the_reconciler_reads_it(
+    backend: Backend,
+) {
+    declines_read_by_the_reconciler(backend, ["a", "b"]).await;
+}
+
+async fn a_soft_decline_whose_answer_was_lost_moves_on_when_the_reconciler_reads_it_at_stripe(
+    backend: Backend,
+) {
+    declines_read_by_the_reconciler(backend, ["b", "a"]).await;
+}
+
+/// At `head` (the fake's own API, or its Stripe dialect), three orders
+/// under both accounts are declined and every answer about them is lost,
+/// so their payments go to the reconciler unknown: `o-soft` declined
+/// softly, `o-hard` by the card (`insufficient_funds`), `o-cancel`
+/// softly but its merchant asks to cancel while it is unknown. The
+/// reconciler reads each declined object: `o-soft` moves to `tail` and is
+/// charged there once, `o-hard` ends declined with the card's own code,
+/// `o-cancel` ends declined where it is (a cancel means no charge
+/// anywhere).
+async fn declines_read_by_the_reconciler(backend: Backend, [head, tail]: [&str; 2]) {
+    // A breaker that never opens: the lost answers are failures.
+    let world = World::with_breaker(backend, A::Up, 1000).await;
+    if head != "a" {
+        world.route_along([head, tail]).await;
+    }
+    let at = world.fake(head);
+    decline_and_lose_the_answer(at, "o-soft", true);
+    decline_and_lose_the_answer(at, "o-hard", false);
+    decline_and_lose_the_answer(at, "o-cancel", true);
+    let soft = world.create_twins("o-soft", &payment_body("o-soft")).await;
+    let mut hard_body = payment_body("o-hard");
+    hard_body["payment_method"] = json!("pm_insufficient_funds");
+    let hard = world.create_twins("o-hard", &hard_body).await;
+    let mut cancel_body = payment_body("o-cancel");
+    cancel_body["capture_method"] = json!("manual");
+    let cancel = world.create_twins("o-cancel", &cancel_body).await;
+    assert_eq!(world.hand_over_unknowns(head).await, 6);
+    for id in soft.iter().chain(&hard).chain(&cancel) {
+        let p = world.payment(id).await;
+        assert_eq!(
+            (p["status"].as_str(), p["provider"].as_str()),
+            (Some("requires_reconciliation"), Some(head)),
+            "{p}"
+        );
+    }
+    // Held until the authorisation's outcome is known.
+    for ((_, token), id) in world.tokens().into_iter().zip(&cancel) {
+        let r = world
+            .app
+            .post_as(
+                token,
+                &format!("/v1/payments/{id}/cancel"),
+                Some("k-cancel"),
+            )
+            .send()
+            .await
+            .expect("cancel");
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    assert!(world.drain(tail).await.is_empty(), "nothing moved yet");
+    at.control().clear_faults();
+
+    let summary = world
+        .reconciler(head)
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(summary.examined, 6, "{summary:?}");
+    assert!(
+        summary.items.iter().all(|i| i.verdict
+            == Verdict::Resolved {
+                outcome: "declined".into()
+            }),
+        "{summary:?}"
+    );
+    let steps = world.drain(tail).await;
+    assert_eq!(steps, vec![Step::Recorded { class: "succeeded" }; 2]);
+    // Settled once: a second run finds nothing, nothing more is sent.
+    let again = world
+        .reconciler(head)
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(again.examined, 0, "{again:?}");
+    assert!(world.drain(tail).await.is_empty());
+    assert!(world.drain(head).await.is_empty());
+
+    let (h, t) = (
+        world.fake(head).control().ledger(),
+        world.fake(tail).control().ledger(),
+    );
+    assert_eq!((h.totals.charges, h.totals.declines), (0, 6), "{h:?}");
+    assert_eq!((t.totals.charges, t.totals.declines), (2, 0), "{t:?}");
+    for id in &soft {
+        let p = world.payment(id).await;
+        assert_eq!(p["status"], "captured", "{p}");
+        assert_moved_along(&p, [head, tail], &["soft_decline"]);
+        assert_eq!(
+            p["routing"]["moves"][0]["proof"],
+            "soft_decline: try_again_later"
+        );
+        assert_eq!((charges_of(&h, id), charges_of(&t, id)), (0, 1));
+        assert!(world.was_rerouted(id).await, "{id}");
+    }
+    // The card's own decline, read the same way, ends the payment with
+    // its real code; a soft one whose merchant asked to cancel ends where
+    // it is, declined with its own.
+    for (ids, code) in [(&hard, "insufficient_funds"), (&cancel, "try_again_later")] {
+        for id in ids {
+            let p = world.payment(id).await;
+            assert_eq!(
+                (p["status"].as_str(), p["failure"]["code"].as_str()),
+                (Some("declined"), Some(code)),
+                "{p}"
+            );
+            assert_eq!(p["provider"], head);
+            assert_eq!(p["routing"]["moves"], json!([]));
+            assert_eq!(
+                p["attempts"]
+                    .as_array()
+                    .expect("attempts")
+                    .iter()
+                    .filter(|a| a["operation"] == "payment.authorize")
+                    .count(),
+                1,
+                "{p}"
+            );
+            assert_eq!((charges_of(&h, id), charges_of(&t, id)), (0, 0));
+            assert!(!world.was_rerouted(id).await);
+        }
+    }
+    assert!(money_moved(&[&h, &t]).values().all(|n| *n == 1));
+}
+
+/// A webhook and the reconciler bring the same soft decline of one
+/// attempt at once (both accounts' payments, one order reference): each
+/// payment moves once, whichever settles first; the other finds the
+/// attempt settled and changes nothing.
+async fn a_webhook_and_the_reconciler_settling_one_soft_decline_move_the_payment_once(
+    backend: Backend,
+) {
+    use cobro_settle::apply::{Applied, Proof};
+    use cobro_settle::{Source, apply_proof};
+
+    let world = World::with_breaker(backend, A::Up, 1000).await;
+    decline_and_lose_the_answer(&world.a, "o-race", true);
+    let ids = world.create_twins("o-race", &payment_body("o-race")).await;
+    assert_eq!(world.hand_over_unknowns("a").await, 2);
+    let store = &world.app.db.store;
+    let proof = Proof::Declined {
+        code: "try_again_later".into(),
+        message: "read".into(),
+    };
+    let settle = |attempt: cobro_store::AttemptRow, name: &'static str| {
+        let proof = proof.clone();
+        let now = world.app.clock.now();
+        async move {
+            let mut tx = store.begin().await.expect("begin");
+            let source = Source { name, said: "{}" };
+            let applied = apply_proof(&mut tx, &attempt, &proof, &source, now)
+                .await
+                .expect("apply");
+            tx.commit().await.expect("commit");
+            applied
+        }
+    };
+    let mut races = Vec::new();
+    for id in &ids {
+        let attempts = store
+            .attempts_of_payment_any_account(id.parse().expect("id"))
+            .await
+            .expect("attempts");
+        let [attempt] = attempts.as_slice() else {
+            panic!("one attempt: {attempts:?}")
+        };
+        // Both read the attempt `reconciling` before either settles it.
+        races.push(settle(attempt.clone(), "webhook:a"));
+        races.push(settle(attempt.clone(), "reconciler"));
+    }
+    let applied = futures::future::join_all(races).await;
+    for pair in applied.chunks(2) {
+        let moved = Applied::Settled {
+            before: "requires_reconciliation".into(),
+            after: "processing".into(),
+        };
+        let mut pair = pair.to_vec();
+        pair.sort_by_key(|a| matches!(a, Applied::AlreadySettled));
+        assert_eq!(pair, [moved, Applied::AlreadySettled]);
+    }
+    soft_declined_at_a_and_charged_once_at_b(&world, &ids).await;
+}
+
+/// `b`'s worker runs, and then each of the twins `ids` was declined at
+/// `a` (softly) and is captured at `b`, charged there once.
+async fn soft_declined_at_a_and_charged_once_at_b(world: &World, ids: &[String; 2]) {
+    world.drain("b").await;
+    let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
+    assert_eq!((a.totals.charges, a.totals.declines), (0, 2));
+    assert_eq!(b.totals.charges, 2);
+    for id in ids {
+        let p = world.payment(id).await;
+        assert_eq!(p["status"], "captured", "{p}");
+        assert_moved_once(&p, &["soft_decline"]);
+        assert_eq!((charges_of(&a, id), charges_of(&b, id)), (0, 1));
+    }
+}
+
+/// The reconciler reads a soft decline of an attempt the worker still
+/// owns (its answer lost, its retry under the key due): the payment moves
+/// on, and the worker's due retry finds the attempt settled and sends
+/// nothing more to `a`.
+async fn a_soft_decline_the_reconciler_reads_while_the_worker_still_retries_sends_nothing_more(
+    backend: Backend,
+) {
+    let world = World::with_breaker(backend, A::Up, 1000).await;
+    decline_and_lose_the_answer(&world.a, "o-stuck", true);
+    let ids = world
+        .create_twins("o-stuck", &payment_body("o-stuck"))
+        .await;
+    world.send_unknown("a").await;
+    // Past the reconciler's patience, well inside the key window.
+    world.app.clock.advance(chrono::Duration::minutes(10));
+    let keys: Vec<String> = world
+        .a
+        .control()
+        .ledger()
+        .charges
+        .iter()
+        .filter_map(|c| c.idempotency_key.clone())
+        .collect();
+    assert_eq!(keys.len(), 2);
+    let sends = |world: &World| {
+        world
+            .a
+            .control()
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == "POST" && r.idempotency_key.as_ref().is_some_and(|k| keys.contains(k))
+            })
+            .count()
+    };
+    let before = sends(&world);
+    let summary = world
+        .reconciler("a")
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert_eq!(summary.examined, 2, "{summary:?}");
+    for id in &ids {
+        let p = world.payment(id).await;
+        assert_eq!(
+            (p["status"].as_str(), p["provider"].as_str()),
+            (Some("processing"), Some("b")),
+            "{p}"
+        );
+    }
+    world.drain("a").await;
+    assert_eq!(
+        sends(&world),
+        before,
+        "the settled attempt is never sent again"
+    );
+    soft_declined_at_a_and_charged_once_at_b(&world, &ids).await;
 }

@@ -55,6 +55,10 @@ pub struct LedgerCharge {
     /// final yet, counted nowhere in the totals), `authorized`, `captured`,
     /// `declined` or `voided`.
     pub status: String,
+    /// Why it was declined (the fake dialect's code: `card_declined`,
+    /// `insufficient_funds`, `try_again_later`); absent unless `declined`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
     /// Minor units captured so far.
     pub amount_captured: i64,
     /// Minor units refunded so far.

@@ -107,6 +107,12 @@ pub struct Charge {
     /// Bumped by every mutation of this charge or its refunds, so a webhook
     /// consumer can tell an old event from a new one.
     pub sequence: u64,
+    /// Why it was declined, the code its 402 carried (`card_declined`,
+    /// `insufficient_funds`, `try_again_later`): set when it becomes
+    /// `declined`, shown on every rendering of it since (GET, search,
+    /// list, a replayed 402, events), absent on any other charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
     /// The decline a `soft_decline` fault forced on it when it was made,
     /// in place of its payment method's own (see [`Charge::decline`]). Not
     /// on the wire: the decline shows in the answers and events that carry
@@ -128,6 +134,22 @@ impl Charge {
     pub(crate) fn decline(&self) -> Option<Decline> {
         self.decline_cause()
             .filter(|_| self.status == ChargeStatus::Declined)
+    }
+
+    /// Makes a new (or `processing`) charge what its effect makes it:
+    /// declined, with its decline code, when it has a decline (its payment
+    /// method's, or one a `soft_decline` fault forced), else captured or
+    /// authorized by its capture method.
+    pub(crate) fn make_final(&mut self) {
+        self.status = match (self.decline_cause(), self.capture_method) {
+            (Some(_), _) => ChargeStatus::Declined,
+            (None, CaptureMethod::Automatic) => ChargeStatus::Captured,
+            (None, CaptureMethod::Manual) => ChargeStatus::Authorized,
+        };
+        self.decline_code = self.decline().map(|d| d.code.to_owned());
+        if self.status == ChargeStatus::Captured {
+            self.amount_captured = self.amount;
+        }
     }
 }
 

@@ -413,12 +413,7 @@ impl State {
             .faults
             .soft_decline(&params.reference, &mut self.fault_rng)
             .then_some(Decline::TRY_AGAIN_LATER);
-        let decline = forced_decline.or_else(|| Decline::of(&params.payment_method));
-        let status = match pending {
-            Some(_) => ChargeStatus::Processing,
-            None => final_status(decline, capture_method),
-        };
-        let charge = Charge {
+        let mut charge = Charge {
             id: self.new_id("ch_"),
             object: "charge".to_owned(),
             amount: params.amount,
@@ -427,17 +422,17 @@ impl State {
             capture_method,
             reference: params.reference,
             metadata: params.metadata,
-            status,
-            amount_captured: if status == ChargeStatus::Captured {
-                params.amount
-            } else {
-                0
-            },
+            status: ChargeStatus::Processing,
+            amount_captured: 0,
             amount_refunded: 0,
             created: ctx.now,
             sequence: 1,
+            decline_code: None,
             forced_decline,
         };
+        if pending.is_none() {
+            charge.make_final();
+        }
         match pending {
             Some(seconds) => self.processing.push(Pending {
                 charge: charge.id.clone(),
@@ -446,7 +441,7 @@ impl State {
             }),
             None => {
                 self.ledger
-                    .record(charge_effect(status), &charge.reference, ctx.key);
+                    .record(charge_effect(charge.status), &charge.reference, ctx.key);
                 self.emit_charge(&charge, ctx.now);
             }
         }
@@ -489,10 +484,7 @@ impl State {
         if charge.status != ChargeStatus::Processing {
             return;
         }
-        charge.status = final_status(charge.decline_cause(), charge.capture_method);
-        if charge.status == ChargeStatus::Captured {
-            charge.amount_captured = charge.amount;
-        }
+        charge.make_final();
         charge.sequence += 1;
         let charge = charge.clone();
         let key = stored.key.clone();
@@ -747,17 +739,6 @@ impl State {
     }
 }
 
-/// What a new charge becomes once its effect is made: declined when it has
-/// a decline (its payment method's, or one a `soft_decline` fault forced),
-/// else captured or authorized by its capture method.
-fn final_status(decline: Option<Decline>, capture_method: CaptureMethod) -> ChargeStatus {
-    match (decline, capture_method) {
-        (Some(_), _) => ChargeStatus::Declined,
-        (None, CaptureMethod::Automatic) => ChargeStatus::Captured,
-        (None, CaptureMethod::Manual) => ChargeStatus::Authorized,
-    }
-}
-
 /// The ledger counter a charge's creation bumps once final.
 fn charge_effect(status: ChargeStatus) -> Effect {
     if status == ChargeStatus::Declined {
@@ -809,6 +790,7 @@ fn ledger_charge(stored: &Stored<Charge>) -> LedgerCharge {
         currency: charge.currency.clone(),
         capture_method: charge.capture_method.as_str().to_owned(),
         status: charge.status.as_str().to_owned(),
+        decline_code: charge.decline_code.clone(),
         amount_captured: charge.amount_captured,
         amount_refunded: charge.amount_refunded,
         idempotency_key: stored.key.clone(),

@@ -416,6 +416,64 @@ async fn soft_decline_declines_a_good_card_try_again_later_and_its_key_replays_t
     assert_eq!(&read.body, charge);
 }
 
+/// A declined charge carries the code it was declined with on every read
+/// of it, as its 402 did: a GET, a search, a list and a replay under its
+/// key show `decline_code` (`try_again_later` under a `soft_decline` rule,
+/// the card's own code otherwise), so a client that lost the 402 can still
+/// tell a soft decline from the card's. Other charges carry none, and a
+/// `processing` charge gets its code when it settles declined.
+#[tokio::test]
+async fn a_declined_charge_carries_its_decline_code_on_every_read() {
+    let p = provider().await;
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::SoftDecline).with_reference("pedido-s"),
+    );
+    p.control.add_fault(
+        FaultRule::new(Operation::Charge, FaultAction::Processing)
+            .with_reference("pedido-sp")
+            .with_lag_seconds(10),
+    );
+    let soft = p.charge(Some("key-s"), "pedido-s:authorize-v1").await;
+    let mut hard = charge_body("pedido-h:authorize-v1");
+    hard["payment_method"] = json!("pm_insufficient_funds");
+    let hard = p.post("/v1/charges", None, &hard).await.unwrap();
+    let fine = p.charge(None, "pedido-f:authorize-v1").await;
+    let pending = p.charge(None, "pedido-sp:authorize-v1").await;
+
+    assert_eq!(soft.error(), (402, "try_again_later"));
+    assert_eq!(soft.body["charge"]["decline_code"], "try_again_later");
+    assert_eq!(hard.error(), (402, "insufficient_funds"));
+    assert_eq!(hard.body["charge"]["decline_code"], "insufficient_funds");
+    assert_eq!(fine.status, 201);
+    assert!(fine.body.get("decline_code").is_none(), "{:?}", fine.body);
+    assert_eq!(pending.body["status"], "processing");
+    assert!(pending.body.get("decline_code").is_none());
+
+    let charge = &soft.body["charge"];
+    let id = charge["id"].as_str().unwrap();
+    assert_eq!(&p.get(&format!("/v1/charges/{id}")).await.body, charge);
+    let found = p.get("/v1/charges?reference=pedido-s:authorize-v1").await;
+    assert_eq!(&found.body["data"][0], charge);
+    let listed = p.get("/v1/charges?limit=100").await;
+    let listed = listed.body["data"].as_array().unwrap().clone();
+    assert!(listed.contains(charge), "{listed:?}");
+    let replayed = p.charge(Some("key-s"), "pedido-s:authorize-v1").await;
+    assert_eq!((replayed.replayed, &replayed.body), (true, &soft.body));
+    let ledger = p.control.ledger();
+    assert_eq!(
+        ledger.charge(id).unwrap().decline_code.as_deref(),
+        Some("try_again_later")
+    );
+    assert_eq!(ledger.charge(fine.id()).unwrap().decline_code, None);
+
+    p.control.advance_clock(Duration::from_secs(10));
+    let settled = p.get(&format!("/v1/charges/{}", pending.id())).await;
+    assert_eq!(
+        (&settled.body["status"], &settled.body["decline_code"]),
+        (&json!("declined"), &json!("try_again_later"))
+    );
+}
+
 /// A rule scoped to one reference declines only that reference's charges,
 /// replaces a declining card's own (hard) decline, and under `any` touches
 /// nothing but charge creation.

@@ -107,6 +107,7 @@ async fn the_ledger_lists_each_charge_and_refund_with_caller_amounts_metadata_an
             currency: "EUR".to_owned(),
             capture_method: "manual".to_owned(),
             status: "captured".to_owned(),
+            decline_code: None,
             amount_captured: 1000,
             amount_refunded: 400,
             idempotency_key: Some("k-1".to_owned()),

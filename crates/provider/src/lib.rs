@@ -48,6 +48,13 @@ pub struct ProviderObject {
     /// Secure), when the status is [`ProviderStatus::RequiresAction`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_action: Option<NextAction>,
+    /// Why a [`ProviderStatus::Declined`] charge was declined, as the
+    /// provider words it (`try_again_later`, `insufficient_funds`): what
+    /// a read tells of a decline whose answer was lost, so that routing
+    /// can tell a soft decline from the card's own (docs/routing.md §2).
+    /// `None` when the provider gave no code, and on every other object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
 }
 
 /// Where the customer authenticates (3-D Secure), as the provider said:

@@ -107,6 +107,7 @@ mod tests {
             charge: None,
             metadata: Default::default(),
             next_action: None,
+            decline_code: None,
         }
     }
 

@@ -567,9 +567,15 @@ async fn apply_proof_in_span(
 /// A soft decline of an authorisation (its code says "try elsewhere",
 /// [`crate::routing::SOFT_DECLINES`]), the attempt just recorded
 /// `declined`: the payment moves to the next provider of its route instead
-/// of ending declined, when it has one and is still `processing`
-/// ([`crate::routing::fail_over`] says when). `None`: it ends as any
-/// decline.
+/// of ending declined, when it has one ([`crate::routing::fail_over`] says
+/// when). `None`: it ends as any decline.
+///
+/// The payment is `processing` when the worker reads the decline in the
+/// answer (or a webhook brings it first), or `requires_reconciliation`
+/// when the answer was lost and the reconciler (or a webhook) reads the
+/// declined object afterwards: the same proof, so the same move, and the
+/// payment goes back to `processing` at the next provider in the same
+/// transaction, as after the reconciler's "no effect".
 async fn soft_decline_moves_on(
     tx: &mut WriteTx,
     attempt: &AttemptRow,
@@ -580,9 +586,13 @@ async fn soft_decline_moves_on(
     let Proof::Declined { code, .. } = proof else {
         return Ok(None);
     };
+    let before = payment.status;
     if attempt.operation != Operation::Authorize
         || !crate::routing::is_soft_decline(code)
-        || payment.status != PaymentStatus::Processing
+        || !matches!(
+            before,
+            PaymentStatus::Processing | PaymentStatus::RequiresReconciliation
+        )
     {
         return Ok(None);
     }
@@ -590,15 +600,40 @@ async fn soft_decline_moves_on(
     // attempt never sent at an open provider moves on again from there.
     let open = std::collections::BTreeSet::new();
     let proof = (crate::routing::NoEffectProof::SoftDecline, code.as_str());
-    let Some(to) = crate::routing::fail_over(tx, attempt, payment, proof, &open, now).await? else {
+    let Some(planned) = crate::routing::FailOver::plan(attempt, payment, proof, &open, now) else {
         return Ok(None);
+    };
+    // Back to `processing` first, so that the move's `payment.rerouted`
+    // shows the payment as it is after it; only once the move is certain,
+    // so that a payment that cannot move ends declined from where it was.
+    let after = match before {
+        PaymentStatus::RequiresReconciliation => {
+            let after = before
+                .apply(PaymentEvent::RetryScheduled)
+                .map_err(|e| corrupt(e.to_string()))?;
+            let payment_id = PaymentId::from_uuid(payment.id.0);
+            let outcome = PaymentOutcome::default();
+            if tx
+                .settle_payment(payment_id, before, after, &outcome, now)
+                .await?
+                .is_none()
+            {
+                return Err(corrupt("payment moved inside the transaction"));
+            }
+            after
+        }
+        _ => before,
+    };
+    let Some(to) = planned.make(tx, attempt, now).await? else {
+        // The payment is locked and its provider was read under the lock.
+        return Err(corrupt("payment moved inside the transaction"));
     };
     // Counted when decided: the settle path's caller commits.
     let from = attempt.provider.as_deref().unwrap_or_default();
     crate::routing::note_failover(PaymentId::from_uuid(payment.id.0), from, &to, proof.0);
     Ok(Some(Applied::Settled {
-        before: payment.status.as_str().to_owned(),
-        after: payment.status.as_str().to_owned(),
+        before: before.as_str().to_owned(),
+        after: after.as_str().to_owned(),
     }))
 }
 

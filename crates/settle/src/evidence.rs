@@ -186,8 +186,14 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
                 provider_ref: object.id.clone(),
                 captured: *status == S::Captured,
             }),
+            // The provider's code when the object carries one, so that a
+            // soft decline read after its answer was lost still moves the
+            // payment on (docs/routing.md §2).
             S::Declined => Some(Proof::Declined {
-                code: "card_declined".into(),
+                code: object
+                    .decline_code
+                    .clone()
+                    .unwrap_or_else(|| "card_declined".into()),
                 message: format!("declined at the provider ({})", object.id),
             }),
             _ => None,
@@ -325,6 +331,7 @@ mod tests {
             charge: None,
             metadata: identity(a, p),
             next_action: None,
+            decline_code: None,
         }
     }
 
@@ -451,6 +458,30 @@ mod tests {
             "an unfinished capture is not a refused one"
         );
         assert_eq!(proof(Operation::Cancel, "authorized"), None);
+    }
+
+    #[test]
+    fn a_declined_charge_proves_a_decline_with_its_own_code_or_card_declined() {
+        let p = payment("automatic");
+        let a = attempt(&p);
+        let code = |object: &ProviderObject| match proof_from(Operation::Authorize, object) {
+            Some(Proof::Declined { code, .. }) => code,
+            other => panic!("not a decline: {other:?}"),
+        };
+        let mut declined = charge(&a, &p, "declined");
+        assert_eq!(code(&declined), "card_declined", "no code: the card's own");
+        declined.decline_code = Some("try_again_later".into());
+        assert_eq!(code(&declined), "try_again_later");
+        assert!(crate::routing::is_soft_decline(&code(&declined)));
+        declined.decline_code = Some("insufficient_funds".into());
+        assert_eq!(code(&declined), "insufficient_funds");
+        // A code on an object that is not declined proves nothing of it.
+        let mut captured = charge(&a, &p, "captured");
+        captured.decline_code = Some("try_again_later".into());
+        assert!(matches!(
+            proof_from(Operation::Authorize, &captured),
+            Some(Proof::Succeeded { captured: true, .. })
+        ));
     }
 
     #[test]

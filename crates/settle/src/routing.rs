@@ -326,54 +326,102 @@ pub async fn fail_over(
     open: &BTreeSet<String>,
     now: DateTime<Utc>,
 ) -> Result<Option<String>, StoreError> {
-    // A merchant who asked to cancel wants no charge anywhere: the
-    // payment ends where it is (its held cancel follows the outcome).
-    if attempt.operation != Operation::Authorize || payment.cancel_requested_at.is_some() {
-        return Ok(None);
+    match FailOver::plan(attempt, payment, proof, open, now) {
+        Some(planned) => planned.make(tx, attempt, now).await,
+        None => Ok(None),
     }
-    let Some(mut route) = payment.route.as_deref().and_then(Route::from_json) else {
-        return Ok(None);
-    };
-    let Some(current) = attempt.provider.as_deref() else {
-        return Ok(None);
-    };
-    if payment.provider.as_deref() != Some(current) {
-        return Ok(None);
+}
+
+/// The move [`fail_over`] makes, decided before anything is written, for
+/// a caller that must write something else first in the same transaction
+/// only if the payment moves (the settle path returns a payment the
+/// reconciler holds to `processing`).
+#[derive(Clone, Debug)]
+pub struct FailOver {
+    payment: PaymentId,
+    from: String,
+    to: String,
+    /// The route with this move recorded.
+    route: Route,
+}
+
+impl FailOver {
+    /// Where the payment of `attempt` would move, read from `payment` as
+    /// locked in the caller's transaction; nothing is read or written.
+    /// `None`: it does not move (see [`fail_over`]).
+    pub fn plan(
+        attempt: &AttemptRow,
+        payment: &PaymentRow,
+        proof: (NoEffectProof, &str),
+        open: &BTreeSet<String>,
+        now: DateTime<Utc>,
+    ) -> Option<Self> {
+        // A merchant who asked to cancel wants no charge anywhere: the
+        // payment ends where it is (its held cancel follows the outcome).
+        if attempt.operation != Operation::Authorize || payment.cancel_requested_at.is_some() {
+            return None;
+        }
+        let mut route = payment.route.as_deref().and_then(Route::from_json)?;
+        let current = attempt.provider.as_deref()?;
+        if payment.provider.as_deref() != Some(current) {
+            return None;
+        }
+        let next = route
+            .next_after(current, &|p| open.contains(p))
+            .map(str::to_owned)?;
+        route.moves.push(Move {
+            from: current.to_owned(),
+            to: next.clone(),
+            proof: format!("{}: {}", proof.0.as_str(), proof.1),
+            attempt: attempt.id.0.to_string(),
+            at: now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        });
+        Some(Self {
+            payment: PaymentId::from_uuid(payment.id.0),
+            from: current.to_owned(),
+            to: next,
+            route,
+        })
     }
-    let Some(next) = route
-        .next_after(current, &|p| open.contains(p))
-        .map(str::to_owned)
-    else {
-        return Ok(None);
-    };
-    route.moves.push(Move {
-        from: current.to_owned(),
-        to: next.clone(),
-        proof: format!("{}: {}", proof.0.as_str(), proof.1),
-        attempt: attempt.id.0.to_string(),
-        at: now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-    });
-    let payment_id = PaymentId::from_uuid(payment.id.0);
-    if !tx
-        .move_to_provider(payment_id, current, &next, &route.to_json(), now)
-        .await?
-    {
-        return Ok(None);
+
+    /// Writes the move: the payment's provider and route compare-and-set
+    /// from the current provider to the next, and the intent's next
+    /// attempt enqueued there under a new provider key. `None`: the
+    /// payment's provider changed since it was read, and nothing was
+    /// written.
+    pub async fn make(
+        self,
+        tx: &mut WriteTx,
+        attempt: &AttemptRow,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, StoreError> {
+        if !tx
+            .move_to_provider(
+                self.payment,
+                &self.from,
+                &self.to,
+                &self.route.to_json(),
+                now,
+            )
+            .await?
+        {
+            return Ok(None);
+        }
+        let id = AttemptId::new();
+        tx.enqueue_attempt(
+            &NewAttempt {
+                id,
+                intent: IntentId::from_uuid(attempt.intent_id.0),
+                payment: self.payment,
+                refund: None,
+                operation: Operation::Authorize,
+                provider_key: uuid::Uuid::new_v4().to_string(),
+                reference: cobro_core::attempt_reference(attempt.intent_name(), id),
+            },
+            now,
+            now,
+        )
+        .await?;
+        Ok(Some(self.to))
     }
-    let id = AttemptId::new();
-    tx.enqueue_attempt(
-        &NewAttempt {
-            id,
-            intent: IntentId::from_uuid(attempt.intent_id.0),
-            payment: payment_id,
-            refund: None,
-            operation: Operation::Authorize,
-            provider_key: uuid::Uuid::new_v4().to_string(),
-            reference: cobro_core::attempt_reference(attempt.intent_name(), id),
-        },
-        now,
-        now,
-    )
-    .await?;
-    Ok(Some(next))
 }

@@ -611,11 +611,7 @@ fn object_of(heard: Heard) -> Option<ProviderObject> {
 /// else Stripe's `code` (`expired_card`).
 fn refusal_parts(row: &Row, heard: Heard) -> (String, String, Option<ProviderObject>) {
     let from_error = |e: &StripeError, fallback: &str| {
-        let code = e
-            .decline_code
-            .clone()
-            .or_else(|| e.code.clone())
-            .unwrap_or_else(|| fallback.to_owned());
+        let code = e.decline().unwrap_or(fallback).to_owned();
         (code, e.message.clone().unwrap_or_default())
     };
     let (code, message) = match &heard {

@@ -145,6 +145,13 @@ impl StripeError {
     pub fn has_code(&self, code: &str) -> bool {
         self.code.as_deref() == Some(code)
     }
+
+    /// A decline's code as cobro records it: the issuer's `decline_code`
+    /// when there is one (`insufficient_funds`, `try_again_later`), else
+    /// Stripe's `code` (`expired_card`).
+    pub fn decline(&self) -> Option<&str> {
+        self.decline_code.as_deref().or(self.code.as_deref())
+    }
 }
 
 /// A page of a list (`GET /v1/refunds`) or of a search
@@ -244,6 +251,11 @@ impl PaymentIntent {
         let status = self.cobro_status();
         let metadata = self.metadata.unwrap_or_default();
         let code = self.currency.as_deref();
+        // Only a declined PaymentIntent's error says why it was declined.
+        let decline_code = match (&status, &self.last_payment_error) {
+            (ProviderStatus::Declined, Some(error)) => error.decline().map(str::to_owned),
+            _ => None,
+        };
         let next_action = (status == ProviderStatus::RequiresAction).then(|| NextAction {
             redirect_url: self
                 .next_action
@@ -263,6 +275,7 @@ impl PaymentIntent {
             charge: None,
             metadata,
             next_action,
+            decline_code,
         }
     }
 }
@@ -292,6 +305,7 @@ impl Refund {
             charge: self.payment_intent,
             metadata,
             next_action: None,
+            decline_code: None,
         }
     }
 }
@@ -368,6 +382,43 @@ mod tests {
             object.metadata.get("cobro_attempt").map(String::as_str),
             Some("a")
         );
+    }
+
+    #[test]
+    fn a_declined_payment_intent_carries_its_decline_code_and_nothing_else_does() {
+        // The issuer's decline_code first, Stripe's code without one.
+        let declined = intent("requires_payment_method", true).into_object();
+        assert_eq!(declined.status, ProviderStatus::Declined);
+        assert_eq!(declined.decline_code.as_deref(), Some("generic_decline"));
+        let mut soft = intent("requires_payment_method", true);
+        if let Some(error) = soft.last_payment_error.as_mut() {
+            error.decline_code = Some("try_again_later".into());
+        }
+        assert_eq!(
+            soft.into_object().decline_code.as_deref(),
+            Some("try_again_later")
+        );
+        let mut coded = intent("canceled", true);
+        if let Some(error) = coded.last_payment_error.as_mut() {
+            error.decline_code = None;
+            error.code = Some("expired_card".into());
+        }
+        assert_eq!(
+            coded.into_object().decline_code.as_deref(),
+            Some("expired_card")
+        );
+        // Canceled before any charge: declined, and no code to tell.
+        let mut abandoned = intent("canceled", false);
+        abandoned.latest_charge = None;
+        let abandoned = abandoned.into_object();
+        assert_eq!(
+            (abandoned.status, abandoned.decline_code),
+            (ProviderStatus::Declined, None)
+        );
+        // A stale error on a PaymentIntent that is not declined says nothing.
+        let mut captured = intent("succeeded", true);
+        captured.latest_charge = Some(serde_json::json!("ch_1"));
+        assert_eq!(captured.into_object().decline_code, None);
     }
 
     fn intent_in(currency: &str, amount: i64, received: i64) -> PaymentIntent {

@@ -217,6 +217,7 @@ impl StripeObject {
                     charge: text("payment_intent"),
                     metadata,
                     next_action: None,
+                    decline_code: None,
                 }
             }
         }

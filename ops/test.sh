@@ -5,7 +5,9 @@
 # installing it if needed), starts a throwaway PostgreSQL (installing
 # it if needed), runs every test with nextest (and cobro-client's doc tests),
 # then a bounded schemathesis pass on both stores (ops/fuzz.sh, installing
-# schemathesis into a virtualenv under the build directory), stops it.
+# schemathesis into a virtualenv under the build directory), stops it, and
+# ends with a bounded failover run on a real PostgreSQL cluster
+# (ops/ha/chaos.sh, installing etcd, HAProxy and Patroni).
 # localstripe (ops/localstripe.sh, from PyPI into a virtualenv under the
 # build directory) runs beside it for tests/localstripe.rs.
 # Extra arguments go to `cargo nextest run` (e.g. a test name filter).
@@ -45,6 +47,15 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
 fi
 
+# The failover run's cluster (ops/ha/): etcd and HAProxy from Debian,
+# Patroni from PyPI, installed in the background while the suite runs (apt
+# is free again here); the run itself comes last.
+ha_install=
+if [ "$#" = 0 ]; then
+  ops/ha/cluster.sh install >"${CARGO_TARGET_DIR:-target}/ha-install.log" 2>&1 &
+  ha_install=$!
+fi
+
 # Dependency hygiene (deny.toml): licences, bans (wildcards; duplicate
 # versions are reported), sources. cargo-deny installs from crates.io when
 # missing, like promtool from Debian. Advisories need GitHub, which CI
@@ -81,4 +92,10 @@ cargo test --workspace --doc
 if [ "$#" = 0 ]; then
   wait "$fuzz_install" || echo "test.sh: the background schemathesis install failed; fuzz.sh retries it" >&2
   ops/fuzz.sh
+  # A bounded failover run on a real Patroni cluster (ops/ha/README.md):
+  # one switchover, one SIGKILL of the primary's postmaster and one freeze
+  # of the primary under load, two API processes and a worker, judged by
+  # the provider's ledger, the merchants' records and the books.
+  wait "$ha_install" || echo "test.sh: the background cluster install failed; cluster.sh retries it" >&2
+  CHAOS_BUILD=0 ops/ha/chaos.sh --faults switchover,kill-primary,freeze --gap 5 --tail 5
 fi

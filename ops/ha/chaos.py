@@ -17,13 +17,23 @@ Write unavailability of a fault: the longest stretch without a committed
 payment (201, not a replay) from the fault until the next one, and when
 that stretch ended, counted from the fault (see measure()).
 
-Judgement, after the worker has settled what it can:
+Judgement, after the worker has settled what it can, and after a run of
+the books (`cobro books`, docs/books.md) over the whole load:
 - every payment a merchant got a 2xx for exists, with its order ref and
   amount, and the same id on every answer for its key;
 - no intent (account + intent) charged twice in the provider's ledger;
 - every charge in the ledger names a cobro payment (metadata) that its
   account can read and whose provider_ref is that charge;
+- every payment that exists has converged (none left processing or in
+  reconciliation);
+- the books found no orphan and nothing missing;
 - no 500 was answered.
+With `--mode async` (asynchronous replication, which a failover may cut
+short) losses are expected, and the judgement is that the books found them:
+an acknowledged payment that no longer exists is a loss; every charge not
+traced to a payment, and every second charge of an intent, must be an
+orphan the books recorded. Losses without a charge moved no money and are
+counted apart.
 Exit status 1 if any of these fails.
 """
 
@@ -38,6 +48,17 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+
+# The provider's own faults during the run (fake-provider/README.md,
+# "Faults"): answers lost after the charge, failures before and after it,
+# and slow answers, so that failovers meet attempts of every kind of
+# unknown outcome.
+PROVIDER_FAULTS = [
+    {"operation": "charge", "action": "drop_response_after_effect", "probability": 0.03},
+    {"operation": "charge", "action": "fail_before_effect", "probability": 0.03},
+    {"operation": "charge", "action": "fail_after_effect", "probability": 0.02},
+    {"operation": "any", "action": "latency", "probability": 0.05, "delay_ms": 300},
+]
 
 LOCK = threading.Lock()
 ATTEMPTS = []  # (sent, received, status, replayed)
@@ -70,6 +91,12 @@ def request(method, url, token=None, key=None, body=None, timeout=30):
         return None, {}, None
 
 
+def cobro_url(args, n):
+    """The API process for request n: the merchants' requests go round the
+    processes, as behind a load balancer."""
+    return args.cobro[n % len(args.cobro)]
+
+
 def pay(args, merchant, token, n):
     """One payment, retried with its key until a 2xx (or a final 4xx)."""
     key = f"{args.run}-k{n}"
@@ -81,9 +108,11 @@ def pay(args, merchant, token, n):
     with LOCK:
         PAYMENTS.append(record)
     deadline = time.time() + args.give_up
-    while time.time() < deadline:
+    for tries in itertools.count(n):
+        if time.time() >= deadline:
+            break
         sent = time.time()
-        status, headers, parsed = request("POST", f"{args.cobro}/v1/payments", token, key, body)
+        status, headers, parsed = request("POST", f"{cobro_url(args, tries)}/v1/payments", token, key, body)
         received = time.time()
         replayed = bool(headers) and headers.get("Idempotent-Replayed") == "true"
         with LOCK:
@@ -201,7 +230,7 @@ def settle(args, tokens):
     while pending and time.time() < deadline:
         still = []
         for merchant, pid in pending:
-            status, _, body = request("GET", f"{args.cobro}/v1/payments/{pid}?wait=2", tokens[merchant])
+            status, _, body = request("GET", f"{args.cobro[0]}/v1/payments/{pid}?wait=2", tokens[merchant])
             if status == 200:
                 found[pid] = body
                 if body["status"] in ("processing", "requires_reconciliation"):
@@ -214,9 +243,28 @@ def settle(args, tokens):
     return found
 
 
+def books(args, started):
+    """A run of the books over the load's window, then every orphan they
+    hold: {provider object id: orphan}. The run's own report too."""
+    since = f"{int(time.time() - started) + 120}s"
+    run = subprocess.run([args.cobro_bin, "books", "--from", since, "--json"],
+                         capture_output=True, text=True)
+    # Exit 3: something is not matched, which is for the judgement to weigh.
+    if run.returncode not in (0, 3):
+        raise SystemExit(f"chaos: cobro books failed ({run.returncode}): {run.stderr.strip()}")
+    report = json.loads(run.stdout)
+    listed = subprocess.run([args.cobro_bin, "books", "orphans", "--all", "--limit", "10000", "--json"],
+                            capture_output=True, text=True, check=True)
+    orphans = {o["object"]: o for o in json.loads(listed.stdout)["orphans"]}
+    return report, orphans
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cobro", required=True)
+    ap.add_argument("--cobro", required=True, action="append", help="an API process's base URL (repeat)")
+    ap.add_argument("--cobro-bin", required=True, help="the cobro binary, for the books")
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync",
+                    help="the cluster's replication: async expects losses, all found by the books")
     ap.add_argument("--provider", required=True)
     ap.add_argument("--token-file", action="append", required=True, help="NAME=FILE")
     ap.add_argument("--cluster", required=True)
@@ -229,6 +277,7 @@ def main():
     ap.add_argument("--tail", type=float, default=10.0)
     ap.add_argument("--give-up", type=float, default=180.0)
     ap.add_argument("--settle", type=float, default=120.0)
+    ap.add_argument("--no-provider-faults", action="store_true", help="a provider that never fails")
     ap.add_argument("--report", help="write the figures as JSON here")
     ap.add_argument("--status-log", help="append the cluster's status around each fault here")
     args = ap.parse_args()
@@ -239,6 +288,10 @@ def main():
         with open(path) as f:
             tokens[name] = f.read().strip()
 
+    if not args.no_provider_faults:
+        for rule in PROVIDER_FAULTS:
+            status, _, answer = request("POST", f"{args.provider}/__admin/faults", body=rule)
+            assert status in (200, 201), f"fault {rule}: {status} {answer}"
     threads = []
     per_thread = len(tokens) * args.threads / args.rate
     for merchant, token in tokens.items():
@@ -263,6 +316,8 @@ def main():
     found = settle(args, tokens)
     status, _, ledger = request("GET", f"{args.provider}/__admin/ledger")
     assert status == 200, f"ledger: {status}"
+    books_report, orphans = books(args, started)
+    lossy = args.mode == "async"
 
     failures = []
     acked = [p for p in PAYMENTS if p["ok_at"] is not None]
@@ -270,6 +325,7 @@ def main():
         if p["ok_at"] is None:
             failures.append(f"{p['merchant']} {p['key']}: no 2xx ({p.get('final') or 'gave up'}; {p['statuses'][-5:]})")
     ids_by_merchant = {m: set() for m in tokens}
+    lost = []
     for p in acked:
         if len(p["ids"]) != 1:
             failures.append(f"{p['merchant']} {p['key']}: answers named {len(p['ids'])} payments")
@@ -277,10 +333,14 @@ def main():
             ids_by_merchant[p["merchant"]].add(pid)
             body = found.get(pid)
             if body is None:
-                failures.append(f"{p['merchant']} {p['key']}: payment {pid} (answered 2xx) does not exist")
+                lost.append((p, pid))
+                if not lossy:
+                    failures.append(f"{p['merchant']} {p['key']}: payment {pid} (answered 2xx) does not exist")
             elif body["order_ref"] != p["order_ref"] or body["amount"] != p["amount"]:
                 failures.append(f"{p['merchant']} {p['key']}: payment {pid} is not what was asked")
     unsettled = [pid for pid, b in found.items() if b and b["status"] in ("processing", "requires_reconciliation")]
+    for pid in unsettled:
+        failures.append(f"payment {pid} did not converge ({found[pid]['status']})")
     statuses = {}
     for b in found.values():
         if b:
@@ -293,18 +353,34 @@ def main():
     charges = [c for c in ledger["charges"] if c["status"] != "declined"]
     per_intent = {}
     untraced = 0
+    found_by_books = 0
     for c in charges:
         meta = c.get("metadata", {})
         intent = (meta.get("cobro_account"), meta.get("cobro_intent"))
-        per_intent[intent] = per_intent.get(intent, 0) + 1
+        per_intent.setdefault(intent, []).append(c["id"])
         pid = meta.get("cobro_payment")
         body = found.get(pid)
         if pid not in account_of or body is None or body.get("provider_ref") != c["id"]:
             untraced += 1
-            failures.append(f"charge {c['id']} ({c['reference']}): not traced to a merchant's payment with that provider_ref")
-    twice = {k: v for k, v in per_intent.items() if v > 1}
-    for (account, intent), count in twice.items():
-        failures.append(f"intent {intent} of account {account} charged {count} times")
+            if lossy and c["id"] in orphans:
+                found_by_books += 1
+            else:
+                failures.append(f"charge {c['id']} ({c['reference']}): not traced to a merchant's payment "
+                                f"with that provider_ref{' nor found by the books' if lossy else ''}")
+    twice = {k: v for k, v in per_intent.items() if len(v) > 1}
+    for (account, intent), ids in twice.items():
+        # Asynchronous: a lost payment's charge, then the retry's: the
+        # books must hold all but one of them as orphans.
+        if not (lossy and sum(i in orphans for i in ids) >= len(ids) - 1):
+            failures.append(f"intent {intent} of account {account} charged {len(ids)} times")
+    books_counts = {k: sum(r["counts"].get(k, 0) for r in books_report.get("runs", []))
+                    for k in ("objects", "matched", "orphan", "foreign", "drifted", "missing")}
+    if books_counts["missing"]:
+        failures.append(f"the books found {books_counts['missing']} payments missing at the provider")
+    if not lossy and orphans:
+        failures.append(f"the books found {len(orphans)} orphans: {sorted(orphans)[:5]}")
+    charged = {c.get("metadata", {}).get("cobro_payment") for c in charges}
+    lost_charged = [pid for (_, pid) in lost if pid in charged]
     if ledger.get("duplicate_charge_references"):
         failures.append(f"ledger duplicate_charge_references: {ledger['duplicate_charge_references']}")
     codes = {}
@@ -324,6 +400,12 @@ def main():
         "provider_charges": len(charges),
         "intents_charged_twice": len(twice),
         "untraced_charges": untraced,
+        "mode": args.mode,
+        "acknowledged_lost": len(lost),
+        "acknowledged_lost_with_a_charge": len(lost_charged),
+        "untraced_charges_found_by_the_books": found_by_books,
+        "books": books_counts,
+        "books_orphans": len(orphans),
         "faults": faults,
         "unavailability_median_s": round(statistics.median(figures), 1) if figures else None,
         "unavailability_worst_s": round(max(figures), 1) if figures else None,
@@ -343,8 +425,10 @@ def main():
         print(f"{f['fault']:<14} {f['leader']:<5} {value:<14} {back}", file=sys.stderr)
     print(f"median {summary['unavailability_median_s']} s, worst {summary['unavailability_worst_s']} s; "
           f"{len(acked)}/{len(PAYMENTS)} payments acknowledged, {len(charges)} charges, "
-          f"{len(twice)} intents charged twice, {untraced} untraced charges, "
-          f"{len(unsettled)} unsettled; answers {codes}", file=sys.stderr)
+          f"{len(twice)} intents charged twice, {untraced} untraced charges "
+          f"({found_by_books} of them orphans in the books), {len(lost)} acknowledged lost "
+          f"({len(lost_charged)} with a charge), {len(unsettled)} unsettled; books {books_counts}; "
+          f"answers {codes}", file=sys.stderr)
     if failures:
         print(f"chaos: FAILED ({len(failures)}): " + "; ".join(failures[:10]), file=sys.stderr)
         return 1

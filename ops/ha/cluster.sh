@@ -5,6 +5,7 @@
 # replication, and HAProxy (Debian's haproxy) sending connections only to
 # the node whose Patroni REST API answers 200 on /primary.
 #
+#   ops/ha/cluster.sh install         # installs what is missing (etcd, HAProxy, Patroni), nothing else
 #   ops/ha/cluster.sh up              # installs what is missing, starts it all, prints the URL
 #   ops/ha/cluster.sh status          # patronictl list
 #   ops/ha/cluster.sh url             # the URL cobro uses (through HAProxy)
@@ -16,6 +17,11 @@
 #   ops/ha/cluster.sh freeze-primary [S]  # SIGSTOP the leader's Patroni and PostgreSQL for S seconds
 #                                         # (default 25, past the leader key's TTL), then SIGCONT
 #   ops/ha/cluster.sh down            # stops everything and removes the data directory
+#
+# HA_SYNC=0 at `up` builds the cluster with asynchronous replication
+# (synchronous_mode off): the run that shows what a failover loses
+# (ops/ha/README.md). The mode is kept in the cluster's directory, so the
+# other commands need not be told again.
 #
 # Everything lives under ${CARGO_TARGET_DIR:-target}/ha-cluster (data,
 # logs, configuration, pids); ports start at HA_BASE_PORT (default 25400).
@@ -101,8 +107,10 @@ bootstrap:
     maximum_lag_on_failover: 1048576
     # A commit returns only once a synchronous standby has it, and only
     # that standby may be promoted: a failover loses no acknowledged
-    # commit (ops/ha/README.md, "Synchronous replication").
-    synchronous_mode: true
+    # commit (ops/ha/README.md, "Synchronous replication"). HA_SYNC=0:
+    # off, and a failover may lose what the promoted replica had not
+    # received (up to maximum_lag_on_failover).
+    synchronous_mode: $SYNC_MODE
     postgresql:
       use_pg_rewind: true
       parameters:
@@ -240,10 +248,17 @@ wait_leader() {
   return 1
 }
 
+# The replica a failover may promote: the synchronous standby, or with
+# asynchronous replication any streaming replica.
+standby_role() {
+  if [ "$(cat "$DIR/mode" 2>/dev/null || echo sync)" = async ]; then echo replica; else echo sync_standby; fi
+}
+
 wait_sync_standby() {
-  local deadline=$((SECONDS + ${1:-90}))
+  local deadline=$((SECONDS + ${1:-90})) role
+  role=$(standby_role)
   while [ $SECONDS -lt $deadline ]; do
-    [ -n "$(member_with_role sync_standby 2>/dev/null || true)" ] && return 0
+    [ -n "$(member_with_role "$role" 2>/dev/null || true)" ] && return 0
     sleep 0.5
   done
   return 1
@@ -255,6 +270,7 @@ cmd_up() {
     die "already up (ops/ha/cluster.sh down first)"
   fi
   rm -rf "$DIR"; mkdir -p "$DIR"
+  if [ "${HA_SYNC:-1}" = 0 ]; then SYNC_MODE=false; echo async >"$DIR/mode"; else SYNC_MODE=true; echo sync >"$DIR/mode"; fi
   etcd --name ha --data-dir "$DIR/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
@@ -283,8 +299,8 @@ cmd_up() {
   wait_leader 90 >/dev/null || die "no leader after 90 s: $DIR/pg0/log"
   start_patroni pg1
   start_patroni pg2
-  wait_sync_standby 120 || die "no synchronous standby after 120 s: $DIR/pg1/log"
-  log "up; leader $(leader), write URL $(cmd_url)"
+  wait_sync_standby 120 || die "no $(standby_role) after 120 s: $DIR/pg1/log"
+  log "up ($(cat "$DIR/mode") replication); leader $(leader), write URL $(cmd_url)"
   ctl list >&2 || true
 }
 
@@ -321,8 +337,8 @@ cmd_down() {
 cmd_switchover() {
   local from to
   from=$(leader) || die "no leader"
-  to=$(member_with_role sync_standby) || true
-  [ -n "$to" ] || die "no synchronous standby to switch over to"
+  to=$(member_with_role "$(standby_role)") || true
+  [ -n "$to" ] || die "no $(standby_role) to switch over to"
   log "switchover $from -> $to"
   ctl switchover cobro-ha --leader "$from" --candidate "$to" --force >&2
 }
@@ -368,6 +384,7 @@ cmd_freeze_primary() {
 
 find_pg_bin || true
 case "${1:-}" in
+  install) install_missing ;;
   up) cmd_up ;;
   down) cmd_down ;;
   status) ctl list ;;

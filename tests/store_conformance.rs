@@ -1290,15 +1290,10 @@ fn the_api_never_calls_an_any_account_read() {
     );
 }
 
-/// A database that stops answering without closing anything (a frozen
-/// primary; a partition with no router to cut the sessions): a `COMMIT`, a
-/// read and a `BEGIN` each fail `Unavailable` once their deadline has
-/// passed, instead of waiting for ever; and once the server answers again
-/// the pool (of one connection, which a connection left hanging would
-/// starve for good) serves again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_server_that_stops_answering_fails_each_call_by_its_deadline() {
-    use cobro_store::StoreError;
+/// A PostgreSQL store of one connection (acquire timeout 2 s, deadline
+/// 300 ms) reached through a relay that can stop passing bytes
+/// (`cobro_test_support::freeze`), answering.
+async fn behind_a_relay() -> (TestDb, cobro_test_support::freeze::FreezingProxy, Store) {
     use cobro_test_support::freeze::{FreezingProxy, server_of};
     let db = TestDb::new(Backend::Postgres).await;
     let proxy = FreezingProxy::start(server_of(&db.url).await).await;
@@ -1308,6 +1303,78 @@ async fn postgres_a_server_that_stops_answering_fails_each_call_by_its_deadline(
     config.deadline = std::time::Duration::from_millis(300);
     let store = Store::connect(&config).await.expect("connect");
     store.check_schema().await.expect("answers before");
+    (db, proxy, store)
+}
+
+/// Lets the relay pass bytes again and waits until the store answers.
+async fn thaw_and_serve(proxy: &cobro_test_support::freeze::FreezingProxy, store: &Store) {
+    proxy.thaw();
+    cobro_test_support::wait_for(
+        "the pool serves again",
+        std::time::Duration::from_secs(20),
+        async || store.check_schema().await.ok(),
+    )
+    .await;
+}
+
+/// A `BEGIN` cut short by its deadline may still reach the server (the
+/// bytes were on their way): the connection is then inside a transaction
+/// that sqlx, which counts one only once its `BEGIN` was answered, does not
+/// know of. Such a connection must never be reused: every autocommit write
+/// on it would stay uncommitted, invisible to everyone, holding its locks.
+/// Here the server answers again just after the deadline, and the pool (of
+/// one connection) must serve the next call on a fresh connection, with no
+/// session of the database left idle in a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_begin_cut_short_by_its_deadline_never_leaves_a_transaction_behind() {
+    let (db, proxy, store) = behind_a_relay().await;
+    proxy.freeze();
+    assert!(
+        matches!(
+            store.begin().await,
+            Err(cobro_store::StoreError::Unavailable(_))
+        ),
+        "BEGIN met its deadline"
+    );
+    // The BEGIN (and anything sent after it) reaches the server now.
+    thaw_and_serve(&proxy, &store).await;
+    let direct = sqlx::PgPool::connect(&db.url).await.expect("direct");
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&direct)
+        .await
+        .expect("name");
+    // The relay passes the cut BEGIN and then the closed socket: that
+    // session ends at once. A connection reused in a transaction would sit
+    // there until the server's idle-in-transaction timeout (60 s).
+    cobro_test_support::wait_for(
+        "no session of the database is left inside a transaction",
+        std::time::Duration::from_secs(10),
+        async || {
+            let in_transaction: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1 \
+                 AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+            )
+            .bind(&database)
+            .fetch_one(&direct)
+            .await
+            .expect("pg_stat_activity");
+            (in_transaction == 0).then_some(())
+        },
+    )
+    .await;
+    direct.close().await;
+}
+
+/// A database that stops answering without closing anything (a frozen
+/// primary; a partition with no router to cut the sessions): a `COMMIT`, a
+/// read and a `BEGIN` each fail `Unavailable` once their deadline has
+/// passed, instead of waiting for ever; and once the server answers again
+/// the pool (of one connection, which a connection left hanging would
+/// starve for good) serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_server_that_stops_answering_fails_each_call_by_its_deadline() {
+    use cobro_store::StoreError;
+    let (_db, proxy, store) = behind_a_relay().await;
     let tx = store.begin().await.expect("begin");
     proxy.freeze();
     // A call never given up on fails the test here instead of stalling it.
@@ -1329,13 +1396,7 @@ async fn postgres_a_server_that_stops_answering_fails_each_call_by_its_deadline(
         let begin = tokio::time::timeout(guard, store.begin()).await;
         unavailable("begin", begin.expect(hung).map(drop));
     }
-    proxy.thaw();
-    cobro_test_support::wait_for(
-        "the pool serves again",
-        std::time::Duration::from_secs(20),
-        async || store.check_schema().await.ok(),
-    )
-    .await;
+    thaw_and_serve(&proxy, &store).await;
 }
 
 /// cobro's PostgreSQL pool (crates/store/src/pg_pool.rs) sends nothing when

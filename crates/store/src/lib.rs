@@ -137,7 +137,13 @@ impl From<sqlx::Error> for StoreError {
 ///
 /// Before this, all of them were `Database` and answered 500.
 fn server_unavailable(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "25006" | "53300")
+    // 25P03: the server ended a session left idle in a transaction
+    // (IDLE_IN_TRANSACTION_TIMEOUT), a process that froze mid-transaction.
+    code.starts_with("08")
+        || matches!(
+            code,
+            "57P01" | "57P02" | "57P03" | "25006" | "25P03" | "53300"
+        )
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -850,7 +856,7 @@ impl Store {
             Backend::Postgres(pool) => {
                 let mut listener =
                     sqlx::postgres::PgListener::connect_with(&listening_pool(pool)).await?;
-                listener.listen("cobro_outbox").await?;
+                pg_pool::within(pool.deadline(), listener.listen("cobro_outbox")).await?;
                 Ok(Some(WorkSignal {
                     listener,
                     deadline: pool.deadline(),
@@ -877,11 +883,14 @@ fn listening_pool(pool: &PgPool) -> sqlx::PgPool {
 /// Bumps `moves` on every `cobro_payment_settled` notification, for as long
 /// as anyone may wait (the task ends when the pool is closed).
 async fn listen_for_payment_moves(pool: PgPool, moves: Arc<PaymentMoves>) {
-    let own = listening_pool(&pool);
     while !pool.is_closed() {
+        // A pool of its own each time: a listener dropped on a silent
+        // server keeps its connection (sqlx's `UNLISTEN *` on drop has no
+        // deadline), which must not lock the next one out.
+        let own = listening_pool(&pool);
         let listening = async {
             let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
-            listener.listen("cobro_payment_settled").await?;
+            pg_pool::within(pool.deadline(), listener.listen("cobro_payment_settled")).await?;
             loop {
                 next_notification(&mut listener, pool.deadline()).await?;
                 moves.bump();
@@ -898,5 +907,4 @@ async fn listen_for_payment_moves(pool: PgPool, moves: Arc<PaymentMoves>) {
         moves.bump();
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
-    own.close().await;
 }

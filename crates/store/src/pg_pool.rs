@@ -45,9 +45,13 @@
 //! statement run through the pool or a [`PgTx`], each `BEGIN`, `COMMIT`,
 //! `ROLLBACK` and settling ping) has a deadline, [`PgPool::deadline`]: past
 //! it the caller gets an I/O error (`TimedOut`, which cobro answers 503,
-//! retryable) and the connection, unsettled, is pinged once more with the
-//! same deadline and closed when that fails too. Connecting is bounded by
-//! the acquire timeout. A `COMMIT` cut by its deadline has an unknown
+//! retryable) and the connection is closed, never pinged or reused: what
+//! it had sent may still reach the server, and sqlx would not know its
+//! state (a `BEGIN` cut short reaches the server, and sqlx, which counts a
+//! transaction only once its `BEGIN` was answered, would hand out a
+//! connection inside a transaction). A `BEGIN` that fails for any reason
+//! closes its connection likewise. Connecting is bounded by the acquire
+//! timeout. A `COMMIT` cut by its deadline has an unknown
 //! outcome, like one whose connection died: the caller must treat it as
 //! such (cobro's API answers 503 and the same key replays or executes
 //! once). The deadline is the client's alone (`StoreConfig::deadline`):
@@ -183,14 +187,18 @@ impl PgPool {
         Ok(PgConn {
             object: Some(object),
             settled: true,
+            broken: false,
             deadline: self.deadline,
         })
     }
 
-    /// Opens a transaction (`BEGIN`) on a connection of its own.
+    /// Opens a transaction (`BEGIN`) on a connection of its own. A
+    /// connection whose `BEGIN` failed is closed, never reused (module doc).
     pub async fn begin(&self) -> Result<PgTx, sqlx::Error> {
         let mut conn = self.acquire().await?;
-        within(self.deadline, TransactionManager::begin(&mut *conn, None)).await?;
+        let begun = within(self.deadline, TransactionManager::begin(&mut *conn, None)).await;
+        conn.broken |= begun.is_err();
+        begun?;
         Ok(PgTx { conn })
     }
 
@@ -224,8 +232,25 @@ pub struct PgConn {
     /// In sync with the server and outside any transaction, as far as this
     /// module has seen.
     settled: bool,
+    /// Given up on (a deadline passed, a `BEGIN` failed): closed when
+    /// dropped, never settled or reused.
+    broken: bool,
     /// The pool's [`PgPool::deadline`].
     deadline: Duration,
+}
+
+impl PgConn {
+    /// Notes a round trip's result: one that met its deadline leaves the
+    /// connection given up on.
+    fn note<T>(&mut self, result: &Result<T, sqlx::Error>) {
+        self.broken |= matches!(result, Err(e) if met_deadline(e));
+    }
+}
+
+/// The error [`within`] gives when its deadline passed (or the kernel's
+/// own timeout, which means as much).
+fn met_deadline(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
 }
 
 impl Deref for PgConn {
@@ -250,6 +275,10 @@ impl Drop for PgConn {
         let Some(mut object) = self.object.take() else {
             return;
         };
+        if self.broken {
+            drop(Object::take(object));
+            return;
+        }
         if object.is_in_transaction() {
             // Queues the ROLLBACK (sent below): as sqlx's `Transaction` does.
             TransactionManager::start_rollback(&mut *object);
@@ -327,21 +356,47 @@ pub(crate) async fn within<T>(
     }
 }
 
-/// Every answer of `query` on `conn`, each awaited within `deadline`.
+/// Every answer of `query` on `conn`, each awaited within the deadline
+/// (a connection that met it is given up on).
 fn answers_within<'e, 'q: 'e, E>(
-    conn: &'e mut PgConnection,
-    deadline: Duration,
+    conn: &'e mut PgConn,
     query: E,
 ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
 where
     E: 'q + Execute<'q, Postgres>,
 {
     Box::pin(async_stream::try_stream! {
-        let mut answers = conn.fetch_many(query);
-        while let Some(answer) = within(deadline, answers.try_next()).await? {
-            yield answer;
+        let deadline = conn.deadline;
+        let mut failed = None;
+        {
+            let mut answers = (&mut **conn).fetch_many(query);
+            loop {
+                match within(deadline, answers.try_next()).await {
+                    Ok(Some(answer)) => yield answer,
+                    Ok(None) => break,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(e) = failed {
+            conn.broken |= met_deadline(&e);
+            Err(e)?;
         }
     })
+}
+
+/// `work` (a round trip on `conn`) within `conn`'s deadline, noting on
+/// `conn` whether it met it.
+macro_rules! on_conn {
+    ($conn:expr, $work:ident ( $($arg:expr),* )) => {{
+        let deadline = $conn.deadline;
+        let done = within(deadline, (&mut *$conn).$work($($arg),*)).await;
+        $conn.note(&done);
+        done
+    }};
 }
 
 /// One statement in the transaction, as on sqlx's own connection, within
@@ -359,8 +414,7 @@ impl<'c> Executor<'c> for &'c mut PgTx {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let deadline = self.conn.deadline;
-        answers_within(&mut self.conn, deadline, query)
+        answers_within(&mut self.conn, query)
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -371,8 +425,7 @@ impl<'c> Executor<'c> for &'c mut PgTx {
         'c: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        let deadline = self.conn.deadline;
-        Box::pin(within(deadline, (&mut *self.conn).fetch_optional(query)))
+        Box::pin(async move { on_conn!(self.conn, fetch_optional(query)) })
     }
 
     fn prepare_with<'e, 'q: 'e>(
@@ -383,11 +436,7 @@ impl<'c> Executor<'c> for &'c mut PgTx {
     where
         'c: 'e,
     {
-        let deadline = self.conn.deadline;
-        Box::pin(within(
-            deadline,
-            (&mut *self.conn).prepare_with(sql, parameters),
-        ))
+        Box::pin(async move { on_conn!(self.conn, prepare_with(sql, parameters)) })
     }
 
     fn describe<'e, 'q: 'e>(
@@ -397,8 +446,7 @@ impl<'c> Executor<'c> for &'c mut PgTx {
     where
         'c: 'e,
     {
-        let deadline = self.conn.deadline;
-        Box::pin(within(deadline, (&mut *self.conn).describe(sql)))
+        Box::pin(async move { on_conn!(self.conn, describe(sql)) })
     }
 }
 
@@ -420,7 +468,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         Box::pin(async_stream::try_stream! {
             let mut conn = pool.acquire().await?;
             {
-                let mut answers = answers_within(&mut conn, pool.deadline, query);
+                let mut answers = answers_within(&mut conn, query);
                 while let Some(answer) = answers.try_next().await? {
                     yield answer;
                 }
@@ -439,7 +487,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         let pool = self.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
-            let row = within(pool.deadline, (&mut *conn).fetch_optional(query)).await?;
+            let row = on_conn!(conn, fetch_optional(query))?;
             conn.settled = true;
             Ok(row)
         })
@@ -453,8 +501,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         let pool = self.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
-            let statement =
-                within(pool.deadline, (&mut *conn).prepare_with(sql, parameters)).await?;
+            let statement = on_conn!(conn, prepare_with(sql, parameters))?;
             conn.settled = true;
             Ok(statement)
         })
@@ -467,7 +514,7 @@ impl<'p> Executor<'p> for &'_ PgPool {
         let pool = self.clone();
         Box::pin(async move {
             let mut conn = pool.acquire().await?;
-            let described = within(pool.deadline, (&mut *conn).describe(sql)).await?;
+            let described = on_conn!(conn, describe(sql))?;
             conn.settled = true;
             Ok(described)
         })

@@ -25,6 +25,9 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
 
+/// How often a worker without a LISTEN connection tries to make one.
+const LISTEN_RETRY: Duration = Duration::from_secs(5);
+
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     /// Identifies this worker in lease columns and logs.
@@ -246,18 +249,24 @@ impl<P: Provider> Worker<P> {
     /// calls finish within `grace`; rows claimed but not yet sent are
     /// released for another worker.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>, grace: Duration) {
-        let mut signal = match self.store.listen_for_work().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "no LISTEN connection; polling only");
-                None
-            }
-        };
+        // The LISTEN connection: (re)made when missing, at most once per
+        // LISTEN_RETRY; meanwhile, and whenever it is down, the worker polls.
+        let mut signal = None;
+        let mut listen_at = tokio::time::Instant::now();
         let mut tasks = JoinSet::new();
         tracing::info!(owner = %self.config.owner, "worker started");
         loop {
             if *shutdown.borrow() {
                 break;
+            }
+            if signal.is_none() && tokio::time::Instant::now() >= listen_at {
+                listen_at = tokio::time::Instant::now() + LISTEN_RETRY;
+                match self.store.listen_for_work().await {
+                    Ok(s) => signal = s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no LISTEN connection; polling until it is back")
+                    }
+                }
             }
             while tasks.try_join_next().is_some() {}
             let free = self
@@ -302,22 +311,29 @@ impl<P: Provider> Worker<P> {
             if claimed as u32 == free && free > 0 {
                 continue; // more may be due right now
             }
-            let wait_signal = async {
+            // `true`: the LISTEN connection broke (or its server stopped
+            // answering): it is dropped and made anew, never read again.
+            let lost = async {
                 match signal.as_mut() {
-                    Some(s) => {
-                        if s.recv().await.is_err() {
-                            std::future::pending::<()>().await
+                    Some(s) => match s.recv().await {
+                        Ok(()) => false,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "LISTEN connection lost; polling until it is back");
+                            true
                         }
-                    }
-                    None => std::future::pending::<()>().await,
+                    },
+                    None => std::future::pending::<bool>().await,
                 }
             };
-            tokio::select! {
-                _ = shutdown.changed() => {}
-                _ = self.wake.notified() => {}
-                _ = wait_signal => {}
-                _ = tokio::time::sleep(self.config.poll_interval) => {}
-                Some(_) = tasks.join_next(), if free == 0 => {}
+            let lost = tokio::select! {
+                _ = shutdown.changed() => false,
+                _ = self.wake.notified() => false,
+                lost = lost => lost,
+                _ = tokio::time::sleep(self.config.poll_interval) => false,
+                Some(_) = tasks.join_next(), if free == 0 => false,
+            };
+            if lost {
+                signal = None;
             }
         }
         self.stopping.store(true, Ordering::SeqCst);

@@ -43,6 +43,7 @@ on_both_backends!(
     a_refund_the_provider_makes_late_after_no_effect_stops_the_line,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
+    a_decline_beside_an_object_still_in_progress_proves_nothing,
     a_charge_held_in_the_providers_queue_is_never_taken_for_absence,
     a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime,
 );
@@ -887,12 +888,13 @@ async fn the_reconciler_reads_what_a_stale_worker_kept(backend: Backend) {
     assert_eq!(rig.ledger().totals.charges, 1, "never charged again");
 }
 
-async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: Backend) {
-    let rig = Rig::new(backend).await;
+/// Payment `o-1` (key `k-1`), its attempt claimed by a worker that marked
+/// the send and died: its id, the claim and the payment as stored.
+async fn sent_by_a_worker_that_died(
+    rig: &Rig,
+) -> (String, Vec<cobro_store::Claim>, cobro_store::PaymentRow) {
     let p = rig.create_payment("k-1", &payment_body("o-1")).await;
     let id = p["id"].as_str().expect("id").to_owned();
-    // A worker claims, marks the send, the provider charges, and the worker
-    // dies before recording anything.
     let store = &rig.app.db.store;
     let now = rig.app.clock.now();
     let claims = store
@@ -900,9 +902,8 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
         .await
         .expect("claim")
         .claims;
-    let claim = &claims[0];
     assert_eq!(
-        store.record_send(claim, now).await.expect("send"),
+        store.record_send(&claims[0], now).await.expect("send"),
         cobro_store::SendMark::Marked
     );
     let payment = store
@@ -910,6 +911,15 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
         .await
         .expect("read")
         .expect("payment");
+    (id, claims, payment)
+}
+
+async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    // A worker claims, marks the send, the provider charges, and the worker
+    // dies before recording anything.
+    let (id, claims, payment) = sent_by_a_worker_that_died(&rig).await;
+    let claim = &claims[0];
     let r = rig
         .app
         .client
@@ -938,6 +948,67 @@ async fn a_charge_sent_and_never_recorded_is_found_with_no_worker_left(backend: 
     );
     assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(rig.ledger().totals.charges, 1);
+}
+
+/// Two objects under one attempt's identity (a provider that made two of
+/// one request): one declined, one still in progress. The decline proves
+/// nothing while the other may still take money: the attempt stays
+/// unknown, the payment is not declined (nor moved to another provider,
+/// which a soft decline would do), and no further charge is made.
+async fn a_decline_beside_an_object_still_in_progress_proves_nothing(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let (id, claims, payment) = sent_by_a_worker_that_died(&rig).await;
+    let claim = &claims[0];
+    for (n, method) in ["pm_card_declined", "pm_card_visa"].into_iter().enumerate() {
+        if n == 1 {
+            // The second one made stays `processing`.
+            rig.provider
+                .control()
+                .add_fault(FaultRule::new(FOp::Charge, FaultAction::Processing).with_next(1));
+        }
+        rig.app
+            .client
+            .post(format!("{}/v1/charges", rig.provider.url()))
+            .bearer_auth("sk_test_cobro")
+            .header(
+                "idempotency-key",
+                format!("{}-{n}", claim.attempt.provider_key),
+            )
+            .json(
+                &json!({"amount": payment.amount, "currency": payment.currency,
+                "payment_method": method, "capture": true,
+                "reference": claim.attempt.reference,
+                "metadata": cobro_settle::evidence::identity(&claim.attempt, &payment)}),
+            )
+            .send()
+            .await
+            .expect("charge");
+    }
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.declines, 1, "{ledger:?}");
+    assert_eq!(
+        ledger
+            .charges
+            .iter()
+            .filter(|c| c.status == "processing")
+            .count(),
+        1,
+        "{ledger:?}"
+    );
+    rig.app.clock.advance(Duration::minutes(6));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert_eq!(summary.examined, 1);
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::StillUnknown { .. }),
+        "{:?}",
+        summary.items[0].verdict
+    );
+    assert_ne!(rig.payment(&id).await["status"], "declined");
+    assert_eq!(
+        rig.ledger().totals,
+        ledger.totals,
+        "nothing charged (or declined) again"
+    );
 }
 
 async fn a_run_pages_through_every_candidate(backend: Backend, dialect: Dialect) {

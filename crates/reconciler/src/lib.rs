@@ -1004,11 +1004,20 @@ impl<P: Provider> Reconciler<P> {
                 format!("several effects under one attempt: {}", ids.join(", ")),
             );
         }
-        if let Some(proof) = proofs
-            .iter()
-            .find(|p| moved_money(p))
-            .or_else(|| proofs.first())
-        {
+        if let Some(proof) = proofs.iter().find(|p| moved_money(p)) {
+            return Finding::Proof(proof.clone());
+        }
+        // A decline (or a void) proves the attempt ended without money only
+        // if no other object under its identity may still take some: a
+        // decline taken over one still in progress would end the payment,
+        // or move it to another provider, while this one could still charge.
+        if ours.len() > proofs.len() && !proofs.is_empty() {
+            return Finding::Unknown(
+                "one object of this attempt is final without money, another is still in progress"
+                    .into(),
+            );
+        }
+        if let Some(proof) = proofs.first() {
             return Finding::Proof(proof.clone());
         }
         if operation == Operation::Authorize

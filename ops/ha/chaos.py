@@ -223,14 +223,17 @@ def measure(faults, end):
 
 
 def settle(args, tokens):
-    """Waits (bounded) for the worker to settle every payment; returns them by id."""
+    """Waits (at most --settle seconds in all) for the worker and the
+    reconciler to settle every payment; returns them by id."""
     found = {}
     deadline = time.time() + args.settle
     pending = [(p["merchant"], pid) for p in PAYMENTS for pid in p["ids"]]
-    while pending and time.time() < deadline:
+    while pending:
         still = []
         for merchant, pid in pending:
-            status, _, body = request("GET", f"{args.cobro[0]}/v1/payments/{pid}?wait=2", tokens[merchant])
+            # Once the time is up, one last look at each, without waiting.
+            wait = "?wait=1" if time.time() < deadline else ""
+            status, _, body = request("GET", f"{args.cobro[0]}/v1/payments/{pid}{wait}", tokens[merchant])
             if status == 200:
                 found[pid] = body
                 if body["status"] in ("processing", "requires_reconciliation"):
@@ -239,6 +242,8 @@ def settle(args, tokens):
                 still.append((merchant, pid))
             else:
                 found[pid] = None
+        if time.time() >= deadline:
+            break
         pending = still
     return found
 
@@ -276,7 +281,8 @@ def main():
     ap.add_argument("--node-down", type=int, default=30, help="past the leader key's TTL (20 s), so a replica takes over")
     ap.add_argument("--tail", type=float, default=10.0)
     ap.add_argument("--give-up", type=float, default=180.0)
-    ap.add_argument("--settle", type=float, default=120.0)
+    ap.add_argument("--settle", type=float, default=300.0,
+                    help="seconds the worker and the reconciler get to settle every payment after the load")
     ap.add_argument("--no-provider-faults", action="store_true", help="a provider that never fails")
     ap.add_argument("--report", help="write the figures as JSON here")
     ap.add_argument("--status-log", help="append the cluster's status around each fault here")

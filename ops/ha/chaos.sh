@@ -12,7 +12,8 @@
 # killed and frozen, then the books over the run and the judgement
 # (ops/ha/README.md). Tears it all down at the end; HA_KEEP=1 keeps the
 # cluster's directory (the Patroni logs). CHAOS_BUILD=0 skips the cargo
-# build; CHAOS_PROFILE=release (default debug) runs release binaries.
+# build; CHAOS_PROFILE=release (default debug) runs release binaries;
+# CHAOS_BIN=DIR runs the cobro and fake-provider binaries in DIR.
 # Figures: $TARGET/ha-chaos/report.json; logs in the same directory.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,7 +29,7 @@ if [ "${CHAOS_BUILD:-1}" != 0 ]; then
   if [ "$PROFILE" = release ]; then cargo build --release -p cobro -p fake-provider --bins
   else cargo build -p cobro -p fake-provider --bins; fi
 fi
-BIN="$TARGET/$PROFILE"
+BIN="${CHAOS_BIN:-$TARGET/$PROFILE}"
 
 rm -rf "$WORK"; mkdir -p "$WORK"; chmod 700 "$WORK"
 PIDS=()

@@ -325,6 +325,9 @@ cmd_down() {
       runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$DIR/$name/data" -m immediate -w stop >/dev/null 2>&1 || true
     fi
   done
+  # runuser stops itself when its child is stopped (a freeze) and is not
+  # woken with it: the ones left waiting on a dead Patroni go too.
+  pkill -KILL -f -- "$VENV/bin/patroni" 2>/dev/null || true
   if [ -f "$DIR/haproxy.pid" ]; then kill "$(cat "$DIR/haproxy.pid")" 2>/dev/null || true; fi
   if [ -f "$DIR/etcd.pid" ]; then
     pid=$(cat "$DIR/etcd.pid")

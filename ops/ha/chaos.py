@@ -165,6 +165,7 @@ def run_faults(args):
         before = cluster(args, "status", check=False).stdout
         command = {"switchover": ["switchover"], "kill-primary": ["kill-primary"],
                    "kill-node": ["kill-node", str(args.node_down)],
+                   "kill-node-lagging": ["kill-node-lagging", str(args.node_down)],
                    "freeze": ["freeze-primary", str(args.freeze)]}[kind]
         t0 = time.time()
         done = cluster(args, *command, check=False)

@@ -14,6 +14,8 @@
 #   ops/ha/cluster.sh kill-primary    # SIGKILL of the leader's postmaster (Patroni restarts it)
 #   ops/ha/cluster.sh kill-node [S]   # SIGKILL of the leader's Patroni and postmaster: a failover;
 #                                     # the node is started again after S seconds (default 30) and rejoins
+#   ops/ha/cluster.sh kill-node-lagging [S]  # the leader's WAL senders stopped for 3 s first, so the
+#                                     # replicas lag, then kill-node: with asynchronous replication, a lossy failover
 #   ops/ha/cluster.sh freeze-primary [S]  # SIGSTOP the leader's Patroni and PostgreSQL for S seconds
 #                                         # (default 25, past the leader key's TTL), then SIGCONT
 #   ops/ha/cluster.sh down            # stops everything and removes the data directory
@@ -376,6 +378,24 @@ cmd_kill_node() {
   ) >/dev/null 2>&1 &
 }
 
+# kill-node after the replicas fell behind: the leader's WAL senders are
+# stopped for HA_LAG seconds (3) while it goes on committing, so what it
+# commits meanwhile never leaves it, then the leader is killed (its WAL
+# senders with it). With asynchronous replication the promoted replica
+# lacks those seconds of commits (within Patroni's maximum_lag_on_failover);
+# with synchronous replication no commit could return meanwhile, so
+# nothing acknowledged is lost.
+cmd_kill_node_lagging() {
+  local name pm senders=()
+  name=$(leader) || die "no leader"
+  pm=$(postmaster_pid "$name")
+  mapfile -t senders < <(pgrep -P "$pm" -f 'walsender' || true)
+  log "SIGSTOP of $name's WAL senders (${senders[*]}) for ${HA_LAG:-3} s, then kill-node"
+  [ "${#senders[@]}" = 0 ] || kill -STOP "${senders[@]}"
+  sleep "${HA_LAG:-3}"
+  cmd_kill_node "${1:-30}"
+}
+
 cmd_freeze_primary() {
   local name pids
   name=$(leader) || die "no leader"
@@ -398,6 +418,7 @@ case "${1:-}" in
   switchover) cmd_switchover ;;
   kill-primary) cmd_kill_primary ;;
   kill-node) cmd_kill_node "${2:-30}" ;;
+  kill-node-lagging) cmd_kill_node_lagging "${2:-30}" ;;
   freeze-primary) cmd_freeze_primary "${2:-25}" ;;
   *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

@@ -292,12 +292,15 @@ impl World {
 
     /// Runs `name`'s worker: every send's outcome must be unknown.
     async fn send_unknown(&self, name: &str) {
+        self.drain_rescheduled(name, "unknown").await;
+    }
+
+    /// Runs `name`'s worker: at least one step, every one rescheduled as
+    /// `class`.
+    async fn drain_rescheduled(&self, name: &str, class: &'static str) {
         let steps = self.drain(name).await;
         assert!(
-            !steps.is_empty()
-                && steps
-                    .iter()
-                    .all(|s| *s == Step::Rescheduled { class: "unknown" }),
+            !steps.is_empty() && steps.iter().all(|s| *s == Step::Rescheduled { class }),
             "{steps:?}"
         );
     }
@@ -678,14 +681,7 @@ async fn the_circuit_opens_on_failures_and_closes_on_a_half_open_success(backend
         let order = format!("o-{i}");
         stayed.extend(world.create_twins(&order, &payment_body(&order)).await);
     }
-    let steps = world.drain("a").await;
-    assert!(
-        !steps.is_empty()
-            && steps
-                .iter()
-                .all(|s| *s == Step::Rescheduled { class: "not_sent" }),
-        "{steps:?}"
-    );
+    world.drain_rescheduled("a", "not_sent").await;
     assert_eq!(world.circuits.state("a").await, CircuitState::Open);
     assert!(world.drain("b").await.is_empty(), "a 429 moves nothing");
     for id in &stayed {

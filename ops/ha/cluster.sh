@@ -18,6 +18,8 @@
 #                                     # replicas lag, then kill-node: with asynchronous replication, a lossy failover
 #   ops/ha/cluster.sh freeze-primary [S]  # SIGSTOP the leader's Patroni and PostgreSQL for S seconds
 #                                         # (default 25, past the leader key's TTL), then SIGCONT
+#   ops/ha/cluster.sh mode sync|async # switches synchronous_mode on a running cluster (patronictl
+#                                     # edit-config) and waits until the leader runs with it
 #   ops/ha/cluster.sh down            # stops everything and removes the data directory
 #
 # HA_SYNC=0 at `up` builds the cluster with asynchronous replication
@@ -405,6 +407,30 @@ cmd_freeze_primary() {
   (sleep "${1:-25}"; kill -CONT "${pids[@]}" 2>/dev/null || true) >/dev/null 2>&1 &
 }
 
+# Synchronous replication on or off on a running cluster: Patroni's
+# dynamic configuration, then a wait (bounded) until the leader's
+# synchronous_standby_names says so (Patroni applies it within a loop).
+cmd_mode() {
+  local want=$1 flag got _
+  case "$want" in
+    sync) flag=true ;;
+    async) flag=false ;;
+    *) die "mode: sync or async, not '$want'" ;;
+  esac
+  ctl edit-config cobro-ha --set "synchronous_mode=$flag" --force >/dev/null
+  for _ in $(seq 1 120); do
+    got=$(PGCONNECT_TIMEOUT=2 "$PG_BIN/psql" -X -qAt "$(cmd_url)" \
+      -c "select current_setting('synchronous_standby_names')" 2>/dev/null || echo '?')
+    if { [ "$want" = sync ] && [ -n "$got" ] && [ "$got" != '?' ]; } || { [ "$want" = async ] && [ -z "$got" ]; }; then
+      echo "$want" >"$DIR/mode"
+      log "$want replication (synchronous_standby_names '$got')"
+      return 0
+    fi
+    sleep 0.5
+  done
+  die "the leader did not take $want replication within 60 s (synchronous_standby_names '$got')"
+}
+
 find_pg_bin || true
 case "${1:-}" in
   install) install_missing ;;
@@ -420,5 +446,6 @@ case "${1:-}" in
   kill-node) cmd_kill_node "${2:-30}" ;;
   kill-node-lagging) cmd_kill_node_lagging "${2:-30}" ;;
   freeze-primary) cmd_freeze_primary "${2:-25}" ;;
-  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+  mode) cmd_mode "${2:-}" ;;
+  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
 esac

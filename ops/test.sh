@@ -56,10 +56,10 @@ if [ "$#" = 0 ]; then
   ha_install=$!
 fi
 
-# Dependency hygiene (deny.toml): licences, bans (wildcards; duplicate
-# versions are reported), sources. cargo-deny installs from crates.io when
-# missing, like promtool from Debian. Advisories need GitHub, which CI
-# cannot reach (deny.toml).
+# Dependency hygiene (deny.toml): licences, bans (wildcards; a duplicate
+# version fails unless deny.toml lists it with its reason), sources.
+# cargo-deny installs from crates.io when missing, like promtool from
+# Debian. Advisories need GitHub, which CI cannot reach (deny.toml).
 if ! command -v cargo-deny >/dev/null 2>&1; then
   echo "test.sh: cargo-deny not found; installing it from crates.io" >&2
   cargo install cargo-deny --locked --version 0.20.2 --quiet

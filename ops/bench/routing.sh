@@ -15,7 +15,9 @@
 # first (ops/bench/README.md, "Routing"). ROUTED=0: B runs as A does (the
 # single provider of the environment, no rules; its payments still get a
 # one-provider route), which separates what routing decides from what the
-# schema stores.
+# schema stores. PG_STATEMENTS=1: PostgreSQL loads pg_stat_statements and
+# the script ends with each side's statements per request (calls,
+# execution time, rows, blocks): whether B sends PostgreSQL more work.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd); cd "$ROOT"
 source ops/bench/lib.sh
@@ -24,7 +26,13 @@ A=$1; B=$2; SECS=${3:-10}; ROUNDS=${4:-5}
 need_tools
 bench_workdir routing
 trap bench_cleanup EXIT
-PG_SETTINGS="" bench_pg_up
+if [ "${PG_STATEMENTS:-0}" = 1 ]; then
+  # A diagnosis: every statement of each side, per request (below).
+  PG_SETTINGS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" bench_pg_up
+  pg_admin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+else
+  PG_SETTINGS="" bench_pg_up
+fi
 
 COBRO_BIN=$A; setup_db pa; TOKEN_A=$TOKEN
 COBRO_BIN=$B; setup_db pb; TOKEN_B=$TOKEN
@@ -91,6 +99,7 @@ wrk_once() { # side seconds prefix out
 cpu() { python3 "$BENCH/report.py" "$@"; }
 for side in a b; do wrk_once $side 3 "warm$side" "$WORK/w.out"; done
 : >"$WORK/runs.jsonl"
+[ "${PG_STATEMENTS:-0}" = 1 ] && pg_admin -c "SELECT pg_stat_statements_reset()" >/dev/null
 for r in $(seq "$ROUNDS"); do
   for side in a b; do
     if [ $side = a ]; then PID=$PID_A; else PID=$PID_B; fi
@@ -106,7 +115,7 @@ n = res["requests"]
 bad = sum(res["errors"].values())
 if bad or n == 0:
     sys.exit(f"round {r} {side}: {n} requests, {bad} errors")
-print(json.dumps({"side": side, "round": int(r), "rps": res["rps"], "p99_ms": res["p99_ms"],
+print(json.dumps({"side": side, "round": int(r), "requests": n, "rps": res["rps"], "p99_ms": res["p99_ms"],
                   "cobro_ms": 1000 * (float(c1) - float(c0)) / n,
                   "pg_ms": 1000 * (float(p1) - float(p0)) / n, "load": float(load)}))
 PY
@@ -128,3 +137,18 @@ for k, label in [("rps", "requests/s"), ("p99_ms", "p99 ms"), ("cobro_ms", "cobr
     b = statistics.median(by[(r, "b")][k] for r in rounds)
     print(f"| {label} | {a:.3f} | {b:.3f} | {statistics.median(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} |")
 PY
+if [ "${PG_STATEMENTS:-0}" = 1 ]; then
+  for side in a b; do
+    n=$(python3 -c 'import json, sys; print(sum(json.loads(l)["requests"] for l in open(sys.argv[1]) if json.loads(l)["side"] == sys.argv[2]))' "$WORK/runs.jsonl" "$side")
+    printf "\nstatements of $side per request ($n requests):\n"
+    "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -P pager=off "$COBRO_TEST_PG_URL" -v ops="$n" -v db="p$side" <<'SQL'
+SELECT round(sum(calls) / :ops, 3) AS calls, round((sum(total_exec_time) / :ops)::numeric, 4) AS exec_ms,
+       round(sum(rows) / :ops, 2) AS rows, round((sum(shared_blks_hit + shared_blks_read + shared_blks_dirtied) / :ops)::numeric, 1) AS blocks,
+       left(regexp_replace(query, '\s+', ' ', 'g'), 150) AS statement
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = :'db')
+ GROUP BY query HAVING sum(calls) >= :ops / 100
+ ORDER BY sum(total_exec_time) DESC;
+SQL
+  done
+fi

@@ -5,7 +5,7 @@
 //! current.
 
 use crate::database::{self, SchemaPolicy};
-use crate::output::{instant, or_dash, say, say_json};
+use crate::output::{JsonFlag, instant, or_dash, say, say_json};
 use crate::settings::{DEFAULT_PURGE_BATCH, GlobalSettings, RetentionSettings, parse_duration};
 use crate::token;
 use anyhow::{Context, bail};
@@ -17,14 +17,6 @@ use cobro_store::accounts::TokenRow;
 use comfy_table::Table;
 use serde_json::json;
 use std::time::Duration;
-
-/// `--json`, shared by every printing command.
-#[derive(Args, Clone, Copy, Debug, Default)]
-pub struct JsonFlag {
-    /// Print one JSON document on stdout instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {

@@ -2,9 +2,8 @@
 //! (docs/books.md), on demand over a window, and what an operator does
 //! with what it finds (`orphans`, `acknowledge`, `runs`).
 
-use crate::admin::JsonFlag;
 use crate::database::{self, SchemaPolicy};
-use crate::output::{or_dash, say, say_json};
+use crate::output::{JsonFlag, or_dash, say, say_json};
 use crate::payments::{When, parse_when};
 use crate::provider::{ProviderHandle, ProviderSpec};
 use crate::settings::{GlobalSettings, ProviderSettings, ReconcileSettings};

@@ -5,8 +5,17 @@
 
 use anyhow::Context;
 use chrono::{DateTime, SecondsFormat, Utc};
+use clap::Args;
 use std::fmt::Display;
 use std::io::Write;
+
+/// `--json`, shared by every printing command.
+#[derive(Args, Clone, Copy, Debug, Default)]
+pub struct JsonFlag {
+    /// Print one JSON document on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// Writes `text` and a newline to stdout and flushes.
 pub fn say(text: impl Display) -> anyhow::Result<()> {

@@ -3,9 +3,8 @@
 //! operators do during an incident. Every one prints a table for humans or,
 //! with `--json`, one JSON document.
 
-use crate::admin::JsonFlag;
 use crate::database::{self, SchemaPolicy};
-use crate::output::{instant, or_dash, say, say_json};
+use crate::output::{JsonFlag, instant, or_dash, say, say_json};
 use crate::reconcile::parse_payment;
 use crate::settings::{
     GlobalSettings, KeyWindowSettings, ProviderSettings, ReconcileSettings, parse_duration,

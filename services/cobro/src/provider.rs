@@ -17,12 +17,15 @@
 //! [`connect`] turns a registry into clients ([`Connector`]), starting the
 //! embedded fake provider when the environment asks for it.
 
-use crate::settings::{KeyWindowSettings, ProviderSettings, ReconcileSettings, parse_duration};
+use crate::settings::{
+    BooksSettings, KeyWindowSettings, ProviderSettings, ReconcileSettings, parse_duration,
+};
 use anyhow::{Context, bail};
 use cobro_provider::{
     Connector, Credentials, HttpProvider, HttpProviderConfig, Provider, StripeConfig,
     StripeProvider, StripeSecretKey, WebhookSecret,
 };
+use cobro_reconciler::ReconcilerConfig;
 use cobro_store::ProviderScope;
 use serde::Deserialize;
 use std::collections::BTreeSet;
@@ -791,6 +794,66 @@ pub fn webhook_receiver(spec: &ProviderSpec) -> Option<cobro_api::WebhookReceive
         previous: spec.webhook_secret_previous.clone(),
         ..receiver
     })
+}
+
+// The reconciler's and the books' configuration of one provider: the
+// operator's settings joined to that provider's contract (kept here, beside
+// the contract, so that settings.rs need not know providers).
+
+impl ReconcileSettings {
+    /// The reconciler's configuration: these settings, the provider's
+    /// timeout (a send may reach the provider until then) and who decides
+    /// (`reconciler:<pid>` or `operator:<user>`, for the audit trail).
+    ///
+    /// One reconciler per provider: it examines only the attempts sent to
+    /// `provider` (`scope`) and applies that provider's clock skew,
+    /// request timeout, key retention (as the longest a request may live
+    /// at the provider) and key window to its "not found" rule.
+    pub fn config(
+        &self,
+        provider: &ProviderSpec,
+        scope: cobro_store::ProviderScope,
+        actor: String,
+    ) -> ReconcilerConfig {
+        ReconcilerConfig {
+            actor,
+            clock_skew: provider.contract.clock_skew,
+            stuck_after: self.reconcile_stuck_after,
+            request_timeout: provider.contract.request_timeout,
+            // No provider acts on a request whose key it has forgotten.
+            request_lifetime: provider.contract.key_retention,
+            key_window: provider
+                .contract
+                .key_retention
+                .checked_sub(provider.contract.key_safety_margin),
+            provider: Some(scope),
+            escalate_after: self.reconcile_escalate_after,
+            retry_on_no_effect: !self.reconcile_no_retry,
+            max_clock_gap: Some(provider.contract.clock_skew / 2),
+            ..Default::default()
+        }
+    }
+}
+
+impl BooksSettings {
+    /// The books of one provider.
+    pub fn config(
+        &self,
+        provider: &ProviderSpec,
+        scope: &cobro_store::ProviderScope,
+        actor: String,
+    ) -> cobro_reconciler::books::BooksConfig {
+        cobro_reconciler::books::BooksConfig {
+            provider: scope.name.clone(),
+            is_default: scope.is_default,
+            clock_skew: provider.contract.clock_skew,
+            request_timeout: provider.contract.request_timeout,
+            overlap: self.books_overlap,
+            settle_delay: self.books_settle_delay,
+            first_window: self.books_first_window,
+            actor,
+        }
+    }
 }
 
 #[cfg(test)]

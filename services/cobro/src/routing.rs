@@ -3,9 +3,9 @@
 //! (docs/routing.md). Rules are checked against the providers file before
 //! they are stored, and at every start of `serve` and `worker`.
 
-use crate::admin::{JsonFlag, resolve_account};
+use crate::admin::resolve_account;
 use crate::database::{self, SchemaPolicy};
-use crate::output::{instant, or_dash, say, say_json};
+use crate::output::{JsonFlag, instant, or_dash, say, say_json};
 use crate::provider::Registry;
 use crate::settings::{GlobalSettings, ProvidersFile};
 use anyhow::{Context, bail};

@@ -20,7 +20,6 @@
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use cobro_provider::WebhookSecret;
-use cobro_reconciler::ReconcilerConfig;
 use cobro_store::StoreConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -387,27 +386,6 @@ pub struct BooksSettings {
     pub books_first_window: Duration,
 }
 
-impl BooksSettings {
-    /// The books of one provider.
-    pub fn config(
-        &self,
-        provider: &crate::provider::ProviderSpec,
-        scope: &cobro_store::ProviderScope,
-        actor: String,
-    ) -> cobro_reconciler::books::BooksConfig {
-        cobro_reconciler::books::BooksConfig {
-            provider: scope.name.clone(),
-            is_default: scope.is_default,
-            clock_skew: provider.contract.clock_skew,
-            request_timeout: provider.contract.request_timeout,
-            overlap: self.books_overlap,
-            settle_delay: self.books_settle_delay,
-            first_window: self.books_first_window,
-            actor,
-        }
-    }
-}
-
 /// The outbox worker's leases and pace.
 #[derive(Args, Clone, Debug)]
 pub struct WorkerSettings {
@@ -529,41 +507,6 @@ impl EndpointPolicySettings {
             policy.with_development_allowances()
         } else {
             policy
-        }
-    }
-}
-
-impl ReconcileSettings {
-    /// The reconciler's configuration: these settings, the provider's
-    /// timeout (a send may reach the provider until then) and who decides
-    /// (`reconciler:<pid>` or `operator:<user>`, for the audit trail).
-    ///
-    /// One reconciler per provider: it examines only the attempts sent to
-    /// `provider` (`scope`) and applies that provider's clock skew,
-    /// request timeout, key retention (as the longest a request may live
-    /// at the provider) and key window to its "not found" rule.
-    pub fn config(
-        &self,
-        provider: &crate::provider::ProviderSpec,
-        scope: cobro_store::ProviderScope,
-        actor: String,
-    ) -> ReconcilerConfig {
-        ReconcilerConfig {
-            actor,
-            clock_skew: provider.contract.clock_skew,
-            stuck_after: self.reconcile_stuck_after,
-            request_timeout: provider.contract.request_timeout,
-            // No provider acts on a request whose key it has forgotten.
-            request_lifetime: provider.contract.key_retention,
-            key_window: provider
-                .contract
-                .key_retention
-                .checked_sub(provider.contract.key_safety_margin),
-            provider: Some(scope),
-            escalate_after: self.reconcile_escalate_after,
-            retry_on_no_effect: !self.reconcile_no_retry,
-            max_clock_gap: Some(provider.contract.clock_skew / 2),
-            ..Default::default()
         }
     }
 }

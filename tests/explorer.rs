@@ -837,7 +837,11 @@ impl cobro_provider::Provider for Gated {
     }
     /// Every mutation: parked before it goes out and before its answer
     /// returns, with what the provider said of the call.
-    async fn send(&self, key: &str, mutation: cobro_provider::Mutation<'_>) -> cobro_provider::Sent {
+    async fn send(
+        &self,
+        key: &str,
+        mutation: cobro_provider::Mutation<'_>,
+    ) -> cobro_provider::Sent {
         if self.gate.park(Stage::Before, key).await {
             return cobro_provider::Sent {
                 outcome: cobro_provider::Outcome::Unknown("timed out before it was sent".into()),
@@ -2008,7 +2012,10 @@ impl Explorer {
             (true, Some(_)) => (ManualOutcome::Failed, None),
             (true, None) => (
                 ManualOutcome::Captured,
-                Some(format!("{}not_this_attempts", self.rig.dialect.charge_prefix())),
+                Some(format!(
+                    "{}not_this_attempts",
+                    self.rig.dialect.charge_prefix()
+                )),
             ),
         };
         let mut resolution = ManualResolution {
@@ -2214,7 +2221,10 @@ impl Explorer {
             .map_err(|e| e.to_string())?,
         };
         if let Some(stripe) = &mut self.stripe {
-            stripe.events.entry(event_id).or_insert_with(|| body.clone());
+            stripe
+                .events
+                .entry(event_id)
+                .or_insert_with(|| body.clone());
         }
         self.events.push((PRIMARY, body.clone()));
         self.deliver(PRIMARY, body).await
@@ -2299,7 +2309,8 @@ impl Explorer {
         let (path, stripe_version) = match self.rig.dialect {
             Dialect::Fake => (format!("/v1/charges/{id}/{verb}"), None),
             Dialect::Stripe => {
-                let intent = cobro_test_support::provider_ref_of(&self.rig.ledger(), &id).to_owned();
+                let intent =
+                    cobro_test_support::provider_ref_of(&self.rig.ledger(), &id).to_owned();
                 let verb = if verb == "void" { "cancel" } else { verb };
                 (
                     format!("/v1/payment_intents/{intent}/{verb}"),

@@ -76,6 +76,33 @@
 //! and fails if 20 or more routing seeds moved no payment at all (400 or
 //! more: none on one of the proofs).
 //!
+//! **Stripe seeds** (one in four, [`stripe`]: `seed % 8` is 1, a
+//! short-window seed, or 6; never a routing seed, nor a seed of `FOUND`):
+//! the rig speaks the fake provider's Stripe dialect. The workers and
+//! reconcilers drive it through cobro's Stripe connector (PaymentIntents
+//! created and confirmed under the attempt's key, captured and canceled,
+//! refunds, the PaymentIntent search and the consistent lists by creation
+//! time); the payments hold PaymentIntent ids, which the judge maps to the
+//! charges their confirmations made, so every invariant above counts the
+//! same ledger. Webhooks are Stripe's events (`payment_intent.*`,
+//! `refund.*`, one event per state an object reached, built from the
+//! object as the dialect renders it), signed with `Stripe-Signature` at
+//! `/v1/webhooks/stripe`; a dashboard captures or cancels the
+//! PaymentIntent. What only Stripe does: a fault that would hold a request
+//! (the dialect holds none), and half the other cached 500s, are the 500
+//! Stripe saves under the key with `Stripe-Should-Retry: false` (the worker
+//! must hand the attempt to the reconciler, which proves "no effect" only
+//! from the consistent list, never from search: a worker round answered so
+//! that ends any other way than handing over, or losing its lease, fails
+//! the seed, as does any money the reconciler's "no effect" missed, by the
+//! invariants above); in-progress charges
+//! answered `processing` are PaymentIntents `processing`; and one day-long
+//! clock step in three is a week, after which Stripe cancels every
+//! PaymentIntent left uncaptured (behind cobro's back, judged as a
+//! dashboard's void). These draws come from a fifth stream. A run prints
+//! what its Stripe seeds reached, and fails if 20 or more of them never
+//! fired the no-retry 500.
+//!
 //! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
 //! below; `EXPLORE_FIRST_SEED=F` starts them at F, for runs in chunks;
 //! progress is printed every 1000 seeds), `EXPLORE_SEED=S` runs that one seed alone (a failure prints its
@@ -150,8 +177,52 @@ const RELEASE_ONE_IN: u32 = 12;
 /// time, which the explorer's steps advance).
 const PROCESSING_LAG: Duration = Duration::from_secs(20);
 
+/// A Stripe seed's longest clock step: past the seven days after which
+/// Stripe cancels an uncaptured PaymentIntent on its own.
+const STRIPE_WEEK: Duration = Duration::from_secs(7 * 24 * 3600 + 60);
+/// One cached 500 (`fail_after_effect`) in this many of a Stripe seed says
+/// `Stripe-Should-Retry: false`, as does every fault that would have held
+/// a request (the Stripe dialect holds none).
+const NO_RETRY_ONE_IN: u32 = 2;
+
 fn short_window(seed: u64) -> bool {
     seed % 4 == 1
+}
+
+/// One seed in four runs on the fake provider's Stripe dialect (see the
+/// module doc): `seed % 8` is 1 (also a short-window seed) or 6 (the
+/// default key window), so the Stripe dialect meets both key windows. It
+/// never coincides with a routing seed (2 or 5): a Stripe seed has one
+/// provider, `stripe`. Routing is proven across dialects by tests/routing.rs
+/// (`a` the fake's API, `b` its Stripe dialect); combined here it would need
+/// both names' workers, reconcilers, webhook routes and signatures in the
+/// Stripe dialect, and a routing judge of one ledger seen through two
+/// Stripe accounts, which this explorer does not model. The seeds of
+/// `FOUND` (3 mod 4) keep the fake dialect and replay as found.
+fn stripe(seed: u64) -> bool {
+    matches!(seed % 8, 1 | 6)
+}
+
+/// How a seed runs, for its failure's first line (and `EXPLORE_VERBOSE`):
+/// its dialect, key window and whether it routes, so a replay says what it
+/// replays.
+fn describe(seed: u64) -> String {
+    let dialect = if stripe(seed) {
+        "Stripe dialect (PaymentIntents, Stripe-Signature at /v1/webhooks/stripe)"
+    } else {
+        "fake dialect"
+    };
+    let window = if short_window(seed) {
+        "short key window"
+    } else {
+        "default key window"
+    };
+    let routed = if routing(seed) {
+        ", routing fake and backup"
+    } else {
+        ""
+    };
+    format!("{dialect}, {window}{routed}")
 }
 
 /// The provider every payment starts at (its worker and reconcilers are
@@ -167,6 +238,10 @@ const PROOFS: [&str; 4] = ["soft_decline", "not_sent", "circuit_open", "no_effec
 /// payments on every proof (2 000 seeds moved 49 to 394 on each).
 const ROUTING_SEEDS_THAT_MUST_MOVE: u64 = 20;
 const ROUTING_SEEDS_THAT_MUST_SEE_EVERY_PROOF: u64 = 400;
+/// A run of at least this many Stripe seeds must have fired the Stripe
+/// dialect's cached 500 with `Stripe-Should-Retry: false` (the default run
+/// has 50).
+const STRIPE_SEEDS_THAT_MUST_SEE_NO_RETRY: u64 = 20;
 
 /// One seed in four routes across two providers (see the module doc):
 /// half of them with the default key window (`seed % 8 == 2`), half with
@@ -271,6 +346,8 @@ async fn explore(backend: Backend) {
     let with_late_double_refund = std::sync::atomic::AtomicU64::new(0);
     // What the routing seeds reached (printed and asserted at the end).
     let routed = Mutex::new(RoutingTally::default());
+    // What the Stripe seeds reached (likewise).
+    let striped = Mutex::new(StripeTally::default());
     // `EXPLORE_STOP_AT_FIRST`: no new seed starts after a violation (for
     // hunting a known defect: which seed finds it first).
     let stop_at_first = std::env::var("EXPLORE_STOP_AT_FIRST").is_ok();
@@ -302,11 +379,12 @@ async fn explore(backend: Backend) {
                 &stopped,
                 reuse_lanes,
             );
-            let (with_late, with_late_double, with_late_double_refund, routed) = (
+            let (with_late, with_late_double, with_late_double_refund, routed, striped) = (
                 &with_late,
                 &with_late_double,
                 &with_late_double_refund,
                 &routed,
+                &striped,
             );
             async move {
                 if stopped.load(std::sync::atomic::Ordering::Relaxed) {
@@ -335,6 +413,12 @@ async fn explore(backend: Backend) {
                         }
                         if let Some(reached) = &reached.routing {
                             routed
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .add(reached);
+                        }
+                        if let Some(reached) = &reached.stripe {
+                            striped
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
                                 .add(reached);
@@ -396,6 +480,8 @@ async fn explore(backend: Backend) {
     );
     let routed = routed.into_inner().unwrap_or_else(PoisonError::into_inner);
     eprintln!("explorer {backend:?}: {}", routed.summary());
+    let striped = striped.into_inner().unwrap_or_else(PoisonError::into_inner);
+    eprintln!("explorer {backend:?}: {}", striped.summary());
     // Wiped lanes go now; a failed one is kept (dropped while panicking).
     for lane in lanes.into_inner().unwrap_or_else(PoisonError::into_inner) {
         lane.store.close().await;
@@ -432,6 +518,47 @@ async fn explore(backend: Backend) {
         routed.seeds,
         routed.summary()
     );
+    // Nor can the Stripe dialect's own fault.
+    assert!(
+        striped.seeds < STRIPE_SEEDS_THAT_MUST_SEE_NO_RETRY || striped.no_retry > 0,
+        "{} Stripe seeds never had a 500 saying Stripe-Should-Retry: false: {}",
+        striped.seeds,
+        striped.summary()
+    );
+}
+
+/// What the Stripe seeds of a run reached, added up.
+#[derive(Default)]
+struct StripeTally {
+    seeds: u64,
+    no_retry: u64,
+    seeds_with_no_retry: u64,
+    processing: u64,
+    expired: u64,
+    seeds_with_expired: u64,
+}
+
+impl StripeTally {
+    fn add(&mut self, reached: &StripeReached) {
+        self.seeds += 1;
+        self.no_retry += reached.no_retry;
+        self.seeds_with_no_retry += u64::from(reached.no_retry > 0);
+        self.processing += reached.processing;
+        self.expired += reached.expired;
+        self.seeds_with_expired += u64::from(reached.expired > 0);
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "Stripe dialect in {} seeds: {} 500s saying Stripe-Should-Retry: false fired in {} seeds, {} PaymentIntents answered processing, {} authorisations Stripe canceled uncaptured after seven days in {} seeds",
+            self.seeds,
+            self.no_retry,
+            self.seeds_with_no_retry,
+            self.processing,
+            self.expired,
+            self.seeds_with_expired,
+        )
+    }
 }
 
 /// What the routing seeds of a run reached, added up.
@@ -510,6 +637,11 @@ struct GateState {
 struct Gate {
     state: Mutex<GateState>,
     changed: Notify,
+    /// Answers of unknown outcome that said `Stripe-Should-Retry: false`
+    /// (the Stripe dialect's cached 500), counted as they come back: the
+    /// round of a worker that got one must hand its attempt over
+    /// ([`handed_over_when_told`]).
+    told_not_to_retry: AtomicU32,
 }
 
 impl Gate {
@@ -643,9 +775,12 @@ impl Front {
 /// queries (`queries: true`) park once answered, so the explorer can act
 /// between what a reconciler read and what it applies. It answers to its
 /// front's name (a routing seed's worker of `backup` sends through one
-/// named `backup`, to the same fake provider).
+/// named `backup`, to the same fake provider), and speaks the rig's
+/// dialect: the fake's API, or its Stripe dialect through cobro's Stripe
+/// connector (named `stripe`), whose [`cobro_provider::CallInfo`] (a 500's
+/// `Stripe-Should-Retry: false`) reaches the worker through `send`.
 struct Gated {
-    inner: cobro_provider::HttpProvider,
+    inner: Connector,
     gate: Arc<Gate>,
     queries: bool,
     front: Front,
@@ -653,14 +788,34 @@ struct Gated {
 
 impl Gated {
     fn new(rig: &Rig, gate: &Arc<Gate>, queries: bool, front: &Front) -> Self {
-        let mut client =
-            cobro_provider::HttpProviderConfig::new(rig.provider.url(), "sk_test_cobro");
         // Real time, for a loaded machine: the request timeout of the
         // explorer's virtual time is the reconcilers' (`Gate::time_out_unsent`).
-        client.request_timeout = Duration::from_secs(5);
-        client.name = front.name.to_owned();
+        let timeout = Duration::from_secs(5);
+        let inner: Connector = match rig.dialect {
+            Dialect::Fake => {
+                let mut client =
+                    cobro_provider::HttpProviderConfig::new(rig.provider.url(), RIG_SECRET_KEY);
+                client.request_timeout = timeout;
+                client.name = front.name.to_owned();
+                cobro_provider::HttpProvider::new(client)
+                    .expect("client")
+                    .into()
+            }
+            // Stripe seeds never route: one provider, named as its route.
+            Dialect::Stripe => {
+                let mut client = cobro_provider::StripeConfig::new(
+                    rig.provider.url(),
+                    cobro_provider::StripeSecretKey::new(RIG_SECRET_KEY),
+                );
+                client.request_timeout = timeout;
+                client.name = Dialect::Stripe.webhook_provider().to_owned();
+                cobro_provider::StripeProvider::new(client)
+                    .expect("stripe client")
+                    .into()
+            }
+        };
         Gated {
-            inner: cobro_provider::HttpProvider::new(client).expect("client"),
+            inner,
             gate: Arc::clone(gate),
             queries,
             front: front.clone(),
@@ -674,53 +829,73 @@ impl Gated {
         }
         answer
     }
-
-    async fn through(
-        &self,
-        key: &str,
-        call: impl std::future::Future<Output = cobro_provider::Outcome>,
-    ) -> cobro_provider::Outcome {
-        if self.gate.park(Stage::Before, key).await {
-            return cobro_provider::Outcome::Unknown("timed out before it was sent".into());
-        }
-        // A refused connection sends nothing (the call is never polled).
-        let outcome = if self.front.refuse() {
-            cobro_provider::Outcome::NotConnected(format!(
-                "connection to {} refused (the explorer's fault): nothing was sent",
-                self.front.name
-            ))
-        } else {
-            self.front.note_sent(key);
-            call.await
-        };
-        self.gate.park(Stage::After, key).await;
-        outcome
-    }
 }
 
 impl cobro_provider::Provider for Gated {
     fn name(&self) -> &str {
-        self.front.name
+        self.inner.name()
+    }
+    /// Every mutation: parked before it goes out and before its answer
+    /// returns, with what the provider said of the call.
+    async fn send(
+        &self,
+        key: &str,
+        mutation: cobro_provider::Mutation<'_>,
+    ) -> cobro_provider::Sent {
+        if self.gate.park(Stage::Before, key).await {
+            return cobro_provider::Sent {
+                outcome: cobro_provider::Outcome::Unknown("timed out before it was sent".into()),
+                call: None,
+            };
+        }
+        // A refused connection sends nothing (the call is never polled).
+        let sent = if self.front.refuse() {
+            cobro_provider::Sent {
+                outcome: cobro_provider::Outcome::NotConnected(format!(
+                    "connection to {} refused (the explorer's fault): nothing was sent",
+                    self.front.name
+                )),
+                call: None,
+            }
+        } else {
+            self.front.note_sent(key);
+            self.inner.send(key, mutation).await
+        };
+        if matches!(sent.outcome, cobro_provider::Outcome::Unknown(_))
+            && sent.call.as_ref().and_then(|c| c.should_retry) == Some(false)
+        {
+            self.gate.told_not_to_retry.fetch_add(1, Ordering::SeqCst);
+        }
+        self.gate.park(Stage::After, key).await;
+        sent
     }
     async fn authorize(
         &self,
         key: &str,
         request: &cobro_provider::AuthorizeRequest,
     ) -> cobro_provider::Outcome {
-        self.through(key, self.inner.authorize(key, request)).await
+        self.send(key, cobro_provider::Mutation::Authorize(request))
+            .await
+            .outcome
     }
     async fn capture(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
-        self.through(key, self.inner.capture(key, charge)).await
+        self.send(key, cobro_provider::Mutation::Capture(charge))
+            .await
+            .outcome
     }
     async fn void(&self, key: &str, charge: &str) -> cobro_provider::Outcome {
-        self.through(key, self.inner.void(key, charge)).await
+        self.send(key, cobro_provider::Mutation::Void(charge))
+            .await
+            .outcome
     }
     async fn refund(
         &self,
         key: &str,
         request: &cobro_provider::RefundRequest,
     ) -> cobro_provider::Outcome {
-        self.through(key, self.inner.refund(key, request)).await
+        self.send(key, cobro_provider::Mutation::Refund(request))
+            .await
+            .outcome
     }
     async fn get_charge(
         &self,
@@ -877,6 +1052,26 @@ struct Explorer {
     sent_through: SentLog,
     /// A routing seed's own state; `None` in the other seeds.
     routing: Option<Routing>,
+    /// A Stripe seed's own state; `None` in the seeds of the fake dialect.
+    stripe: Option<StripeSide>,
+}
+
+/// What only a Stripe seed has.
+struct StripeSide {
+    /// The seed's fifth stream: every draw only a Stripe seed makes (which
+    /// cached 500s say `Stripe-Should-Retry: false`, which day-long clock
+    /// jumps are a week), so the other streams draw as in any seed.
+    rng: StdRng,
+    /// Each event built, by id (`evt_<object>_<status>`: one per state an
+    /// object reached, as Stripe sends one per change), as first built: a
+    /// later delivery of that state is the same event again.
+    events: BTreeMap<String, Vec<u8>>,
+    /// When each charge and refund was first seen in each of its states
+    /// (unix seconds, by id and ledger status; see `Explorer::observe`).
+    seen: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Authorisations Stripe canceled on its own (uncaptured for seven
+    /// days: `cancellation_reason: automatic`).
+    expired: u64,
 }
 
 /// What only a routing seed has.
@@ -900,6 +1095,20 @@ struct Reached {
     late_doubles: u64,
     late_double_refunds: u64,
     routing: Option<RoutingReached>,
+    stripe: Option<StripeReached>,
+}
+
+/// What a Stripe seed reached, once quiet: how often its Stripe-only
+/// faults fired at the provider, and how many authorisations Stripe
+/// canceled on its own.
+#[derive(Default)]
+struct StripeReached {
+    /// `fail_after_effect_no_retry` (a 500 saved under the key with
+    /// `Stripe-Should-Retry: false`), on any operation.
+    no_retry: u64,
+    /// Charges answered `processing` (a PaymentIntent `processing`).
+    processing: u64,
+    expired: u64,
 }
 
 /// What a routing seed reached, once quiet.
@@ -918,17 +1127,23 @@ async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, St
             late_doubles: x.late_doubles,
             late_double_refunds: x.late_double_refunds,
             routing,
+            stripe: x.stripe_reached(),
         }),
         Err(violation) => Err(violation),
     };
     let trace = std::mem::take(&mut x.trace);
     x.finish().await;
     if std::env::var("EXPLORE_VERBOSE").is_ok() {
-        eprintln!("TRACE {seed}:\n    {}", trace.join("\n    "));
+        eprintln!(
+            "TRACE {seed} ({backend:?}, {}):\n    {}",
+            describe(seed),
+            trace.join("\n    ")
+        );
     }
     outcome.map_err(|violation| {
         format!(
-            "seed {seed} ({backend:?}) after {} steps: {violation}\n  replay: EXPLORE_SEED={seed} ops/explore.sh\n  trace:\n    {}",
+            "seed {seed} ({backend:?}, {}) after {} steps: {violation}\n  replay: EXPLORE_SEED={seed} ops/explore.sh\n  trace:\n    {}",
+            describe(seed),
             trace.len(),
             trace.join("\n    ")
         )
@@ -959,9 +1174,14 @@ impl Explorer {
             retention,
             ..Default::default()
         };
+        let dialect = if stripe(seed) {
+            Dialect::Stripe
+        } else {
+            Dialect::Fake
+        };
         let mut rig = Rig::on_provider(
             TestApp::spawn_on(db).await,
-            Dialect::Fake,
+            dialect,
             provider,
             |_, worker| {
                 worker.key_retention = retention;
@@ -1111,6 +1331,12 @@ impl Explorer {
             late_double_refunds: 0,
             sent_through,
             routing,
+            stripe: (dialect == Dialect::Stripe).then(|| StripeSide {
+                rng: StdRng::seed_from_u64(seed ^ 0x7374_7269),
+                events: BTreeMap::new(),
+                seen: BTreeMap::new(),
+                expired: 0,
+            }),
         }
     }
 
@@ -1166,11 +1392,55 @@ impl Explorer {
                 self.trace.push(format!("worker {w} unsent call timed out"));
             }
         }
+        // A Stripe seed notes what the provider holds before the clocks
+        // move (when each state was reached: see `observe`), and what
+        // holds money, of which Stripe may cancel some as its clock moves.
+        let before = if self.stripe.is_some() {
+            let ledger = self.rig.ledger();
+            self.observe(&ledger);
+            Some(
+                ledger
+                    .charges
+                    .into_iter()
+                    .filter(|c| matches!(c.status.as_str(), "authorized" | "processing"))
+                    .map(|c| c.id)
+                    .collect::<BTreeSet<String>>(),
+            )
+        } else {
+            None
+        };
         self.rig
             .app
             .clock
             .advance(chrono::Duration::from_std(by).expect("duration"));
         self.rig.provider.control().advance_clock(by);
+        let Some(before) = before else {
+            return Ok(());
+        };
+        // Stripe cancels a PaymentIntent left uncaptured for seven days
+        // (`cancellation_reason: automatic`) as its clock passes that
+        // mark: its charge voided behind cobro's back, as a dashboard's
+        // void is (cobro learns it from the event, or when it next acts on
+        // the charge).
+        let ledger = self.rig.ledger();
+        self.observe(&ledger);
+        let expired: Vec<String> = ledger
+            .charges
+            .iter()
+            .filter(|c| c.status == "voided" && before.contains(&c.id))
+            .map(|c| c.id.clone())
+            .collect();
+        for id in expired {
+            let intent = cobro_test_support::provider_ref_of(&ledger, &id).to_owned();
+            self.note(format!(
+                "stripe cancels {intent} ({id}), uncaptured for seven days"
+            ));
+            if let Some(stripe) = &mut self.stripe {
+                stripe.expired += 1;
+            }
+            let answered = self.answered_before_dashboard(&id).await?;
+            self.dashboard.entry(id).or_default().extend(answered);
+        }
         Ok(())
     }
 
@@ -1209,6 +1479,15 @@ impl Explorer {
                     0..=2 => Duration::from_secs(2),
                     3..=5 => Duration::from_secs(35),
                     6..=8 => Duration::from_secs(400),
+                    // One day-long jump in three of a Stripe seed is a
+                    // week: every authorisation still uncaptured expires.
+                    _ if self
+                        .stripe
+                        .as_mut()
+                        .is_some_and(|s| s.rng.random_ratio(1, 3)) =>
+                    {
+                        STRIPE_WEEK
+                    }
                     _ => Duration::from_secs(25 * 3600),
                 };
                 self.note(format!("clock +{by:?}"));
@@ -1356,12 +1635,17 @@ impl Explorer {
         let what = match (driven.busy(), driven.gate.parked()) {
             (false, _) => {
                 let worker = Arc::clone(&driven.actor);
+                let gate = Arc::clone(&driven.gate);
                 driven.task = Some(tokio::spawn(async move {
+                    let told = gate.told_not_to_retry.load(Ordering::SeqCst);
                     match worker.run_once().await {
                         Ok(steps) if steps.len() > 1 => {
                             Err(format!("a claim of batch 1 took {} rows", steps.len()))
                         }
-                        Ok(_) => Ok(()),
+                        Ok(steps) => handed_over_when_told(
+                            gate.told_not_to_retry.load(Ordering::SeqCst) - told,
+                            &steps,
+                        ),
                         Err(e) => {
                             tracing::warn!(error = %e, "explorer worker round failed");
                             Ok(())
@@ -1558,6 +1842,26 @@ impl Explorer {
             }
             pair => pair,
         };
+        // A Stripe seed's own faults (drawn from its stream): the Stripe
+        // dialect holds no request, so a fault that would hold one is
+        // Stripe's cached 500 saying `Stripe-Should-Retry: false` (a
+        // resend under the key replays it: the worker must hand the
+        // attempt to the reconciler at once), and so is one in
+        // `NO_RETRY_ONE_IN` of its other cached 500s (the Stripe dialect
+        // saves a `fail_after_effect` 500 under the key too, without the
+        // header: the worker resends and gets it again).
+        let action = match action {
+            FaultAction::HoldEffect if self.stripe.is_some() => FaultAction::FailAfterEffectNoRetry,
+            FaultAction::FailAfterEffect
+                if self
+                    .stripe
+                    .as_mut()
+                    .is_some_and(|s| s.rng.random_ratio(1, NO_RETRY_ONE_IN)) =>
+            {
+                FaultAction::FailAfterEffectNoRetry
+            }
+            action => action,
+        };
         let mut rule = FaultRule::new(operation, action).with_next(1);
         if action == FaultAction::Processing {
             rule = rule.with_lag_seconds(PROCESSING_LAG.as_secs());
@@ -1690,7 +1994,8 @@ impl Explorer {
                     "voided" => ManualOutcome::Canceled,
                     _ => ManualOutcome::Captured,
                 },
-                Some(c.id.clone()),
+                // The charge's id, or (Stripe) its PaymentIntent's.
+                Some(cobro_test_support::provider_ref_of(&ledger, &c.id).to_owned()),
             ),
             None => match authorizations.last() {
                 Some(a) => (*a, ManualOutcome::Failed, None),
@@ -1705,7 +2010,13 @@ impl Explorer {
         let (outcome, provider_ref) = match (mistaken, charged) {
             (false, _) => (outcome, provider_ref),
             (true, Some(_)) => (ManualOutcome::Failed, None),
-            (true, None) => (ManualOutcome::Captured, Some("ch_not_this_attempts".into())),
+            (true, None) => (
+                ManualOutcome::Captured,
+                Some(format!(
+                    "{}not_this_attempts",
+                    self.rig.dialect.charge_prefix()
+                )),
+            ),
         };
         let mut resolution = ManualResolution {
             payment,
@@ -1769,6 +2080,9 @@ impl Explorer {
     /// Delivers the current state of charge or refund `id` (`ch_...`,
     /// `re_...`) as a signed event: `charge.<status>`, `refund.<status>`.
     async fn deliver_charge(&mut self, id: &str) -> Result<(), String> {
+        if self.stripe.is_some() {
+            return self.deliver_stripe(id).await;
+        }
         let kind = if id.starts_with("re_") {
             "refund"
         } else {
@@ -1807,6 +2121,113 @@ impl Explorer {
         let route = route.unwrap_or(PRIMARY);
         self.events.push((route, body.clone()));
         self.deliver(route, body).await
+    }
+
+    /// A Stripe seed notes when each charge and refund of `ledger` was
+    /// first seen in its current state: cobro's clock now, which is when
+    /// the state was reached (the ledger is read after every step and
+    /// before every clock move, and nothing at the provider changes
+    /// between steps). That is its Stripe event's `created`, from which
+    /// cobro derives the event's sequence: a state's event is as old as
+    /// the state, however late it is delivered.
+    fn observe(&mut self, ledger: &fake_provider::Ledger) {
+        let now = self.rig.app.clock.now().timestamp();
+        let Some(stripe) = &mut self.stripe else {
+            return;
+        };
+        let charges = ledger.charges.iter().map(|c| (&c.id, &c.status));
+        let refunds = ledger.refunds.iter().map(|r| (&r.id, &r.status));
+        for (id, status) in charges.chain(refunds) {
+            let states = stripe.seen.entry(id.clone()).or_default();
+            if !states.contains_key(status) {
+                states.insert(status.clone(), now);
+            }
+        }
+    }
+
+    /// A Stripe seed's event about charge or refund `id` (`ch_...`,
+    /// `re_...`): the event Stripe sends for the state its PaymentIntent
+    /// (`payment_intent.amount_capturable_updated`, `.succeeded`,
+    /// `.canceled`, `.payment_failed`, `.processing`) or refund
+    /// (`refund.created`, `refund.failed`, `refund.updated`) is in now, as
+    /// the Stripe dialect renders the object, signed with
+    /// `Stripe-Signature` and delivered at `/v1/webhooks/stripe`. One event
+    /// per state: built the first time that state is delivered, `created`
+    /// when the state was reached (`observe`), the same event every later
+    /// time.
+    async fn deliver_stripe(&mut self, id: &str) -> Result<(), String> {
+        let ledger = self.rig.ledger();
+        self.observe(&ledger);
+        // When the charge (or refund) reached the state it is in now.
+        let charges = ledger.charges.iter().map(|c| (&c.id, &c.status));
+        let refunds = ledger.refunds.iter().map(|r| (&r.id, &r.status));
+        let reached = charges
+            .chain(refunds)
+            .find(|(made, _)| made.as_str() == id)
+            .and_then(|(made, status)| self.stripe.as_ref()?.seen.get(made)?.get(status))
+            .copied();
+        let refund = id.starts_with("re_");
+        let path = if refund {
+            format!("/v1/refunds/{id}")
+        } else {
+            format!(
+                "/v1/payment_intents/{}",
+                cobro_test_support::provider_ref_of(&ledger, id)
+            )
+        };
+        let response = self
+            .rig
+            .app
+            .client
+            .get(format!("{}{path}", self.rig.provider.url()))
+            .bearer_auth(RIG_SECRET_KEY)
+            .header("stripe-version", fake_provider::STRIPE_API_VERSION)
+            .send()
+            .await
+            .map_err(|e| format!("GET {path}: {e}"))?;
+        let found = response.status().is_success();
+        let object: Value = response
+            .json()
+            .await
+            .map_err(|e| format!("{path} json: {e}"))?;
+        let status = object["status"].as_str().unwrap_or_default().to_owned();
+        let kind = match (refund, status.as_str()) {
+            _ if !found => None,
+            (false, "requires_capture") => Some("payment_intent.amount_capturable_updated"),
+            (false, "succeeded") => Some("payment_intent.succeeded"),
+            (false, "canceled") => Some("payment_intent.canceled"),
+            (false, "requires_payment_method") => Some("payment_intent.payment_failed"),
+            (false, "processing") => Some("payment_intent.processing"),
+            (false, _) => None,
+            (true, "succeeded" | "pending") => Some("refund.created"),
+            (true, "failed") => Some("refund.failed"),
+            (true, _) => Some("refund.updated"),
+        };
+        let Some(kind) = kind else {
+            self.note(format!("webhook: no Stripe event for {path} ({status:?})"));
+            return Ok(());
+        };
+        let object_id = object["id"].as_str().unwrap_or(id).to_owned();
+        let event_id = format!("evt_{object_id}_{status}");
+        let created = reached.unwrap_or_else(|| self.rig.app.clock.now().timestamp());
+        let body = match self.stripe.as_ref().and_then(|s| s.events.get(&event_id)) {
+            Some(body) => body.clone(),
+            None => serde_json::to_vec(&json!({
+                "id": event_id, "object": "event",
+                "api_version": fake_provider::STRIPE_API_VERSION, "created": created,
+                "data": {"object": object}, "livemode": false, "pending_webhooks": 1,
+                "request": {"id": null, "idempotency_key": null}, "type": kind,
+            }))
+            .map_err(|e| e.to_string())?,
+        };
+        if let Some(stripe) = &mut self.stripe {
+            stripe
+                .events
+                .entry(event_id)
+                .or_insert_with(|| body.clone());
+        }
+        self.events.push((PRIMARY, body.clone()));
+        self.deliver(PRIMARY, body).await
     }
 
     /// The provider whose name the charge or refund `id` was made through
@@ -1883,21 +2304,40 @@ impl Explorer {
             "void"
         };
         let key = format!("dashboard-{}", self.key());
-        let answer = self
+        // In a Stripe seed, the dashboard acts on the charge's
+        // PaymentIntent, through Stripe's API (a void is its cancel).
+        let (path, stripe_version) = match self.rig.dialect {
+            Dialect::Fake => (format!("/v1/charges/{id}/{verb}"), None),
+            Dialect::Stripe => {
+                let intent =
+                    cobro_test_support::provider_ref_of(&self.rig.ledger(), &id).to_owned();
+                let verb = if verb == "void" { "cancel" } else { verb };
+                (
+                    format!("/v1/payment_intents/{intent}/{verb}"),
+                    Some(fake_provider::STRIPE_API_VERSION),
+                )
+            }
+        };
+        let mut request = self
             .rig
             .app
             .client
-            .post(format!(
-                "{}/v1/charges/{id}/{verb}",
-                self.rig.provider.url()
-            ))
+            .post(format!("{}{path}", self.rig.provider.url()))
             .bearer_auth(RIG_SECRET_KEY)
-            .header("idempotency-key", key)
+            .header("idempotency-key", key);
+        if let Some(version) = stripe_version {
+            request = request.header("stripe-version", version);
+        }
+        let answer = request
             .send()
             .await
             .map(|r| r.status().as_u16().to_string())
             .unwrap_or_else(|e| format!("no answer ({e})"));
-        self.note(format!("dashboard {verb} {id}: {answer}"));
+        let what = match stripe_version {
+            Some(_) => format!("{path} ({id})"),
+            None => id.clone(),
+        };
+        self.note(format!("dashboard {verb} {what}: {answer}"));
         let before = self.answered_before_dashboard(&id).await?;
         self.dashboard.entry(id).or_default().extend(before);
         Ok(())
@@ -1959,24 +2399,28 @@ impl Explorer {
         body: Vec<u8>,
         wrong: bool,
     ) -> Result<(), String> {
-        let response = if route == PRIMARY {
-            self.rig.post_fake_event(SECRET, body.clone()).await
-        } else {
-            let t = self.rig.app.clock.now().timestamp();
-            self.rig
-                .app
-                .client
-                .post(format!("{}/v1/webhooks/{route}", self.rig.app.url))
-                .header("content-type", "application/json")
-                .header(
-                    fake_provider::SIGNATURE_HEADER,
-                    fake_provider::sign(SECRET, t, &body),
-                )
-                .body(body.clone())
-                .send()
-                .await
-        }
-        .map_err(|e| format!("webhook: {e}"))?;
+        // Signed at cobro's clock now, as a provider signs each delivery
+        // (a late one too); a seed that does not route has one route, its
+        // dialect's (`fake`, or `stripe` with `Stripe-Signature`).
+        let (path, header) = match (self.routing.is_some(), self.rig.dialect) {
+            (true, _) | (false, Dialect::Fake) => (route, fake_provider::SIGNATURE_HEADER),
+            (false, Dialect::Stripe) => (
+                Dialect::Stripe.webhook_provider(),
+                fake_provider::STRIPE_SIGNATURE_HEADER,
+            ),
+        };
+        let t = self.rig.app.clock.now().timestamp();
+        let response = self
+            .rig
+            .app
+            .client
+            .post(format!("{}/v1/webhooks/{path}", self.rig.app.url))
+            .header("content-type", "application/json")
+            .header(header, fake_provider::sign(SECRET, t, &body))
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(|e| format!("webhook: {e}"))?;
         let status = response.status().as_u16();
         let answer: Value = response.json().await.unwrap_or(Value::Null);
         let event: Value = serde_json::from_slice(&body).unwrap_or_default();
@@ -1991,9 +2435,14 @@ impl Explorer {
         } else {
             String::new()
         };
+        // The fake's events carry a sequence; Stripe's their id.
+        let which = match &event["sequence"] {
+            Value::Null => &event["id"],
+            sequence => sequence,
+        };
         self.note(format!(
-            "webhook {} {}{at} -> {status} {}",
-            event["type"], event["sequence"], answer["outcome"]
+            "webhook {} {which}{at} -> {status} {}",
+            event["type"], answer["outcome"]
         ));
         let kept = matches!(
             answer["outcome"].as_str(),
@@ -2036,6 +2485,26 @@ impl Explorer {
         // events are delivered after that, so that each lands after
         // whatever cobro decided.
         self.settle_all().await?;
+        // A 500 the Stripe dialect saved under a key without
+        // `Stripe-Should-Retry` replays on every resend (`replayed: true`),
+        // so its worker retries until the attempt's key window closes and
+        // then hands it over (seed 902): in a Stripe seed with anything
+        // still due, the clocks pass that window, and everything settles
+        // again.
+        if self.stripe.is_some()
+            && self
+                .rig
+                .app
+                .db
+                .count("outbox WHERE state = 'pending'")
+                .await
+                > 0
+        {
+            let by = self.send_window + Duration::from_secs(61);
+            self.note(format!("clock +{by:?} (past the key window)"));
+            self.advance(by).await?;
+            self.settle_all().await?;
+        }
         if self.rig.provider.control().held() > 0 {
             self.release_held(false).await?;
             self.settle_all().await?;
@@ -2064,9 +2533,13 @@ impl Explorer {
             self.advance(Duration::from_secs(61)).await?;
             for driven in &self.workers {
                 loop {
+                    let told = driven.gate.told_not_to_retry.load(Ordering::SeqCst);
                     match driven.actor.run_once().await {
                         Ok(steps) if steps.is_empty() => break,
-                        Ok(_) => {}
+                        Ok(steps) => handed_over_when_told(
+                            driven.gate.told_not_to_retry.load(Ordering::SeqCst) - told,
+                            &steps,
+                        )?,
                         // A busy write lock: the row stays due, try again.
                         Err(e) if e.to_string().contains("timed out waiting for a lock") => {}
                         Err(e) => return Err(format!("worker: {e}")),
@@ -2121,6 +2594,7 @@ impl Explorer {
     /// whose provider key made it.
     async fn check(&mut self) -> Result<(), String> {
         let ledger = self.rig.ledger();
+        self.observe(&ledger);
         let store = &self.rig.app.db.store;
         // Every payment and its attempts: one read of the payments, one of
         // each payment's attempts (at once).
@@ -2208,10 +2682,10 @@ impl Explorer {
                 return Err(format!("payment {id} vanished"));
             };
             if let Some(charge) = p.provider_ref.as_deref() {
-                let Some(c) = ledger.charge(charge) else {
+                let Some(c) = charge_of(&ledger, charge) else {
                     // Read again: made after the first read means a call
                     // moved while the judge read (see `Gate::park`).
-                    let later = self.rig.ledger().charge(charge).is_some();
+                    let later = charge_of(&self.rig.ledger(), charge).is_some();
                     return Err(format!(
                         "payment {id} names {charge}, which the provider never made \
                          (in a second read of the ledger: {later})"
@@ -2299,8 +2773,9 @@ impl Explorer {
             // operator confirm `authorized`, then a dashboard captured.
             let answered_before = p
                 .provider_ref
-                .as_ref()
-                .and_then(|charge| self.dashboard.get(charge));
+                .as_deref()
+                .and_then(|r| charge_of(&ledger, r))
+                .and_then(|charge| self.dashboard.get(&charge.id));
             let acted_on_charge = attempts.iter().any(|a| {
                 answered_on_charge(a)
                     && answered_before.is_none_or(|before| !before.contains(&a.id.0))
@@ -2421,9 +2896,10 @@ impl Explorer {
                     mine.len()
                 ));
             };
-            if p.provider_ref.as_deref() != Some(charge.id.as_str()) {
+            let charge_ref = cobro_test_support::provider_ref_of(&ledger, &charge.id);
+            if p.provider_ref.as_deref() != Some(charge_ref) {
                 return Err(format!(
-                    "payment {id} names {:?}, its charge is {}",
+                    "payment {id} names {:?}, its charge is {charge_ref} ({})",
                     p.provider_ref, charge.id
                 ));
             }
@@ -2509,6 +2985,26 @@ impl Explorer {
         } else {
             String::new()
         }
+    }
+
+    /// What a Stripe seed reached (`None` in the other seeds): its
+    /// Stripe-only faults that fired, and the authorisations Stripe
+    /// canceled on its own.
+    fn stripe_reached(&self) -> Option<StripeReached> {
+        let stripe = self.stripe.as_ref()?;
+        let fired = self.rig.provider.control().faults_fired();
+        let count = |action: FaultAction| {
+            fired
+                .iter()
+                .filter(|f| f.action == action)
+                .map(|f| f.count)
+                .sum()
+        };
+        Some(StripeReached {
+            no_retry: count(FaultAction::FailAfterEffectNoRetry),
+            processing: count(FaultAction::Processing),
+            expired: stripe.expired,
+        })
     }
 
     /// What a routing seed reached once quiet (`None` in the other seeds):
@@ -2724,6 +3220,18 @@ fn check_route(
     Ok(())
 }
 
+/// The ledger's charge of cobro's `provider_ref`: the charge itself (the
+/// fake's API), or the one its PaymentIntent's confirmation made (the
+/// Stripe dialect).
+fn charge_of<'l>(
+    ledger: &'l fake_provider::Ledger,
+    provider_ref: &str,
+) -> Option<&'l fake_provider::LedgerCharge> {
+    ledger
+        .charge(provider_ref)
+        .or_else(|| ledger.charge_of_payment_intent(provider_ref))
+}
+
 /// The provider's effects (id, idempotency key, reference) by the intent
 /// whose attempt's provider key made each, late ones left out; an effect
 /// made under a key no attempt of cobro's holds is a violation.
@@ -2744,6 +3252,25 @@ fn per_intent<'a>(
         }
     }
     Ok(per_intent)
+}
+
+/// A worker's round whose send was answered an unknown outcome with
+/// `Stripe-Should-Retry: false` (`told` such answers) handed its attempt
+/// to the reconciler at once (docs/proof-of-absence.md: a resend under the
+/// key would only replay the saved 500; only a query can tell what
+/// happened), unless its lease was lost meanwhile.
+fn handed_over_when_told(told: u32, steps: &[cobro_worker::Step]) -> Result<(), String> {
+    use cobro_worker::Step;
+    if told == 0
+        || steps
+            .iter()
+            .any(|s| matches!(s, Step::HandedOver | Step::LeaseLost))
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "a worker answered an unknown outcome with Stripe-Should-Retry: false ended its round {steps:?}, not handing the attempt to the reconciler"
+    ))
 }
 
 /// What one reconciler run decided, one verdict per item; a run that could

@@ -184,7 +184,10 @@ async fn replay(State(floor): State<Arc<Floor>>, headers: HeaderMap, _body: Byte
     Ok((
         status,
         [
-            (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
             (header::LOCATION, location),
             (
                 header::HeaderName::from_static("idempotent-replayed"),

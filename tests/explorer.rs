@@ -100,8 +100,8 @@
 //! clock step in three is a week, after which Stripe cancels every
 //! PaymentIntent left uncaptured (behind cobro's back, judged as a
 //! dashboard's void). These draws come from a fifth stream. A run prints
-//! what its Stripe seeds reached, and fails if 20 or more of them never
-//! fired the no-retry 500.
+//! what its Stripe seeds reached, and fails if 20 or more of them ran and
+//! not one fired the no-retry 500.
 //!
 //! `EXPLORE_SEEDS=N` sets how many seeds each backend runs (CI: the default
 //! below; `EXPLORE_FIRST_SEED=F` starts them at F, for runs in chunks;

@@ -354,12 +354,7 @@ drain_run() { # WORKERS
 }
 
 run_postgres() {
-  if [ "$PG_STATEMENTS" = 1 ]; then
-    PG_SETTINGS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all $PG_EXTRA_SETTINGS" bench_pg_up
-    pg_admin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
-  else
-    PG_SETTINGS="$PG_EXTRA_SETTINGS" bench_pg_up
-  fi
+  bench_pg_up_statements
   PG_VERSION=$("$PG_BIN/postgres" --version)
   # A template database: migrated, an account, a token and the payment the
   # replay and GET scenarios use; every measured database is a copy of it.

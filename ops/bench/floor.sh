@@ -56,12 +56,7 @@ fi
 
 bench_workdir floor
 trap bench_cleanup EXIT
-if [ "$PG_STATEMENTS" = 1 ]; then
-  PG_SETTINGS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" bench_pg_up
-  pg_admin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
-else
-  PG_SETTINGS="" bench_pg_up
-fi
+bench_pg_up_statements
 pg_durability "$DURABILITY"
 DB=floor
 setup_db "$DB"

@@ -85,6 +85,17 @@ bench_pg_up() {
   PG_POSTMASTER=$(head -1 "$PG_DIR/data/postmaster.pid")
 }
 
+# bench_pg_up, with pg_stat_statements loaded (track = all) and created
+# when PG_STATEMENTS=1; PG_EXTRA_SETTINGS go on the command line either way.
+bench_pg_up_statements() {
+  if [ "${PG_STATEMENTS:-0}" = 1 ]; then
+    PG_SETTINGS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all ${PG_EXTRA_SETTINGS:-}" bench_pg_up
+    pg_admin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+  else
+    PG_SETTINGS="${PG_EXTRA_SETTINGS:-}" bench_pg_up
+  fi
+}
+
 psql_q() { "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
 db_url() { echo "postgres://postgres@127.0.0.1:$PG_PORT/$1"; }
 # Runs SQL as superuser on the `postgres` database.

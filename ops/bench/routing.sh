@@ -26,13 +26,7 @@ A=$1; B=$2; SECS=${3:-10}; ROUNDS=${4:-5}
 need_tools
 bench_workdir routing
 trap bench_cleanup EXIT
-if [ "${PG_STATEMENTS:-0}" = 1 ]; then
-  # A diagnosis: every statement of each side, per request (below).
-  PG_SETTINGS="-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all" bench_pg_up
-  pg_admin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
-else
-  PG_SETTINGS="" bench_pg_up
-fi
+bench_pg_up_statements
 
 COBRO_BIN=$A; setup_db pa; TOKEN_A=$TOKEN
 COBRO_BIN=$B; setup_db pb; TOKEN_B=$TOKEN

@@ -355,7 +355,7 @@ async fn explore(backend: Backend) {
     // Each lane's database (and its pool) is wiped and reused between its
     // seeds: about three times faster on PostgreSQL, where a CREATE and
     // DROP DATABASE cost about 370 ms of server CPU (the default since the
-    // soak of tests/README.md ran clean in this mode). `EXPLORE_FRESH_LANES`
+    // soak of tests/results/explorer.md ran clean in this mode). `EXPLORE_FRESH_LANES`
     // gives every seed a fresh database instead. The violations once seen
     // mostly in reuse mode were a real defect that the reused tables'
     // statistics exposed (a claim of batch 1 leasing several rows; see
@@ -364,7 +364,7 @@ async fn explore(backend: Backend) {
     let reuse_lanes = std::env::var("EXPLORE_FRESH_LANES").is_err();
     // `EXPLORE_LANES`: seeds run at once (a seed spends part of its time
     // waiting on the database, so more lanes than cores can use them
-    // better; tests/README.md has the measurements).
+    // better; tests/results/explorer.md has the measurements).
     let lanes_at_once = std::env::var("EXPLORE_LANES")
         .ok()
         .and_then(|n| n.parse().ok())

@@ -18,7 +18,7 @@ use crate::events::{
 };
 use base64::Engine;
 use chrono::Duration;
-use cobro_core::{Clock, PaymentId};
+use cobro_core::{Clock, DeliveryState, PaymentId};
 use cobro_store::events::{DeliveryRow, GONE_ERROR};
 use cobro_test_support::fleet::{Behaviour, Endpoint};
 use cobro_test_support::{Backend, Rig, on_both_backends, payment_body};
@@ -107,11 +107,11 @@ async fn a_payments_next_event_waits_until_the_previous_is_delivered_or_dead(bac
     assert_eq!(sequences[q], [1, 2], "q is not held back by p");
     assert_eq!(sequences[p], [1], "p's second waits for its first");
     let p_rows = deliveries_of(&rig, p).await;
-    assert_eq!(p_rows[0][0].state, "pending");
+    assert_eq!(p_rows[0][0].state, DeliveryState::Pending);
     assert_eq!(p_rows[0][0].last_status, Some(503));
     assert_eq!(
-        (p_rows[1][0].state.as_str(), p_rows[1][0].attempts),
-        ("pending", 0)
+        (p_rows[1][0].state, p_rows[1][0].attempts),
+        (DeliveryState::Pending, 0)
     );
 
     dispatch_until_settled(&rig, &[d], Duration::minutes(20)).await;
@@ -124,11 +124,18 @@ async fn a_payments_next_event_waits_until_the_previous_is_delivered_or_dead(bac
     );
     let p_rows = deliveries_of(&rig, p).await;
     let first = &p_rows[0][0];
-    assert_eq!(first.state, "dead", "the first died with its reason");
+    assert_eq!(
+        first.state,
+        DeliveryState::Dead,
+        "the first died with its reason"
+    );
     assert_eq!(first.last_status, Some(503));
     assert_eq!(first.last_error.as_deref(), Some("answered 503"));
     let second = &p_rows[1][0];
-    assert_eq!((second.state.as_str(), second.attempts), ("delivered", 1));
+    assert_eq!(
+        (second.state, second.attempts),
+        (DeliveryState::Delivered, 1)
+    );
 }
 
 /// The endpoint answers 410 Gone: it is disabled at once, its reason is
@@ -151,7 +158,11 @@ async fn an_endpoint_that_answers_410_gone_is_disabled_with_its_reason_until_ena
     let reason = listed["disabled_reason"].as_str().expect("reason");
     assert!(reason.contains("410 Gone"), "{reason}");
     let rows = deliveries_of(&rig, p).await;
-    assert_eq!(rows[0][0].state, "pending", "it waits, it is not dead");
+    assert_eq!(
+        rows[0][0].state,
+        DeliveryState::Pending,
+        "it waits, it is not dead"
+    );
     assert_eq!(rows[0][0].last_status, Some(410));
     assert_eq!(rows[0][0].last_error.as_deref(), Some(GONE_ERROR));
     for _ in 0..5 {
@@ -363,7 +374,8 @@ async fn a_few_hundred_endpoints_a_fifth_misbehaving_get_every_event_in_order_an
         "no delivery pending",
         async || {
             let counts = deliveries(&rig).await;
-            !counts.contains_key("pending") && counts.values().sum::<i64>() == 200 * 20
+            !counts.contains_key(&DeliveryState::Pending)
+                && counts.values().sum::<i64>() == 200 * 20
         },
     )
     .await;
@@ -392,25 +404,29 @@ async fn a_few_hundred_endpoints_a_fifth_misbehaving_get_every_event_in_order_an
             );
         }
         for row in mine {
-            let outcome = (
-                row.state.as_str(),
-                row.last_status,
-                row.last_error.as_deref(),
-            );
+            let outcome = (row.state, row.last_status, row.last_error.as_deref());
             match behaviour {
                 Behaviour::Healthy => {
-                    assert_eq!(outcome, ("delivered", Some(200), None), "{id}");
+                    assert_eq!(outcome, (DeliveryState::Delivered, Some(200), None), "{id}");
                     assert_eq!(
                         row.attempts, 1,
                         "{id}: a healthy endpoint is served at once"
                     );
                 }
-                Behaviour::Slow(_) => assert_eq!(outcome.0, "delivered", "{id}"),
+                Behaviour::Slow(_) => assert_eq!(outcome.0, DeliveryState::Delivered, "{id}"),
                 Behaviour::Failing => {
-                    assert_eq!(outcome, ("dead", Some(503), Some("answered 503")), "{id}")
+                    assert_eq!(
+                        outcome,
+                        (DeliveryState::Dead, Some(503), Some("answered 503")),
+                        "{id}"
+                    )
                 }
                 Behaviour::Hang => {
-                    assert_eq!(outcome, ("dead", None, Some("timed out")), "{id}")
+                    assert_eq!(
+                        outcome,
+                        (DeliveryState::Dead, None, Some("timed out")),
+                        "{id}"
+                    )
                 }
                 Behaviour::Gone => unreachable!("none here"),
             }

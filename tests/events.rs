@@ -7,7 +7,7 @@
 //! cobro's and the provider's.
 
 use chrono::Duration;
-use cobro_core::{PaymentId, PaymentStatus};
+use cobro_core::{DeliveryState, PaymentId, PaymentStatus};
 use cobro_store::Store;
 use cobro_store::events::EventFilter;
 use cobro_test_support::{
@@ -15,7 +15,7 @@ use cobro_test_support::{
 };
 use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 on_both_backends!(
     every_status_change_has_its_event_and_the_last_event_is_the_final_state,
@@ -491,7 +491,7 @@ pub(crate) fn dispatcher(
 }
 
 /// How many deliveries are in each state.
-pub(crate) async fn deliveries(rig: &Rig) -> BTreeMap<String, i64> {
+pub(crate) async fn deliveries(rig: &Rig) -> HashMap<DeliveryState, i64> {
     rig.app
         .db
         .store
@@ -528,7 +528,13 @@ pub(crate) async fn dispatch_until_settled(
             .sequence_events(rig.app.clock.now())
             .await
             .expect("sequence");
-        if deliveries(rig).await.get("pending").copied().unwrap_or(0) == 0 {
+        if deliveries(rig)
+            .await
+            .get(&DeliveryState::Pending)
+            .copied()
+            .unwrap_or(0)
+            == 0
+        {
             return;
         }
         assert!(
@@ -660,10 +666,21 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
         received_before,
         "nothing reaches an endpoint that is down"
     );
-    assert!(deliveries(&rig).await.get("pending").copied().unwrap_or(0) > 0);
+    assert!(
+        deliveries(&rig)
+            .await
+            .get(&DeliveryState::Pending)
+            .copied()
+            .unwrap_or(0)
+            > 0
+    );
     merchant.come_back().await;
     dispatch_until_settled(&rig, &dispatchers, Duration::minutes(1)).await;
-    assert_eq!(deliveries(&rig).await.get("dead"), None, "nothing died");
+    assert_eq!(
+        deliveries(&rig).await.get(&DeliveryState::Dead),
+        None,
+        "nothing died"
+    );
 
     // At least once, and nothing that is not an event of cobro's.
     let feed = whole_feed(&rig, 0).await;
@@ -785,14 +802,14 @@ async fn a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabl
     let p = rig.create_payment("k-1", &payment_body("o-1")).await;
     rig.drain(5).await;
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !deliveries(&rig).await.contains_key("dead") {
+    while !deliveries(&rig).await.contains_key(&DeliveryState::Dead) {
         assert!(tokio::time::Instant::now() < deadline, "never dead");
         round(&d[0]).await;
         rig.app.clock.advance(Duration::minutes(10));
     }
     assert_eq!(
         deliveries(&rig).await,
-        BTreeMap::from([("dead".to_owned(), 1), ("pending".to_owned(), 1)]),
+        HashMap::from([(DeliveryState::Dead, 1), (DeliveryState::Pending, 1)]),
         "created is dead; captured waited for it, then for the endpoint"
     );
     let endpoints: Value = get_json(&rig, "/v1/event_endpoints").await;
@@ -819,7 +836,7 @@ async fn a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabl
         .await
         .expect("sequence");
     assert_eq!(
-        deliveries(&rig).await.get("pending"),
+        deliveries(&rig).await.get(&DeliveryState::Pending),
         Some(&3),
         "o-1's captured, o-2's created and captured wait for the endpoint"
     );
@@ -850,7 +867,7 @@ async fn a_delivery_failing_for_the_whole_period_is_dead_and_the_endpoint_disabl
     );
     dispatch_until_settled(&rig, &d, Duration::seconds(30)).await;
     assert_eq!(
-        deliveries(&rig).await.get("delivered"),
+        deliveries(&rig).await.get(&DeliveryState::Delivered),
         Some(&4),
         "o-1's created replayed, the three that waited"
     );

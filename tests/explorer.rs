@@ -2790,9 +2790,10 @@ impl Explorer {
             // to have made some was decided wrong, even though the conflict
             // stopped the line (a capture or void recorded refused may be
             // contradicted by a dashboard's move, which is not cobro's to see).
-            for c in conflicts.iter().filter(|c| {
-                c.kind == cobro_store::conflicts::ConflictKind::EffectAfterNoEffect.as_str()
-            }) {
+            for c in conflicts
+                .iter()
+                .filter(|c| c.kind == cobro_store::conflicts::ConflictKind::EffectAfterNoEffect)
+            {
                 // Unless the provider made that money late (a held request
                 // released): cobro decided by the rules, the provider broke
                 // its own lag, and the conflict is what must follow.

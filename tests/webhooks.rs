@@ -689,7 +689,7 @@ async fn event_ids_are_kept_for_their_retention_and_no_longer(backend: Backend) 
         .await
         .expect("read")
         .expect("kept");
-    assert_eq!(young.outcome, "unmatched");
+    assert_eq!(young.outcome, cobro_core::WebhookOutcome::Unmatched);
     assert!(young.payment_id.is_none());
     // Within its retention, a redelivery is still recognised.
     assert_eq!(send("evt_young").await, "duplicate_delivery");

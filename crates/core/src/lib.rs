@@ -8,6 +8,7 @@ pub mod ids;
 pub mod intent;
 pub mod key;
 pub mod money;
+pub mod records;
 pub mod routing;
 pub mod signature;
 pub mod standard_webhooks;
@@ -25,6 +26,7 @@ pub use ids::{
 pub use intent::{IntentName, Operation, OrderRef, OrderRefError, attempt_reference};
 pub use key::{IdempotencyKey, KeyError, KeyHash};
 pub use money::{Amount, AmountError, Currency, CurrencyError};
+pub use records::{ConflictKind, DeliveryState, WebhookOutcome};
 pub use state::{
     AttemptState, CaptureMethod, IllegalTransition, PaymentEvent, PaymentStatus, RefundStatus,
 };

@@ -13,42 +13,7 @@ use crate::{DbId, DbTime, PaymentRow, Result, Store, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
 use cobro_core::{AttemptId, PaymentId, RefundId};
 
-/// What kind of evidence was kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConflictKind {
-    /// An effect found for an attempt recorded as having moved no money
-    /// (`no_effect`, `declined`, `failed`).
-    EffectAfterNoEffect,
-    /// Another provider object than the one recorded for the attempt.
-    OtherObject,
-    /// An object under the attempt's identity whose amount, currency or
-    /// capture mode differ from what cobro asked for.
-    Mismatch,
-    /// More than one object under one attempt's identity.
-    SeveralObjects,
-    /// Evidence that names no attempt of cobro's.
-    Unmatched,
-    /// The books: a success cobro holds that the provider's ledger does
-    /// not have in a window that covers its whole send (critical).
-    MissingAtProvider,
-    /// The books: the provider's object differs from cobro's record in a
-    /// way no provider move explains (docs/books.md).
-    BooksDrift,
-}
-
-impl ConflictKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ConflictKind::EffectAfterNoEffect => "effect_after_no_effect",
-            ConflictKind::OtherObject => "other_object",
-            ConflictKind::Mismatch => "mismatch",
-            ConflictKind::SeveralObjects => "several_objects",
-            ConflictKind::Unmatched => "unmatched",
-            ConflictKind::MissingAtProvider => "missing_at_provider",
-            ConflictKind::BooksDrift => "books_drift",
-        }
-    }
-}
+pub use cobro_core::ConflictKind;
 
 /// One piece of evidence to keep.
 #[derive(Clone, Debug)]
@@ -73,7 +38,7 @@ pub struct ConflictRow {
     pub refund_id: Option<DbId>,
     pub attempt_id: Option<DbId>,
     pub source: String,
-    pub kind: String,
+    pub kind: ConflictKind,
     pub detail: String,
     pub evidence: String,
     pub found_at: DbTime,

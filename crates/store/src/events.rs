@@ -21,7 +21,7 @@
 
 use crate::{Backend, DbId, DbTime, Result, Store, on_pool, on_tx, on_write_pool};
 use chrono::{DateTime, Utc};
-use cobro_core::{AccountId, EndpointId, EventId, PaymentId};
+use cobro_core::{AccountId, DeliveryState, EndpointId, EventId, PaymentId};
 use serde_json::{Value, json};
 
 /// A stored event.
@@ -180,7 +180,7 @@ pub enum Recorded {
 pub struct DeliveryRow {
     pub event_id: DbId,
     pub endpoint_id: DbId,
-    pub state: String,
+    pub state: DeliveryState,
     pub attempts: i32,
     pub last_status: Option<i32>,
     pub last_error: Option<String>,
@@ -849,8 +849,8 @@ impl Store {
             .await?))
     }
 
-    /// Deliveries per state (`pending`, `delivered`, `dead`), all accounts.
-    pub async fn delivery_counts(&self) -> Result<Vec<(String, i64)>> {
+    /// Deliveries per state, all accounts.
+    pub async fn delivery_counts(&self) -> Result<Vec<(DeliveryState, i64)>> {
         let sql = "SELECT state, COUNT(*) FROM event_deliveries GROUP BY state ORDER BY state";
         Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?))
     }

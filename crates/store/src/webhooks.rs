@@ -27,36 +27,7 @@ pub struct NewWebhookEvent<'a> {
     pub payload: &'a str,
 }
 
-/// What receiving an event did; stored in `webhook_events.outcome`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WebhookOutcome {
-    /// The event settled an unresolved attempt (and moved its payment or
-    /// refund as far as the state machine allows).
-    Applied,
-    /// Older than what is already recorded for its charge: kept, not applied.
-    IgnoredStale,
-    /// What it proves was already recorded (by the worker, the reconciler or
-    /// an earlier event): nothing changed.
-    DuplicateEffect,
-    /// No attempt of cobro's matches it: kept, and reported as an
-    /// `unmatched` conflict.
-    Unmatched,
-    /// It contradicts what is recorded, or carries an attempt's identity
-    /// with other terms: kept as a conflict, the payment in `needs_review`.
-    Conflict,
-}
-
-impl WebhookOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WebhookOutcome::Applied => "applied",
-            WebhookOutcome::IgnoredStale => "ignored_stale",
-            WebhookOutcome::DuplicateEffect => "duplicate_effect",
-            WebhookOutcome::Unmatched => "unmatched",
-            WebhookOutcome::Conflict => "conflict",
-        }
-    }
-}
+pub use cobro_core::WebhookOutcome;
 
 /// A stored event, read back.
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -66,7 +37,7 @@ pub struct WebhookEventRow {
     pub event_type: String,
     pub sequence: i64,
     pub payment_id: Option<DbId>,
-    pub outcome: String,
+    pub outcome: WebhookOutcome,
     pub payload: String,
     pub received_at: DbTime,
 }

@@ -327,7 +327,7 @@ fn conflicts_table(conflicts: &[cobro_store::conflicts::ConflictRow]) -> Table {
         table.add_row([
             instant(c.found_at.0),
             or_dash(c.payment_id.map(|p| p.0)),
-            c.kind.clone(),
+            c.kind.to_string(),
             c.source.clone(),
             c.detail.clone(),
             or_dash(c.resolved_at.map(|t| instant(t.0))),

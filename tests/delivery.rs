@@ -59,7 +59,7 @@ async fn deliveries_of(rig: &Rig, payment: &str) -> Vec<Vec<DeliveryRow>> {
         .await
         .expect("events")
     {
-        let event_id = event.id.0.to_string().parse().expect("id");
+        let event_id = event.id.to_string().parse().expect("id");
         all.push(
             store
                 .deliveries_of_event_any_account(event_id)
@@ -387,7 +387,7 @@ async fn a_few_hundred_endpoints_a_fifth_misbehaving_get_every_event_in_order_an
     for p in &payments {
         for event in deliveries_of(&rig, p).await {
             for row in event {
-                rows.entry(row.endpoint_id.0.to_string())
+                rows.entry(row.endpoint_id.to_string())
                     .or_default()
                     .push(row);
             }

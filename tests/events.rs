@@ -308,7 +308,7 @@ async fn a_rolled_back_change_and_a_lost_compare_and_set_write_no_event(backend:
         .await
         .expect("feed");
     assert_eq!(feed.len(), 1);
-    assert_eq!(feed[0].payment_id.0, p.id.as_uuid());
+    assert_eq!(feed[0].payment_id, p.id);
 }
 
 /// Writers commit in an order unrelated to the order they wrote in (each
@@ -361,7 +361,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     let reader = {
         let store = store.clone();
         tokio::spawn(async move {
-            let mut seen: Vec<(i64, uuid::Uuid)> = Vec::new();
+            let mut seen: Vec<(i64, cobro_core::EventId)> = Vec::new();
             let mut after = 0;
             let total = writers_n * EACH * 2;
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -383,7 +383,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
                     let position = e.feed_position.expect("sequenced");
                     assert_eq!(position, after + 1, "a gap after position {after}");
                     after = position;
-                    seen.push((position, e.id.0));
+                    seen.push((position, e.id));
                 }
                 if page.is_empty() {
                     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -407,13 +407,13 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
         .await
         .expect("all");
     assert_eq!(all.len(), writers_n * EACH * 2);
-    let all: Vec<(i64, uuid::Uuid)> = all
+    let all: Vec<(i64, cobro_core::EventId)> = all
         .iter()
-        .map(|e| (e.feed_position.expect("pos"), e.id.0))
+        .map(|e| (e.feed_position.expect("pos"), e.id))
         .collect();
     assert_eq!(seen, all, "the reader saw exactly the feed, in order");
     // Per payment, the feed keeps the sequence order.
-    let mut last: BTreeMap<uuid::Uuid, i64> = BTreeMap::new();
+    let mut last: BTreeMap<PaymentId, i64> = BTreeMap::new();
     for e in store
         .events_for_account(
             account,
@@ -425,7 +425,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
         .await
         .expect("all")
     {
-        let before = last.insert(e.payment_id.0, e.sequence).unwrap_or(0);
+        let before = last.insert(e.payment_id, e.sequence).unwrap_or(0);
         assert!(e.sequence > before, "sequence order kept in the feed");
     }
 }
@@ -754,7 +754,7 @@ async fn every_event_reaches_a_misbehaving_endpoint_and_its_state_ends_equal_to_
             .await
             .expect("refunds")
         {
-            let rid = refund.id.0.to_string();
+            let rid = refund.id.to_string();
             let shown: Value = get_json(&rig, &format!("/v1/payments/{id}/refunds/{rid}")).await;
             assert_eq!(
                 state.get(&rid),

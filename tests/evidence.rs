@@ -266,7 +266,7 @@ async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
         .enqueue_attempt(
             &cobro_store::NewAttempt {
                 id: new_id,
-                intent: cobro_core::IntentId::from_uuid(attempt.intent_id.0),
+                intent: attempt.intent_id,
                 payment: pid,
                 refund: None,
                 operation: cobro_core::Operation::Authorize,
@@ -303,7 +303,7 @@ async fn needs_review_blocks_every_new_send_and_the_operator_names_the_attempt(
     assert!(wrong.is_err(), "another payment's or no attempt is refused");
     let after = cobro_reconciler::resolve_by_hand(
         &rig.app.db.store,
-        &resolution(attempt.id.0.into()),
+        &resolution(attempt.id),
         rig.app.clock.now(),
     )
     .await
@@ -426,7 +426,7 @@ async fn a_refused_void_whose_truth_the_payment_cannot_take_stops_the_line(backe
     let charge_id = rig.ledger().charges[0].id.clone();
     let resolution = ManualResolution {
         payment: pid,
-        attempt: cobro_core::AttemptId::from_uuid(authorize.id.0),
+        attempt: authorize.id,
         outcome: ManualOutcome::Authorized,
         provider_ref: Some(charge_id.clone()),
         operator: "alice".into(),
@@ -865,7 +865,7 @@ async fn the_reconciler_reads_what_a_stale_worker_kept(backend: Backend) {
         .db
         .store
         .record_observation(
-            attempt.id.0.into(),
+            attempt.id,
             1,
             "succeeded",
             &object.to_string(),

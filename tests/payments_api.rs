@@ -300,12 +300,7 @@ async fn revoked_and_expired_tokens_are_401_and_change_nothing(backend: Backend)
         .iter()
         .find(|t| t.label == "test")
         .expect("the app's token");
-    assert!(
-        store
-            .revoke_token(cobro_core::TokenId::from_uuid(own.id.0), now)
-            .await
-            .expect("revoke")
-    );
+    assert!(store.revoke_token(own.id, now).await.expect("revoke"));
     // The token was read within the API's token cache bound (it has just
     // been used): it is still accepted until that bound has passed on the
     // API's clock, and refused from then on, by every route.

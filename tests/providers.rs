@@ -992,7 +992,7 @@ async fn a_webhook_settles_only_its_own_providers_attempts(backend: Backend) {
             "cobro_account": world.app.account.to_string(),
             "cobro_payment": fake_id,
             "cobro_intent": "o-1:authorize-v1",
-            "cobro_attempt": attempt.id.0.to_string(),
+            "cobro_attempt": attempt.id.to_string(),
             "cobro_reference": attempt.reference,
         },
     });

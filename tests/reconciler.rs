@@ -527,7 +527,7 @@ async fn unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it(
         cobro_test_support::for_intent(&charge, "o-1:authorize-v1").charges,
         1
     );
-    let attempt = rig.attempts(&id).await[0].id.0.into();
+    let attempt = rig.attempts(&id).await[0].id;
     let after = cobro_reconciler::resolve_by_hand(
         &rig.app.db.store,
         &ManualResolution {

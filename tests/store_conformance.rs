@@ -197,13 +197,12 @@ async fn only_one_active_payment_per_order_even_under_concurrency(backend: Backe
         )
         .await
         .expect("list")[0]
-        .id
-        .0;
+        .id;
     let mut tx = db.store.begin().await.expect("begin");
     assert!(
         tx.transition_payment(
             account,
-            PaymentId::from_uuid(existing),
+            existing,
             PaymentStatus::Processing,
             PaymentStatus::Declined,
             t0()
@@ -251,8 +250,8 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
             .await
             .expect("open");
         tx.commit().await.expect("commit");
-        assert_eq!(row.id.0, p.id.as_uuid());
-        assert_eq!(attempt.payment_id.0, p.id.as_uuid());
+        assert_eq!(row.id, p.id);
+        assert_eq!(attempt.payment_id, p.id);
         assert_eq!(attempt.state, cobro_core::AttemptState::Pending);
         assert_eq!(attempt.send_count, 0);
         assert!(attempt.reference.starts_with("pedido-842:authorize-v1/"));
@@ -260,7 +259,7 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
     }
     assert_ne!(opened[0].provider_key, opened[1].provider_key);
     for (account, attempt) in [a, b].into_iter().zip(&opened) {
-        let id = attempt.id.0;
+        let id = attempt.id;
         let mine = format!("account_id = '{}'", account.as_uuid());
         assert_eq!(db.count(&format!("payments WHERE {mine}")).await, 1);
         assert_eq!(db.count(&format!("intents WHERE {mine}")).await, 1);
@@ -278,7 +277,7 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
     // on SQLite; the caller rolls back and nothing is left.
     db.exec(&format!(
         "UPDATE payments SET status = 'needs_review' WHERE id = '{}'",
-        opened[0].payment_id.0
+        opened[0].payment_id
     ))
     .await;
     let mut tx = db.store.begin().await.expect("begin");
@@ -287,7 +286,7 @@ async fn opening_an_intent_writes_its_attempt_and_outbox_in_the_payments_account
         Operation::Capture,
         1,
     );
-    let payment = PaymentId::from_uuid(opened[0].payment_id.0);
+    let payment = opened[0].payment_id;
     let blocked = tx
         .open_intent(a, payment, None, Operation::Capture, &capture, t0())
         .await;
@@ -359,11 +358,11 @@ async fn a_payment_is_read_with_its_attempts_in_order_and_only_in_its_account(ba
         .await
         .expect("read")
         .expect("found");
-    assert_eq!(payment.id.0, with.as_uuid());
+    assert_eq!(payment.id, with);
     let operations: Vec<_> = attempts.iter().map(|x| x.operation).collect();
     assert_eq!(operations, [Operation::Authorize, Operation::Capture]);
-    assert_eq!(attempts[1].id.0, later.id.0);
-    assert!(attempts.iter().all(|x| x.payment_id.0 == with.as_uuid()));
+    assert_eq!(attempts[1].id, later.id);
+    assert!(attempts.iter().all(|x| x.payment_id == with));
 
     let (payment, attempts) = db
         .store
@@ -371,7 +370,7 @@ async fn a_payment_is_read_with_its_attempts_in_order_and_only_in_its_account(ba
         .await
         .expect("read bare")
         .expect("a payment without attempts is found");
-    assert_eq!((payment.id.0, attempts.len()), (bare.id.as_uuid(), 0));
+    assert_eq!((payment.id, attempts.len()), (bare.id, 0));
 
     for id in [with, bare.id] {
         let other = db.store.payment_with_attempts_for_account(b, id).await;
@@ -775,7 +774,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     tx.commit().await.expect("commit");
     let attempts = db
         .store
-        .attempts_of_payment_any_account(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .attempts_of_payment_any_account(fresh.attempt.payment_id)
         .await
         .expect("attempts");
     assert_eq!(attempts[0].send_count, 1, "the stale send was not recorded");
@@ -800,7 +799,7 @@ async fn a_claim_leases_the_row_and_a_stale_token_writes_nothing(backend: Backen
     tx.commit().await.expect("commit");
     let attempts = db
         .store
-        .attempts_of_payment_any_account(PaymentId::from_uuid(fresh.attempt.payment_id.0))
+        .attempts_of_payment_any_account(fresh.attempt.payment_id)
         .await
         .expect("attempts");
     assert_eq!(attempts[0].send_count, 2);
@@ -934,7 +933,7 @@ async fn a_delivery_claim_takes_at_most_its_limit_whatever_plan_the_statistics_c
             "delivery claim {round} of limit 1 took {}",
             claims.len()
         );
-        leased.extend(claims.into_iter().map(|c| c.event.id.0));
+        leased.extend(claims.into_iter().map(|c| c.event.id));
     }
     leased.sort();
     leased.dedup();
@@ -1125,8 +1124,8 @@ async fn a_token_is_refused_from_its_expiry_on_and_once_revoked(backend: Backend
     );
 
     let listed = db.store.list_tokens(None).await.expect("list");
-    let ids: Vec<_> = listed.iter().map(|t| t.id.0).collect();
-    assert_eq!(ids, vec![expiring.as_uuid(), forever.as_uuid()]);
+    let ids: Vec<_> = listed.iter().map(|t| t.id).collect();
+    assert_eq!(ids, vec![expiring, forever]);
     assert_eq!(listed[0].account_name, "a");
     assert_eq!(listed[0].prefix, "cobro_1a2b3c4d");
     assert_eq!(listed[1].prefix, "", "create_token stores no prefix");
@@ -1139,7 +1138,7 @@ async fn a_token_is_refused_from_its_expiry_on_and_once_revoked(backend: Backend
     );
     let only_b = db.store.list_tokens(Some(b)).await.expect("list");
     assert_eq!(only_b.len(), 1);
-    assert_eq!(only_b[0].id.0, forever.as_uuid());
+    assert_eq!(only_b[0].id, forever);
 }
 
 async fn an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_page(
@@ -1161,14 +1160,14 @@ async fn an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_p
     let mut good: Vec<_> = claimed
         .claims
         .iter()
-        .map(|c| PaymentId::from_uuid(c.attempt.payment_id.0))
+        .map(|c| c.attempt.payment_id)
         .collect();
     good.sort();
     assert_eq!(good, vec![ids[0], ids[2]]);
     let [bad] = claimed.unreadable.as_slice() else {
         panic!("one unreadable row: {:?}", claimed.unreadable)
     };
-    assert_eq!(PaymentId::from_uuid(bad.attempt.payment_id.0), ids[1]);
+    assert_eq!(bad.attempt.payment_id, ids[1]);
     assert!(
         matches!(bad.attempt.error, cobro_store::StoreError::Corrupt(_)),
         "{bad:?}"
@@ -1203,8 +1202,8 @@ async fn an_unreadable_attempt_fails_only_itself_in_a_claim_and_in_a_candidate_p
                 (bad.id, bad.payment_id, false)
             }
         };
-        after = Some(cobro_core::AttemptId::from_uuid(id.0));
-        seen.push((PaymentId::from_uuid(payment.0), readable));
+        after = Some(id);
+        seen.push((payment, readable));
     }
     assert_eq!(seen, vec![(ids[0], true), (ids[1], false), (ids[2], true)]);
     // Single-row and other reads stay strict.

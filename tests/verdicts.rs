@@ -93,7 +93,7 @@ async fn resolve(rig: &Rig, mut r: ManualResolution) -> Result<String, ResolveEr
 }
 
 async fn first_attempt(rig: &Rig, payment: &str) -> AttemptId {
-    AttemptId::from_uuid(rig.attempts(payment).await[0].id.0)
+    rig.attempts(payment).await[0].id
 }
 
 /// The provider charged; the operator says "failed": refused, with the
@@ -292,7 +292,7 @@ async fn a_refund_in_review_is_resolved_on_its_own_while_its_payment_is_captured
         .await
         .into_iter()
         .find(|a| a.refund_id.is_some())
-        .map(|a| AttemptId::from_uuid(a.id.0))
+        .map(|a| a.id)
         .expect("the refund's attempt");
     let made = rig.ledger().refunds[0].id.clone();
     let refused = resolve(
@@ -343,7 +343,7 @@ async fn a_verdict_against_a_recorded_capture_is_refused(backend: Backend) {
     .expect("stop the line");
     tx.commit().await.expect("commit");
     assert_eq!(rig.payment(&id).await["status"], "needs_review");
-    let attempt = AttemptId::from_uuid(attempt.id.0);
+    let attempt = attempt.id;
 
     let checked = resolve(&rig, verdict(&id, attempt, ManualOutcome::Failed, None)).await;
     assert!(

@@ -220,7 +220,7 @@ pub(crate) struct EndpointView {
 
 fn endpoint_view(row: &EndpointRow, with_secret: bool) -> EndpointView {
     EndpointView {
-        id: row.id.0.to_string(),
+        id: row.id.to_string(),
         url: row.url.clone(),
         event_types: row.types(),
         enabled: row.enabled,

@@ -250,7 +250,7 @@ fn record_intent(
     let span = tracing::Span::current();
     span.record("payment_id", tracing::field::display(payment));
     span.record("intent", tracing::field::display(intent));
-    span.record("attempt_id", tracing::field::display(attempt.id.0));
+    span.record("attempt_id", tracing::field::display(attempt.id));
 }
 
 fn to_json(value: &impl Serialize) -> Result<Vec<u8>, ApiError> {
@@ -398,14 +398,7 @@ async fn create_payment(
         }
     };
     let attempt = tx
-        .open_intent(
-            account.0,
-            PaymentId::from_uuid(row.id.0),
-            None,
-            Operation::Authorize,
-            &intent,
-            now,
-        )
+        .open_intent(account.0, row.id, None, Operation::Authorize, &intent, now)
         .await?;
     record_intent(&payment_id, &intent, &attempt);
     let response = commit_and_wake(
@@ -616,7 +609,7 @@ async fn list_payments(
     };
     let rows = state.store.payments_for_account(account.0, &filter).await?;
     let next_cursor = (rows.len() == limit as usize)
-        .then(|| rows.last().map(|r| r.id.0.to_string()))
+        .then(|| rows.last().map(|r| r.id.to_string()))
         .flatten();
     Ok(Json(PaymentList {
         data: rows.iter().map(|r| views::payment(r, None)).collect(),
@@ -723,14 +716,7 @@ async fn capture_payment(
         .next_intent_name(account.0, &row.order_ref, Operation::Capture)
         .await?;
     let attempt = tx
-        .open_intent(
-            account.0,
-            PaymentId::from_uuid(row.id.0),
-            None,
-            Operation::Capture,
-            &intent,
-            now,
-        )
+        .open_intent(account.0, row.id, None, Operation::Capture, &intent, now)
         .await?;
     record_intent(&id, &intent, &attempt);
     let response = commit_and_wake(
@@ -822,22 +808,14 @@ async fn cancel_payment(
         let held = tx.held_attempts_for_account(account.0, id).await?;
         match held.iter().find(|a| a.operation == Operation::Cancel) {
             Some(attempt) => {
-                tx.release_held(cobro_core::AttemptId::from_uuid(attempt.id.0), now)
-                    .await?;
+                tx.release_held(attempt.id, now).await?;
             }
             None => {
                 let intent = tx
                     .next_intent_name(account.0, &row.order_ref, Operation::Cancel)
                     .await?;
-                tx.open_intent(
-                    account.0,
-                    PaymentId::from_uuid(row.id.0),
-                    None,
-                    Operation::Cancel,
-                    &intent,
-                    now,
-                )
-                .await?;
+                tx.open_intent(account.0, row.id, None, Operation::Cancel, &intent, now)
+                    .await?;
             }
         }
         row
@@ -1003,7 +981,7 @@ async fn create_refund(
     {
         let error = ApiError::RefundReferenceExists {
             payment_id: id.to_string(),
-            refund_id: existing.id.0.to_string(),
+            refund_id: existing.id.to_string(),
         };
         return keyed::commit_refusal(tx, &keyed, error).await;
     }
@@ -1055,7 +1033,7 @@ async fn create_refund(
     let attempt = tx
         .open_intent(
             account.0,
-            PaymentId::from_uuid(payment.id.0),
+            payment.id,
             Some(refund_id),
             Operation::Refund,
             &intent,
@@ -1107,7 +1085,7 @@ async fn get_refund(
         .refund_for_account(account.0, refund_id)
         .await?
         // A refund of another of the account's payments is not found here.
-        .filter(|r| r.payment_id.0 == id.as_uuid())
+        .filter(|r| r.payment_id == id)
         .ok_or(ApiError::NotFound)?;
     Ok(Json(views::refund(&row)))
 }

@@ -214,7 +214,7 @@ fn failure(code: &Option<String>, message: &Option<String>) -> Option<Failure> {
 pub fn payment(row: &PaymentRow, attempts: Option<&[AttemptRow]>) -> PaymentView {
     let waiting = row.status == cobro_core::PaymentStatus::RequiresAction;
     PaymentView {
-        id: row.id.0.to_string(),
+        id: row.id.to_string(),
         intent: row.intent.clone(),
         order_ref: row.order_ref.clone(),
         amount: row.amount,
@@ -264,8 +264,8 @@ pub fn payment(row: &PaymentRow, attempts: Option<&[AttemptRow]>) -> PaymentView
 
 pub fn refund(row: &RefundRow) -> RefundView {
     RefundView {
-        id: row.id.0.to_string(),
-        payment_id: row.payment_id.0.to_string(),
+        id: row.id.to_string(),
+        payment_id: row.payment_id.to_string(),
         intent: row.intent.clone(),
         amount: row.amount,
         reason: row.reason.clone(),

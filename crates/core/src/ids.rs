@@ -56,6 +56,8 @@ macro_rules! id_type {
                 Self(uuid)
             }
         }
+
+        crate::stored::sqlx_uuid!($name);
     };
 }
 

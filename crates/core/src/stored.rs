@@ -100,4 +100,64 @@ macro_rules! sqlx_text {
     ($($t:tt)*) => {};
 }
 
-pub(crate) use {sqlx_text, string_enum};
+/// A UUID newtype (`$name(Uuid)`) as a column: PostgreSQL's `uuid`, and on
+/// SQLite hyphenated TEXT (as the store's `DbId`, so that rows read and
+/// bound either way agree).
+#[cfg(feature = "sqlx")]
+macro_rules! sqlx_uuid {
+    ($name:ident) => {
+        impl sqlx::Type<sqlx::Postgres> for $name {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <uuid::Uuid as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+        }
+        impl<'q> sqlx::Encode<'q, sqlx::Postgres> for $name {
+            fn encode_by_ref(
+                &self,
+                buf: &mut sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <uuid::Uuid as sqlx::Encode<'q, sqlx::Postgres>>::encode_by_ref(&self.0, buf)
+            }
+        }
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $name {
+            fn decode(
+                value: sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                Ok($name(
+                    <uuid::Uuid as sqlx::Decode<'r, sqlx::Postgres>>::decode(value)?,
+                ))
+            }
+        }
+        impl sqlx::Type<sqlx::Sqlite> for $name {
+            fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+                <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+            }
+        }
+        impl<'q> sqlx::Encode<'q, sqlx::Sqlite> for $name {
+            fn encode_by_ref(
+                &self,
+                buf: &mut Vec<sqlx::sqlite::SqliteArgumentValue<'q>>,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <String as sqlx::Encode<'q, sqlx::Sqlite>>::encode(
+                    self.0.hyphenated().to_string(),
+                    buf,
+                )
+            }
+        }
+        impl<'r> sqlx::Decode<'r, sqlx::Sqlite> for $name {
+            fn decode(
+                value: sqlx::sqlite::SqliteValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let text = <&str as sqlx::Decode<'r, sqlx::Sqlite>>::decode(value)?;
+                Ok($name(uuid::Uuid::parse_str(text)?))
+            }
+        }
+    };
+}
+
+#[cfg(not(feature = "sqlx"))]
+macro_rules! sqlx_uuid {
+    ($($t:tt)*) => {};
+}
+
+pub(crate) use {sqlx_text, sqlx_uuid, string_enum};

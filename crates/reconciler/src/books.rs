@@ -31,7 +31,7 @@ mod adopt;
 pub use adopt::{AdoptError, Adopted};
 
 use chrono::{DateTime, TimeZone, Utc};
-use cobro_core::{AttemptId, AttemptState, Clock, PaymentStatus, RefundStatus};
+use cobro_core::{AttemptState, Clock, PaymentStatus, RefundStatus};
 use cobro_provider::{LedgerKind, Provider, ProviderObject, ProviderStatus, Window, metadata};
 use cobro_settle::books::{Drift, adopt_outside_refund, apply_drift, raise_missing};
 use cobro_settle::{Fit, fit};
@@ -477,11 +477,7 @@ impl<P: Provider> Pass<'_, P> {
                 .await;
         };
         let refund = match attempt.refund_id {
-            Some(r) => {
-                store
-                    .refund_any_account(cobro_core::RefundId::from_uuid(r.0))
-                    .await?
-            }
+            Some(r) => store.refund_any_account(r).await?,
             None => None,
         };
         let operation_fits = match kind {
@@ -523,7 +519,7 @@ impl<P: Provider> Pass<'_, P> {
             "none (dry run)".to_owned()
         } else {
             let said = serde_json::to_string(object).unwrap_or_default();
-            let attempt_id = AttemptId::from_uuid(attempt.id.0);
+            let attempt_id = attempt.id;
             let actor = &self.books.config.actor;
             let now = self.books.clock.now();
             action(apply_drift(store, attempt_id, object, &why, actor, &said, now).await?)
@@ -564,19 +560,19 @@ impl<P: Provider> Pass<'_, P> {
         }
         let detail = format!(
             "a refund of payment {}'s charge made at the provider outside cobro",
-            payment.id.0
+            payment.id
         );
         let action = if self.dry_run {
             "none (dry run)".to_owned()
         } else {
             let said = serde_json::to_string(object).unwrap_or_default();
-            let payment_id = cobro_core::PaymentId::from_uuid(payment.id.0);
+            let payment_id = payment.id;
             let (actor, now) = (&self.books.config.actor, self.books.clock.now());
             action(adopt_outside_refund(store, payment_id, object, actor, &said, now).await?)
         };
         let mut found = finding(Class::Drifted, detail, action);
-        found.payment = Some(payment.id.0.to_string());
-        found.account = Some(payment.account_id.0.to_string());
+        found.payment = Some(payment.id.to_string());
+        found.account = Some(payment.account_id.to_string());
         Ok((Class::Drifted, Some(found)))
     }
 
@@ -683,7 +679,9 @@ impl<P: Provider> Pass<'_, P> {
                 )
                 .await?;
             let Some(last) = page.last() else { break };
-            after = last.first_send_at.map(|t| (t.0, last.id));
+            after = last
+                .first_send_at
+                .map(|t| (t.0, cobro_store::DbId::from(last.id)));
             for attempt in &page {
                 let ends_inside = attempt
                     .last_send_at
@@ -710,7 +708,7 @@ impl<P: Provider> Pass<'_, P> {
                 let action = if self.dry_run {
                     "none (dry run)".to_owned()
                 } else {
-                    let id = AttemptId::from_uuid(attempt.id.0);
+                    let id = attempt.id;
                     let now = self.books.clock.now();
                     action(raise_missing(store, id, &detail, &config.actor, now).await?)
                 };
@@ -719,8 +717,8 @@ impl<P: Provider> Pass<'_, P> {
                     kind: "attempt",
                     object: Some(object.to_owned()),
                     account: None,
-                    payment: Some(attempt.payment_id.0.to_string()),
-                    attempt: Some(attempt.id.0.to_string()),
+                    payment: Some(attempt.payment_id.to_string()),
+                    attempt: Some(attempt.id.to_string()),
                     amount: None,
                     currency: None,
                     status: Some(attempt.state.as_str().to_owned()),
@@ -760,7 +758,7 @@ fn carries_cobro_metadata(object: &ProviderObject) -> bool {
 }
 
 fn payment_of(attempt: &AttemptRow) -> cobro_core::PaymentId {
-    cobro_core::PaymentId::from_uuid(attempt.payment_id.0)
+    attempt.payment_id
 }
 
 /// How cobro's record of an attempt compares with its object.

@@ -4,8 +4,8 @@ pub mod books;
 
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AccountId, AttemptId, AttemptState, Clock, Decision, IntentId, Operation, PaymentEvent,
-    PaymentId, PaymentStatus, RefundId, RefundStatus, RunId,
+    AttemptId, AttemptState, Clock, Decision, Operation, PaymentEvent, PaymentId, PaymentStatus,
+    RefundStatus, RunId,
 };
 use cobro_provider::{
     NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
@@ -437,7 +437,7 @@ impl<P: Provider> Reconciler<P> {
             )
             .await?;
         for attempt in &waiting {
-            let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
+            let payment_id = attempt.payment_id;
             let Some(payment) = self.store.payment_any_account(payment_id).await? else {
                 continue;
             };
@@ -482,8 +482,8 @@ impl<P: Provider> Reconciler<P> {
     /// attempt in the outbox, due now) in one transaction; the worker
     /// cancels the PaymentIntent under the attempt's own key.
     async fn expire(&self, payment: &PaymentRow, now: DateTime<Utc>) -> Result<(), ReconcileError> {
-        let payment_id = PaymentId::from_uuid(payment.id.0);
-        let account = AccountId::from_uuid(payment.account_id.0);
+        let payment_id = payment.id;
+        let account = payment.account_id;
         let mut tx = self.store.begin().await?;
         let Some(current) = tx.lock_payment_any_account(payment_id).await? else {
             tx.rollback().await?;
@@ -538,10 +538,10 @@ impl<P: Provider> Reconciler<P> {
                 .await?;
             // The cursor passes an unreadable row too: it names its id.
             let Some(last) = page.last() else { break };
-            after = Some(AttemptId::from_uuid(match last {
-                Ok(a) => a.id.0,
-                Err(bad) => bad.id.0,
-            }));
+            after = Some(match last {
+                Ok(a) => a.id,
+                Err(bad) => bad.id,
+            });
             let full = page.len() == self.config.page as usize;
             for candidate in &page {
                 if let Ok(attempt) = candidate
@@ -558,10 +558,10 @@ impl<P: Provider> Reconciler<P> {
                     Ok(attempt) => match self.examine(attempt, run_id, dry_run).await {
                         Ok(item) => item,
                         Err(ReconcileError::Store(e)) => {
-                            tracing::error!(attempt_id = %attempt.id.0, error = %e, "examining an attempt failed; the next run tries again");
+                            tracing::error!(attempt_id = %attempt.id, error = %e, "examining an attempt failed; the next run tries again");
                             Examined {
-                                payment_id: attempt.payment_id.0.to_string(),
-                                attempt_id: attempt.id.0.to_string(),
+                                payment_id: attempt.payment_id.to_string(),
+                                attempt_id: attempt.id.to_string(),
                                 reference: attempt.reference.clone(),
                                 operation: attempt.operation.to_string(),
                                 provider_said: serde_json::Value::Null,
@@ -575,10 +575,10 @@ impl<P: Provider> Reconciler<P> {
                     // Unreadable (a stored value no known variant matches):
                     // reported like any failed examination, and the run goes on.
                     Err(bad) => {
-                        tracing::error!(attempt_id = %bad.id.0, error = %bad.error, "a candidate attempt cannot be read; the next run tries again");
+                        tracing::error!(attempt_id = %bad.id, error = %bad.error, "a candidate attempt cannot be read; the next run tries again");
                         Examined {
-                            payment_id: bad.payment_id.0.to_string(),
-                            attempt_id: bad.id.0.to_string(),
+                            payment_id: bad.payment_id.to_string(),
+                            attempt_id: bad.id.to_string(),
                             reference: String::new(),
                             operation: String::new(),
                             provider_said: serde_json::Value::Null,
@@ -676,7 +676,7 @@ impl<P: Provider> Reconciler<P> {
         };
         let observed = self
             .store
-            .observations_of_attempt_any_account(AttemptId::from_uuid(attempt.id.0))
+            .observations_of_attempt_any_account(attempt.id)
             .await
             .map_err(|e| QueryError(format!("reading observations: {e}")))?;
         for (_, _, detail) in observed {
@@ -761,7 +761,7 @@ impl<P: Provider> Reconciler<P> {
         if dry_run {
             return Ok(Replay::DryRun);
         }
-        let id = AttemptId::from_uuid(attempt.id.0);
+        let id = attempt.id;
         let Some(sent) = self.store.record_replay(id, now).await? else {
             // Decided meanwhile by someone else.
             return Ok(Replay::Answered(
@@ -787,8 +787,8 @@ impl<P: Provider> Reconciler<P> {
         name = "reconcile.examine",
         skip_all,
         fields(
-            attempt_id = %attempt.id.0,
-            payment_id = %attempt.payment_id.0,
+            attempt_id = %attempt.id,
+            payment_id = %attempt.payment_id,
             intent = intent_of(attempt),
             operation = %attempt.operation,
             provider = self.provider.name(),
@@ -802,10 +802,7 @@ impl<P: Provider> Reconciler<P> {
         dry_run: bool,
     ) -> Result<Examined, ReconcileError> {
         if cobro_telemetry::tracing_active() {
-            let (traceparent, tracestate) = self
-                .store
-                .trace_context_of(AttemptId::from_uuid(attempt.id.0))
-                .await?;
+            let (traceparent, tracestate) = self.store.trace_context_of(attempt.id).await?;
             cobro_telemetry::link_to_stored(
                 &tracing::Span::current(),
                 traceparent.as_deref(),
@@ -813,18 +810,14 @@ impl<P: Provider> Reconciler<P> {
             );
         }
         let operation = attempt.operation;
-        let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
+        let payment_id = attempt.payment_id;
         let payment = self
             .store
             .payment_any_account(payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
         let refund = match attempt.refund_id {
-            Some(r) => {
-                self.store
-                    .refund_any_account(RefundId::from_uuid(r.0))
-                    .await?
-            }
+            Some(r) => self.store.refund_any_account(r).await?,
             None => None,
         };
         // An attempt made before references were unique carries the bare
@@ -851,7 +844,7 @@ impl<P: Provider> Reconciler<P> {
                 .await?;
             return Ok(Examined {
                 payment_id: payment_id.to_string(),
-                attempt_id: attempt.id.0.to_string(),
+                attempt_id: attempt.id.to_string(),
                 reference: attempt.reference.clone(),
                 operation: attempt.operation.to_string(),
                 provider_said: serde_json::Value::Null,
@@ -929,10 +922,10 @@ impl<P: Provider> Reconciler<P> {
         if !dry_run {
             cobro_telemetry::metrics::reconcile_verdict(verdict.name());
         }
-        tracing::info!(attempt_id = %attempt.id.0, reference = %attempt.reference, ?verdict, dry_run, "reconcile.decide");
+        tracing::info!(attempt_id = %attempt.id, reference = %attempt.reference, ?verdict, dry_run, "reconcile.decide");
         Ok(Examined {
             payment_id: payment_id.to_string(),
-            attempt_id: attempt.id.0.to_string(),
+            attempt_id: attempt.id.to_string(),
             reference: attempt.reference.clone(),
             operation: attempt.operation.to_string(),
             provider_said,
@@ -1181,9 +1174,9 @@ impl<P: Provider> Reconciler<P> {
         } = *ctx;
         NewDecision {
             run_id: run,
-            payment: PaymentId::from_uuid(attempt.payment_id.0),
-            refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-            attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+            payment: attempt.payment_id,
+            refund: attempt.refund_id,
+            attempt: Some(attempt.id),
             state_before: before.to_owned(),
             state_after: after.to_owned(),
             provider_said: said.to_string(),
@@ -1264,7 +1257,7 @@ impl<P: Provider> Reconciler<P> {
             name: &self.config.actor,
             said: &said,
         };
-        let payment = PaymentId::from_uuid(ctx.attempt.payment_id.0);
+        let payment = ctx.attempt.payment_id;
         let mut tx = self.store.begin().await?;
         let current = tx
             .lock_payment_any_account(payment)
@@ -1272,7 +1265,7 @@ impl<P: Provider> Reconciler<P> {
             .ok_or_else(|| StoreError::Corrupt("missing payment".into()))?;
         // The same finding again: kept once. A new finding on a payment
         // already in review is kept too (the operator must see it).
-        let attempt_id = AttemptId::from_uuid(ctx.attempt.id.0);
+        let attempt_id = ctx.attempt.id;
         if tx.conflict_is_open(attempt_id, kind, detail).await? {
             tx.rollback().await?;
             return Ok(Verdict::Conflict {
@@ -1320,17 +1313,13 @@ impl<P: Provider> Reconciler<P> {
             now,
             ..
         } = *ctx;
-        let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
-        let refund_id = attempt.refund_id.map(|r| RefundId::from_uuid(r.0));
+        let payment_id = attempt.payment_id;
+        let refund_id = attempt.refund_id;
         let mut tx = self.store.begin().await?;
         // Lock order: the payment row, then the attempt.
         tx.lock_payment_any_account(payment_id).await?;
         if !tx
-            .resolve_no_effect(
-                AttemptId::from_uuid(attempt.id.0),
-                attempt.last_send_at.map(|t| t.0),
-                now,
-            )
+            .resolve_no_effect(attempt.id, attempt.last_send_at.map(|t| t.0), now)
             .await?
         {
             tx.rollback().await?;
@@ -1440,7 +1429,7 @@ impl<P: Provider> Reconciler<P> {
                 finish(tx, dry_run).await?;
                 if !dry_run {
                     note_failover(
-                        PaymentId::from_uuid(payment.id.0),
+                        payment.id,
                         attempt.provider.as_deref().unwrap_or_default(),
                         &to,
                         NoEffectProof::NoEffect,
@@ -1454,7 +1443,7 @@ impl<P: Provider> Reconciler<P> {
             tx.enqueue_attempt(
                 &NewAttempt {
                     id,
-                    intent: IntentId::from_uuid(attempt.intent_id.0),
+                    intent: attempt.intent_id,
                     payment: payment_id,
                     refund: refund_id,
                     operation,
@@ -1564,8 +1553,7 @@ impl<P: Provider> Reconciler<P> {
         } = *ctx;
         let mut tx = self.store.begin().await?;
         // Lock order: the payment row first, as everywhere.
-        tx.lock_payment_any_account(PaymentId::from_uuid(payment.id.0))
-            .await?;
+        tx.lock_payment_any_account(payment.id).await?;
         let (before, after) = if operation == Operation::Refund {
             let Some(refund) = refund else {
                 tx.rollback().await?;
@@ -1577,14 +1565,7 @@ impl<P: Provider> Reconciler<P> {
                 return Ok(Verdict::Escalated);
             }
             let moved = tx
-                .settle_refund(
-                    RefundId::from_uuid(refund.id.0),
-                    from,
-                    RefundStatus::NeedsReview,
-                    None,
-                    None,
-                    now,
-                )
+                .settle_refund(refund.id, from, RefundStatus::NeedsReview, None, None, now)
                 .await?;
             if moved.is_none() {
                 tx.rollback().await?;
@@ -1603,7 +1584,7 @@ impl<P: Provider> Reconciler<P> {
             let Some(after) = self
                 .move_payment(
                     &mut tx,
-                    PaymentId::from_uuid(payment.id.0),
+                    payment.id,
                     before,
                     PaymentEvent::Escalated,
                     None,
@@ -1617,7 +1598,7 @@ impl<P: Provider> Reconciler<P> {
                 });
             };
             tx.set_review_reason(
-                PaymentId::from_uuid(payment.id.0),
+                payment.id,
                 &format!("unresolved past the horizon: {reason}"),
             )
             .await?;
@@ -1632,7 +1613,7 @@ impl<P: Provider> Reconciler<P> {
         );
         tx.record_decision(&d, now).await?;
         finish(tx, dry_run).await?;
-        tracing::warn!(payment_id = %attempt.payment_id.0, reference = %attempt.reference, "unresolved past the horizon: needs_review");
+        tracing::warn!(payment_id = %attempt.payment_id, reference = %attempt.reference, "unresolved past the horizon: needs_review");
         Ok(Verdict::Escalated)
     }
 }

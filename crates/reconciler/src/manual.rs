@@ -5,14 +5,15 @@
 
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AttemptId, AttemptState, Decision, Operation, PaymentId, PaymentStatus, RefundId, RefundStatus,
+    AttemptId, AttemptState, Decision, Operation, PaymentId, PaymentStatus, RefundStatus,
 };
 use cobro_provider::Provider;
 use cobro_settle::evidence::proof_from;
 use cobro_settle::{Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels};
 use cobro_store::audit::NewDecision;
+use cobro_store::conflicts::ConflictKind;
 use cobro_store::settle::PaymentOutcome;
-use cobro_store::{AttemptRow, PaymentRow, Store, StoreError};
+use cobro_store::{AttemptRow, PaymentRow, RefundRow, Store, StoreError};
 
 /// An operator's resolution of a payment in `needs_review`.
 #[derive(Clone, Debug)]
@@ -204,9 +205,9 @@ async fn resolve_in(
     // A refund in review is resolved on its own, whatever its payment's
     // status (a captured payment keeps its status while a refund of it is
     // in review).
-    let refund = match attempts.iter().find(|a| a.id.0 == r.attempt.as_uuid()) {
+    let refund = match attempts.iter().find(|a| a.id == r.attempt) {
         Some(a) if a.operation == Operation::Refund => match a.refund_id {
-            Some(id) => tx.refund_any_account(RefundId::from_uuid(id.0)).await?,
+            Some(id) => tx.refund_any_account(id).await?,
             None => None,
         },
         _ => None,
@@ -225,15 +226,15 @@ async fn resolve_in(
         // Refunds do not decide the payment's status: one still being
         // reconciled does not block resolving another attempt.
         let other_open = a.state == AttemptState::Reconciling
-            && a.id.0 != r.attempt.as_uuid()
+            && a.id != r.attempt
             && a.operation != Operation::Refund;
         worker_owned || other_open
     }) {
-        return Err(ResolveError::InFlight(busy.id.0.to_string()));
+        return Err(ResolveError::InFlight(busy.id.to_string()));
     }
     let attempt = attempts
         .iter()
-        .find(|a| a.id.0 == r.attempt.as_uuid())
+        .find(|a| a.id == r.attempt)
         .ok_or_else(|| ResolveError::NotThisPaymentsAttempt(r.attempt.to_string()))?;
     let operation = attempt.operation;
     // The charge a refund being reconciled is looked up under is the
@@ -244,7 +245,7 @@ async fn resolve_in(
         .iter()
         .find(|a| a.operation == Operation::Refund && a.state.is_unresolved())
     {
-        return Err(ResolveError::InFlight(refunding.id.0.to_string()));
+        return Err(ResolveError::InFlight(refunding.id.to_string()));
     }
     let operator = format!("operator:{}", r.operator);
     let provider_showed = r.verified.as_deref().map(|showed| {
@@ -291,7 +292,7 @@ async fn resolve_in(
         let failure =
             (to == RefundStatus::Failed).then_some(("resolved_by_operator", r.reason.as_str()));
         tx.settle_refund(
-            RefundId::from_uuid(refund.id.0),
+            refund.id,
             RefundStatus::NeedsReview,
             to,
             attempt.provider_ref.as_deref(),
@@ -325,7 +326,7 @@ async fn resolve_in(
             PaymentStatus::Failed | PaymentStatus::Declined => succeeded.map(|a| {
                 format!(
                     "attempt {} succeeded with charge {}",
-                    a.id.0,
+                    a.id,
                     a.provider_ref.as_deref().unwrap_or("-")
                 )
             }),
@@ -379,7 +380,7 @@ async fn resolve_in(
         &NewDecision {
             run_id: None,
             payment: r.payment,
-            refund: attempt.refund_id.map(|id| RefundId::from_uuid(id.0)),
+            refund: attempt.refund_id,
             attempt: Some(r.attempt),
             state_before: before,
             state_after: after.clone(),
@@ -463,14 +464,10 @@ impl<P: Provider> crate::Reconciler<P> {
             .attempts_of_payment_any_account(r.payment)
             .await?
             .into_iter()
-            .find(|a| a.id.0 == r.attempt.as_uuid())
+            .find(|a| a.id == r.attempt)
             .ok_or_else(|| ResolveError::NotThisPaymentsAttempt(r.attempt.to_string()))?;
         let refund = match attempt.refund_id {
-            Some(id) => {
-                self.store
-                    .refund_any_account(RefundId::from_uuid(id.0))
-                    .await?
-            }
+            Some(id) => self.store.refund_any_account(id).await?,
             None => None,
         };
         // What [`resolve_by_hand`] would refuse is refused before asking.
@@ -526,7 +523,34 @@ impl<P: Provider> crate::Reconciler<P> {
                 proof.outcome(),
                 proven_ref(&proof).map_or(String::new(), |id| format!(" ({id})"))
             ))),
-            crate::Finding::NoEffect if no_money_moved(operation, outcome) => Ok(showed),
+            // The list covers the attempt's window; an object the operator
+            // names is read by its id, which no window bounds (a provider
+            // that acted on a request past its timeout made it later).
+            crate::Finding::NoEffect if named(r, operation).is_some() => {
+                self.check_named(r, &attempt, &payment, refund.as_ref(), &agrees, None)
+                    .await
+            }
+            crate::Finding::NoEffect if no_money_moved(operation, outcome) => {
+                // cobro's own kept evidence of an effect of this attempt
+                // outweighs a read bounded by its window.
+                let kept = self
+                    .store
+                    .conflicts_of_payment_any_account(r.payment)
+                    .await?
+                    .into_iter()
+                    .find(|c| {
+                        c.attempt_id == Some(r.attempt)
+                            && c.kind == ConflictKind::EffectAfterNoEffect
+                            && c.resolved_at.is_none()
+                    });
+                match kept {
+                    Some(c) => Err(ResolveError::Unproven(format!(
+                        "cobro holds evidence of an effect of this attempt ({}): name the object",
+                        c.detail
+                    ))),
+                    None => Ok(showed),
+                }
+            }
             crate::Finding::NoEffect => Err(ResolveError::Contradicted(
                 "a consistent read covering the attempt's window found no effect of it".into(),
             )),
@@ -540,39 +564,68 @@ impl<P: Provider> crate::Reconciler<P> {
             // (the list failed): it must be the attempt's own, in the
             // verdict's state.
             crate::Finding::Unknown(reason) => {
-                let Some(id) = r
-                    .provider_ref
-                    .as_deref()
-                    .filter(|_| operation != Operation::Refund)
-                else {
-                    return Err(ResolveError::Unproven(reason));
-                };
-                let object = self
-                    .provider
-                    .get_charge(id)
-                    .await
-                    .map_err(|e| ResolveError::Unproven(format!("{id} could not be read: {e}")))?
-                    .ok_or_else(|| {
-                        ResolveError::Contradicted(format!("the provider has no charge {id}"))
-                    })?;
-                if let Fit::NotOurs(why) | Fit::Mismatch(why) =
-                    fit(operation, &attempt, &payment, refund.as_ref(), &object)
-                {
-                    return Err(ResolveError::Contradicted(format!(
-                        "{id} is not this attempt's: {why}"
-                    )));
-                }
-                match proof_from(operation, &object) {
-                    Some(proof) if agrees(&proof) => {
-                        Ok(serde_json::json!({ "found": [object] }).to_string())
-                    }
-                    Some(proof) => Err(ResolveError::Contradicted(format!(
-                        "{id} shows {}",
-                        proof.outcome()
-                    ))),
-                    None => Err(ResolveError::Unproven(format!("{id} is still in progress"))),
-                }
+                self.check_named(
+                    r,
+                    &attempt,
+                    &payment,
+                    refund.as_ref(),
+                    &agrees,
+                    Some(reason),
+                )
+                .await
             }
         }
     }
+
+    /// The verdict checked against the object the operator names, read by
+    /// its id: it must be the attempt's own, in the verdict's state.
+    /// `unproven`: why the reads proved nothing (refused as such when the
+    /// operator names no object).
+    async fn check_named(
+        &self,
+        r: &ManualResolution,
+        attempt: &AttemptRow,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
+        agrees: &dyn Fn(&Proof) -> bool,
+        unproven: Option<String>,
+    ) -> Result<String, ResolveError> {
+        let operation = attempt.operation;
+        let Some(id) = named(r, operation) else {
+            return Err(ResolveError::Unproven(unproven.unwrap_or_default()));
+        };
+        let object = self
+            .provider
+            .get_charge(id)
+            .await
+            .map_err(|e| ResolveError::Unproven(format!("{id} could not be read: {e}")))?
+            .ok_or_else(|| {
+                ResolveError::Contradicted(format!("the provider has no charge {id}"))
+            })?;
+        if let Fit::NotOurs(why) | Fit::Mismatch(why) =
+            fit(operation, attempt, payment, refund, &object)
+        {
+            return Err(ResolveError::Contradicted(format!(
+                "{id} is not this attempt's: {why}"
+            )));
+        }
+        match proof_from(operation, &object) {
+            Some(proof) if agrees(&proof) => {
+                Ok(serde_json::json!({ "found": [object] }).to_string())
+            }
+            Some(proof) => Err(ResolveError::Contradicted(format!(
+                "{id} shows {}",
+                proof.outcome()
+            ))),
+            None => Err(ResolveError::Unproven(format!("{id} is still in progress"))),
+        }
+    }
+}
+
+/// The object an operator's verdict names, where it can be read by id (a
+/// charge; refunds are found through their charge's reads).
+fn named(r: &ManualResolution, operation: Operation) -> Option<&str> {
+    r.provider_ref
+        .as_deref()
+        .filter(|_| operation != Operation::Refund)
 }

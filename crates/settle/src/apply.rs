@@ -149,11 +149,7 @@ fn attempt_state(proof: &Proof) -> AttemptState {
 }
 
 pub(crate) fn ids(attempt: &AttemptRow) -> (AttemptId, PaymentId, Option<RefundId>) {
-    (
-        AttemptId::from_uuid(attempt.id.0),
-        PaymentId::from_uuid(attempt.payment_id.0),
-        attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-    )
+    (attempt.id, attempt.payment_id, attempt.refund_id)
 }
 
 fn corrupt(what: impl Into<String>) -> StoreError {
@@ -172,14 +168,12 @@ pub async fn stop_the_line(
     source: &Source<'_>,
     now: DateTime<Utc>,
 ) -> Result<(), StoreError> {
-    let refund = attempt
-        .and_then(|a| a.refund_id)
-        .map(|r| RefundId::from_uuid(r.0));
+    let refund = attempt.and_then(|a| a.refund_id);
     tx.record_conflict(
         &NewConflict {
             payment,
             refund,
-            attempt: attempt.map(|a| AttemptId::from_uuid(a.id.0)),
+            attempt: attempt.map(|a| a.id),
             source: source.name,
             kind,
             detail,
@@ -220,7 +214,7 @@ async fn refuse(
     source: &Source<'_>,
     now: DateTime<Utc>,
 ) -> Result<Applied, StoreError> {
-    let payment = PaymentId::from_uuid(attempt.payment_id.0);
+    let payment = attempt.payment_id;
     stop_the_line(tx, Some(attempt), Some(payment), kind, &detail, source, now).await?;
     Ok(Applied::Conflict { kind, detail })
 }
@@ -280,13 +274,13 @@ async fn retried_since(
         return Ok(false);
     }
     let later = tx
-        .attempts_of_payment_any_account(PaymentId::from_uuid(recorded.payment_id.0))
+        .attempts_of_payment_any_account(recorded.payment_id)
         .await?
         .into_iter()
         .any(|a| {
             a.operation == recorded.operation
                 && a.id != recorded.id
-                && (a.created_at.0, a.id.0) > (recorded.created_at.0, recorded.id.0)
+                && (a.created_at.0, a.id) > (recorded.created_at.0, recorded.id)
         });
     Ok(later)
 }
@@ -321,7 +315,7 @@ pub async fn apply_proof_locked(
     source: &Source<'_>,
     now: DateTime<Utc>,
 ) -> Result<Applied, StoreError> {
-    if payment.id.0 != attempt.payment_id.0 {
+    if payment.id != attempt.payment_id {
         return Err(corrupt(
             "apply_proof_locked given another attempt's payment",
         ));
@@ -339,8 +333,8 @@ async fn apply_proof_in(
 ) -> Result<Applied, StoreError> {
     let span = tracing::info_span!(
         "settle.apply_proof",
-        attempt_id = %attempt.id.0,
-        payment_id = %attempt.payment_id.0,
+        attempt_id = %attempt.id,
+        payment_id = %attempt.payment_id,
         operation = %attempt.operation,
         source = cobro_telemetry::metrics::source_label(source.name),
         proof = proof.outcome(),
@@ -427,7 +421,7 @@ async fn apply_proof_in_span(
         let detail = format!(
             "{} of attempt {} arrived while the payment is under review for conflicting evidence",
             proof.outcome(),
-            attempt.id.0
+            attempt.id
         );
         return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
     }
@@ -502,7 +496,7 @@ async fn apply_proof_in_span(
             let detail = format!(
                 "{illegal}: the provider proved {} for attempt {}",
                 proof.outcome(),
-                attempt.id.0
+                attempt.id
             );
             return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
         }
@@ -513,7 +507,7 @@ async fn apply_proof_in_span(
         Err(illegal) if !agrees(before, truth) => {
             let detail = format!(
                 "{illegal}: the provider refused attempt {} and shows the charge {}",
-                attempt.id.0,
+                attempt.id,
                 truth.map_or("authorized", ChargeNow::as_str)
             );
             return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
@@ -611,7 +605,7 @@ async fn soft_decline_moves_on(
             let after = before
                 .apply(PaymentEvent::RetryScheduled)
                 .map_err(|e| corrupt(e.to_string()))?;
-            let payment_id = PaymentId::from_uuid(payment.id.0);
+            let payment_id = payment.id;
             let outcome = PaymentOutcome::default();
             if tx
                 .settle_payment(payment_id, before, after, &outcome, now)
@@ -630,7 +624,7 @@ async fn soft_decline_moves_on(
     };
     // Counted when decided: the settle path's caller commits.
     let from = attempt.provider.as_deref().unwrap_or_default();
-    crate::routing::note_failover(PaymentId::from_uuid(payment.id.0), from, &to, proof.0);
+    crate::routing::note_failover(payment.id, from, &to, proof.0);
     Ok(Some(Applied::Settled {
         before: before.as_str().to_owned(),
         after: after.as_str().to_owned(),
@@ -709,10 +703,10 @@ pub async fn settle_held_cancels(
     status: PaymentStatus,
     now: DateTime<Utc>,
 ) -> Result<PaymentStatus, StoreError> {
-    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let payment_id = payment.id;
     let mut status = status;
     for held in tx.held_attempts_any_account(payment_id).await? {
-        let held_id = AttemptId::from_uuid(held.id.0);
+        let held_id = held.id;
         if status == PaymentStatus::Authorized {
             let canceling = status
                 .apply(PaymentEvent::CancelRequested)
@@ -749,7 +743,7 @@ pub async fn hold_cancel(
     payment: &cobro_store::PaymentRow,
     now: DateTime<Utc>,
 ) -> Result<AttemptRow, StoreError> {
-    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let payment_id = payment.id;
     let name = tx
         .next_intent_name(account, &payment.order_ref, Operation::Cancel)
         .await?;

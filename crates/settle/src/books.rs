@@ -49,13 +49,13 @@ pub async fn apply_drift(
         .attempt_any_account(attempt)
         .await?
         .ok_or_else(|| StoreError::Corrupt("the drifted attempt vanished".into()))?;
-    let payment_id = PaymentId::from_uuid(attempt.payment_id.0);
+    let payment_id = attempt.payment_id;
     let payment = tx
         .lock_payment_any_account(payment_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
     let refund = match attempt.refund_id {
-        Some(r) => tx.refund_any_account(RefundId::from_uuid(r.0)).await?,
+        Some(r) => tx.refund_any_account(r).await?,
         None => None,
     };
     let source = Source { name: actor, said };
@@ -112,7 +112,7 @@ async fn keep_once(
     } = finding;
     let kept = match attempt {
         Some(a) => {
-            let id = AttemptId::from_uuid(a.id.0);
+            let id = a.id;
             tx.conflict_is_open(id, kind, &detail).await?
         }
         None => {
@@ -148,7 +148,7 @@ pub async fn adopt_outside_refund(
         .lock_payment_any_account(payment)
         .await?
         .ok_or_else(|| StoreError::Corrupt("the refunded payment vanished".into()))?;
-    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let payment_id = payment.id;
     if tx.refund_by_provider_ref(payment_id, &object.id).await? {
         tx.rollback().await?;
         return Ok(Drift::AlreadyRecorded);
@@ -212,8 +212,8 @@ async fn record_succeeded_refund(
     now: DateTime<Utc>,
 ) -> Result<Option<RefundId>, StoreError> {
     let amount = object.amount.unwrap_or_default();
-    let payment_id = PaymentId::from_uuid(payment.id.0);
-    let account = cobro_core::AccountId::from_uuid(payment.account_id.0);
+    let payment_id = payment.id;
+    let account = payment.account_id;
     if amount <= 0
         || tx
             .reserve_refund(account, payment_id, amount, now)
@@ -306,11 +306,7 @@ pub async fn adopt_refund_orphan(
         return Ok(RefundAdopted::AlreadyRecorded);
     }
     let existing = tx
-        .intents_of_order(
-            cobro_core::AccountId::from_uuid(payment.account_id.0),
-            &payment.order_ref,
-            Operation::Refund,
-        )
+        .intents_of_order(payment.account_id, &payment.order_ref, Operation::Refund)
         .await?;
     if intent_number(a.intent) != Some(existing + 1) {
         tx.rollback().await?;
@@ -333,7 +329,7 @@ pub async fn adopt_refund_orphan(
     };
     let attempt = AdoptedAttempt {
         provider: a.provider,
-        account: cobro_core::AccountId::from_uuid(payment.account_id.0),
+        account: payment.account_id,
         payment: a.payment,
         refund: Some(refund),
         operation: Operation::Refund,
@@ -381,7 +377,7 @@ pub async fn raise_missing(
     };
     let finding = Finding {
         attempt: Some(&attempt_row),
-        payment: PaymentId::from_uuid(attempt_row.payment_id.0),
+        payment: attempt_row.payment_id,
         kind: ConflictKind::MissingAtProvider,
         detail: detail.to_owned(),
     };

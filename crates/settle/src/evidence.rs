@@ -46,13 +46,10 @@ pub fn identity(attempt: &AttemptRow, payment: &PaymentRow) -> BTreeMap<String, 
         .map(|(intent, _)| intent)
         .unwrap_or(&attempt.reference);
     BTreeMap::from([
-        (
-            metadata::ACCOUNT.to_owned(),
-            payment.account_id.0.to_string(),
-        ),
-        (metadata::PAYMENT.to_owned(), payment.id.0.to_string()),
+        (metadata::ACCOUNT.to_owned(), payment.account_id.to_string()),
+        (metadata::PAYMENT.to_owned(), payment.id.to_string()),
         (metadata::INTENT.to_owned(), intent.to_owned()),
-        (metadata::ATTEMPT.to_owned(), attempt.id.0.to_string()),
+        (metadata::ATTEMPT.to_owned(), attempt.id.to_string()),
     ])
 }
 
@@ -249,7 +246,7 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cobro_store::{DbId, DbTime};
+    use cobro_store::DbTime;
     use uuid::Uuid;
 
     fn now() -> DbTime {
@@ -258,8 +255,8 @@ mod tests {
 
     fn payment(capture: &str) -> PaymentRow {
         PaymentRow {
-            id: DbId(Uuid::now_v7()),
-            account_id: DbId(Uuid::now_v7()),
+            id: cobro_core::PaymentId::new(),
+            account_id: cobro_core::AccountId::new(),
             order_ref: "o-1".into(),
             intent: "o-1:authorize-v1".into(),
             amount: 1999,
@@ -294,8 +291,8 @@ mod tests {
     fn attempt(payment: &PaymentRow) -> AttemptRow {
         let id = Uuid::now_v7();
         AttemptRow {
-            id: DbId(id),
-            intent_id: DbId(Uuid::now_v7()),
+            id: cobro_core::AttemptId::from_uuid(id),
+            intent_id: cobro_core::IntentId::new(),
             payment_id: payment.id,
             refund_id: None,
             operation: Operation::Authorize,
@@ -491,7 +488,7 @@ mod tests {
         let mut a = attempt(&p);
         a.operation = Operation::Refund;
         let refund = RefundRow {
-            id: DbId(Uuid::now_v7()),
+            id: cobro_core::RefundId::new(),
             account_id: p.account_id,
             payment_id: p.id,
             intent: "o-1:refund-v1".into(),

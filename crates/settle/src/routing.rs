@@ -16,7 +16,7 @@
 
 use chrono::{DateTime, Utc};
 use cobro_core::routing::{Move, Route};
-use cobro_core::{AttemptId, Clock, IntentId, Operation, PaymentId};
+use cobro_core::{AttemptId, Clock, Operation, PaymentId};
 use cobro_store::routing::CircuitRow;
 use cobro_store::{AttemptRow, NewAttempt, PaymentRow, Store, StoreError, WriteTx};
 use std::collections::BTreeSet;
@@ -373,11 +373,11 @@ impl FailOver {
             from: current.to_owned(),
             to: next.clone(),
             proof: format!("{}: {}", proof.0.as_str(), proof.1),
-            attempt: attempt.id.0.to_string(),
+            attempt: attempt.id.to_string(),
             at: now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         });
         Some(Self {
-            payment: PaymentId::from_uuid(payment.id.0),
+            payment: payment.id,
             from: current.to_owned(),
             to: next,
             route,
@@ -411,7 +411,7 @@ impl FailOver {
         tx.enqueue_attempt(
             &NewAttempt {
                 id,
-                intent: IntentId::from_uuid(attempt.intent_id.0),
+                intent: attempt.intent_id,
                 payment: self.payment,
                 refund: None,
                 operation: Operation::Authorize,

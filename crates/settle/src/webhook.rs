@@ -28,8 +28,7 @@ use crate::apply::{Applied, Proof, Source, apply_proof_locked, stop_the_line};
 use crate::evidence::{Fit, fit, proof_from};
 use chrono::{DateTime, Utc};
 use cobro_core::{
-    AttemptId, AttemptState, Decision, Operation, PaymentEvent, PaymentId, PaymentStatus, RefundId,
-    RefundStatus,
+    AttemptState, Decision, Operation, PaymentEvent, PaymentId, PaymentStatus, RefundStatus,
 };
 use cobro_provider::{EventKind, ProviderEvent, ProviderObject, ProviderStatus};
 use cobro_store::audit::NewDecision;
@@ -126,16 +125,14 @@ async fn process(
         unmatched(tx, &detail, &source, now).await?;
         return Ok((WebhookOutcome::Unmatched, None));
     };
-    let payment_id = PaymentId::from_uuid(named.payment_id.0);
+    let payment_id = named.payment_id;
     // The event arrives in the provider's trace (or none): a link leads to
     // the trace of the request that made the attempt it is about.
     let span = tracing::Span::current();
     span.record("payment_id", tracing::field::display(payment_id));
-    span.record("attempt_id", tracing::field::display(named.id.0));
+    span.record("attempt_id", tracing::field::display(named.id));
     if cobro_telemetry::tracing_active() {
-        let (traceparent, tracestate) = tx
-            .trace_context_of(AttemptId::from_uuid(named.id.0))
-            .await?;
+        let (traceparent, tracestate) = tx.trace_context_of(named.id).await?;
         cobro_telemetry::link_to_stored(&span, traceparent.as_deref(), tracestate.as_deref());
     }
     let payment = tx
@@ -160,7 +157,7 @@ async fn process(
     let attempt = target_attempt(tx, named, &payment, kind, adopted).await?;
     let operation = attempt.operation;
     let refund = match attempt.refund_id {
-        Some(r) => tx.refund_any_account(RefundId::from_uuid(r.0)).await?,
+        Some(r) => tx.refund_any_account(r).await?,
         None => None,
     };
     // Set when this event's authorisation is the one that adopts the charge.
@@ -203,8 +200,8 @@ async fn process(
                                 let decision = NewDecision {
                                     run_id: None,
                                     payment: payment_id,
-                                    refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-                                    attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+                                    refund: attempt.refund_id,
+                                    attempt: Some(attempt.id),
                                     state_before: before,
                                     state_after: after,
                                     provider_said: payload.to_owned(),
@@ -281,9 +278,9 @@ pub(crate) async fn record_move(
 ) -> Result<(), StoreError> {
     let decision = NewDecision {
         run_id: None,
-        payment: PaymentId::from_uuid(attempt.payment_id.0),
-        refund: attempt.refund_id.map(|r| RefundId::from_uuid(r.0)),
-        attempt: Some(AttemptId::from_uuid(attempt.id.0)),
+        payment: attempt.payment_id,
+        refund: attempt.refund_id,
+        attempt: Some(attempt.id),
         state_before: moved.before,
         state_after: moved.after,
         provider_said: source.said.to_owned(),
@@ -319,7 +316,7 @@ pub(crate) async fn provider_moved(
     if attempt.state != AttemptState::Succeeded {
         return Ok(None);
     }
-    let payment_id = PaymentId::from_uuid(payment.id.0);
+    let payment_id = payment.id;
     match (attempt.operation, refund) {
         (Operation::Authorize, _)
             if object.status == ProviderStatus::Voided
@@ -363,7 +360,7 @@ pub(crate) async fn provider_moved(
                 "refund {} {} at the provider after it succeeded",
                 object.id, object.status
             );
-            let id = RefundId::from_uuid(refund.id.0);
+            let id = refund.id;
             if tx
                 .fail_succeeded_refund(id, ("refund_failed", &message), now)
                 .await?
@@ -420,9 +417,7 @@ async fn target_attempt(
     // One read, under the payment's lock. For each operation in turn, the
     // attempt the event is about is that operation's newest unresolved
     // one, unless that one is held (a held cancel has not been sent).
-    let open = tx
-        .open_follow_ups_any_account(PaymentId::from_uuid(payment.id.0))
-        .await?;
+    let open = tx.open_follow_ups_any_account(payment.id).await?;
     for &operation in follow_ups {
         if let Some(attempt) = open.iter().find(|a| a.operation == operation)
             && attempt.state != AttemptState::Held

@@ -7,8 +7,8 @@ use cobro_core::{AccountId, TokenId};
 /// A token as an operator sees it: everything but its hash.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct TokenRow {
-    pub id: DbId,
-    pub account_id: DbId,
+    pub id: TokenId,
+    pub account_id: AccountId,
     pub account_name: String,
     pub label: String,
     /// The token's first characters (empty for tokens made before 0007).
@@ -42,7 +42,7 @@ pub struct NewTokenRow<'a> {
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct AccountRow {
-    pub id: DbId,
+    pub id: AccountId,
     pub name: String,
     pub created_at: DbTime,
     /// The provider its new payments go to; `None`: the default provider.

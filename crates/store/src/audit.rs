@@ -27,8 +27,8 @@ pub struct NewDecision {
 /// A decision read back (CLI `payments show`).
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct DecisionRow {
-    pub run_id: Option<DbId>,
-    pub attempt_id: Option<DbId>,
+    pub run_id: Option<RunId>,
+    pub attempt_id: Option<AttemptId>,
     pub state_before: String,
     pub state_after: String,
     pub provider_said: String,

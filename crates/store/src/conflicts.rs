@@ -34,9 +34,9 @@ pub struct NewConflict<'a> {
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct ConflictRow {
     pub id: DbId,
-    pub payment_id: Option<DbId>,
-    pub refund_id: Option<DbId>,
-    pub attempt_id: Option<DbId>,
+    pub payment_id: Option<PaymentId>,
+    pub refund_id: Option<RefundId>,
+    pub attempt_id: Option<AttemptId>,
     pub source: String,
     pub kind: ConflictKind,
     pub detail: String,

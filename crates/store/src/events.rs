@@ -27,15 +27,15 @@ use serde_json::{Value, json};
 /// A stored event.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct EventRow {
-    pub id: DbId,
-    pub account_id: DbId,
+    pub id: EventId,
+    pub account_id: AccountId,
     /// The feed cursor; `None` until sequenced (never shown then).
     pub feed_position: Option<i64>,
     #[sqlx(rename = "type")]
     pub event_type: String,
     pub object_type: String,
     pub object_id: DbId,
-    pub payment_id: DbId,
+    pub payment_id: PaymentId,
     /// Strictly increasing per payment (its refunds share it).
     pub sequence: i64,
     /// The object's representation after the change, as JSON text.
@@ -51,13 +51,13 @@ impl EventRow {
     pub fn to_json(&self) -> Value {
         let data: Value = serde_json::from_str(&self.data).unwrap_or(Value::Null);
         json!({
-            "id": self.id.0.to_string(),
+            "id": self.id.to_string(),
             "type": self.event_type,
             "position": self.feed_position,
             "sequence": self.sequence,
             "object_type": self.object_type,
             "object_id": self.object_id.0.to_string(),
-            "payment_id": self.payment_id.0.to_string(),
+            "payment_id": self.payment_id.to_string(),
             "created_at": self.created_at.0.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
             "data": data,
         })
@@ -80,8 +80,8 @@ pub struct EventFilter {
 /// dispatcher and the one answer that creates or rotates them).
 #[derive(Clone, sqlx::FromRow)]
 pub struct EndpointRow {
-    pub id: DbId,
-    pub account_id: DbId,
+    pub id: EndpointId,
+    pub account_id: AccountId,
     pub url: String,
     pub secret: String,
     pub previous_secret: Option<String>,
@@ -178,8 +178,8 @@ pub enum Recorded {
 /// One row of the deliveries of an event (for operators and tests).
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct DeliveryRow {
-    pub event_id: DbId,
-    pub endpoint_id: DbId,
+    pub event_id: EventId,
+    pub endpoint_id: EndpointId,
     pub state: DeliveryState,
     pub attempts: i32,
     pub last_status: Option<i32>,
@@ -585,7 +585,7 @@ impl Store {
         for row in rows {
             // Only the token this claim set: a row claimed again since is
             // not ours.
-            if !leased.contains(&(row.event.id, row.endpoint_id, row.lease_token)) {
+            if !leased.contains(&(DbId::from(row.event.id), row.endpoint_id, row.lease_token)) {
                 continue;
             }
             let endpoint: Option<EndpointRow> = on_pool!(self, pool => sqlx::query_as(&endpoint_sql)
@@ -700,7 +700,7 @@ impl Store {
                 let reason = format!(
                     "the endpoint answered 410 Gone at {} (event {}): disabled until enabled again",
                     now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    claim.event.id.0
+                    claim.event.id
                 );
                 endpoint_disabled = on_tx!(tx, conn => sqlx::query(disable)
                     .bind(endpoint)

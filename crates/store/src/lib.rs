@@ -154,8 +154,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// only itself, never its batch or page.
 #[derive(Debug)]
 pub struct UnreadableAttempt {
-    pub id: DbId,
-    pub payment_id: DbId,
+    pub id: cobro_core::AttemptId,
+    pub payment_id: cobro_core::PaymentId,
     /// Why it could not be read (`Corrupt`).
     pub error: StoreError,
 }
@@ -168,7 +168,8 @@ pub(crate) fn decode_attempt<'r, R, T>(row: &'r R) -> Result<Result<T, Unreadabl
 where
     R: sqlx::Row,
     T: sqlx::FromRow<'r, R>,
-    DbId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    cobro_core::AttemptId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    cobro_core::PaymentId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     &'static str: sqlx::ColumnIndex<R>,
 {
     match T::from_row(row) {

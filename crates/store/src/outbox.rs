@@ -82,13 +82,15 @@ impl Claimed {
     where
         R: sqlx::Row,
         ClaimRow: sqlx::FromRow<'r, R>,
-        DbId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        OutboxId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        AttemptId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        PaymentId: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         &'static str: sqlx::ColumnIndex<R>,
     {
         match decode_attempt::<_, ClaimRow>(row)? {
             Ok(r) => self.claims.push(Claim {
-                outbox_id: OutboxId::from_uuid(r.outbox_id.0),
+                outbox_id: r.outbox_id,
                 token: r.lease_token,
                 lease_expires_at: r.lease_expires_at.0,
                 attempt: r.attempt,
@@ -96,7 +98,7 @@ impl Claimed {
                 tracestate: r.tracestate,
             }),
             Err(attempt) => self.unreadable.push(UnreadableClaim {
-                outbox_id: OutboxId::from_uuid(row.try_get::<DbId, _>("outbox_id")?.0),
+                outbox_id: row.try_get("outbox_id")?,
                 token: row.try_get("lease_token")?,
                 attempt,
             }),
@@ -115,7 +117,7 @@ pub struct UnreadableClaim {
 
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
-    outbox_id: DbId,
+    outbox_id: OutboxId,
     lease_token: i64,
     lease_expires_at: DbTime,
     traceparent: Option<String>,

@@ -5,6 +5,7 @@
 
 use crate::{DbId, DbTime, Result, Store, StoreError, WriteTx, on_pool, on_tx};
 use chrono::{DateTime, Utc};
+use cobro_core::AttemptId;
 use cobro_core::{
     AccountId, AttemptState, CaptureMethod, Currency, IntentId, IntentName, Operation, OrderRef,
     PaymentId, PaymentStatus, RefundId, RefundStatus,
@@ -13,8 +14,8 @@ use cobro_core::{
 /// The columns of a payment, as stored.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct PaymentRow {
-    pub id: DbId,
-    pub account_id: DbId,
+    pub id: PaymentId,
+    pub account_id: AccountId,
     pub order_ref: String,
     pub intent: String,
     pub amount: i64,
@@ -65,9 +66,9 @@ pub(crate) const PAYMENT_COLUMNS: &str = "id, account_id, order_ref, intent, amo
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct RefundRow {
-    pub id: DbId,
-    pub account_id: DbId,
-    pub payment_id: DbId,
+    pub id: RefundId,
+    pub account_id: AccountId,
+    pub payment_id: PaymentId,
     pub intent: String,
     pub amount: i64,
     pub reason: Option<String>,
@@ -88,10 +89,10 @@ pub(crate) const REFUND_COLUMNS: &str = "id, account_id, payment_id, intent, amo
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct AttemptRow {
-    pub id: DbId,
-    pub intent_id: DbId,
-    pub payment_id: DbId,
-    pub refund_id: Option<DbId>,
+    pub id: AttemptId,
+    pub intent_id: IntentId,
+    pub payment_id: PaymentId,
+    pub refund_id: Option<RefundId>,
     pub operation: Operation,
     /// The provider's idempotency key: sent to the provider, never shown to
     /// merchants or written to logs.
@@ -163,10 +164,10 @@ struct PaymentWithAttempt {
 /// [`AttemptRow`] read from columns named `a_{column}` (`ATTEMPT_PREFIX`).
 #[derive(sqlx::FromRow)]
 struct PrefixedAttempt {
-    a_id: DbId,
-    a_intent_id: DbId,
-    a_payment_id: DbId,
-    a_refund_id: Option<DbId>,
+    a_id: AttemptId,
+    a_intent_id: IntentId,
+    a_payment_id: PaymentId,
+    a_refund_id: Option<RefundId>,
     a_operation: Operation,
     a_provider_key: String,
     a_reference: String,

@@ -36,7 +36,7 @@ pub struct WebhookEventRow {
     pub event_id: String,
     pub event_type: String,
     pub sequence: i64,
-    pub payment_id: Option<DbId>,
+    pub payment_id: Option<PaymentId>,
     pub outcome: WebhookOutcome,
     pub payload: String,
     pub received_at: DbTime,

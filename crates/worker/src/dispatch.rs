@@ -56,9 +56,9 @@ use crate::egress::{GuardedResolver, Lookup, blocked_by, check_before_send, syst
 use crate::retry::backoff;
 use chrono::{DateTime, Utc};
 use cobro_core::Clock;
-use cobro_core::EndpointId;
 use cobro_core::egress::EgressPolicy;
 use cobro_core::standard_webhooks;
+use cobro_core::{EndpointId, EventId};
 use cobro_store::events::{DeliveryClaim, DeliveryResult, Recorded};
 use cobro_store::{Store, StoreError};
 use std::collections::HashMap;
@@ -133,8 +133,8 @@ impl Default for DispatcherConfig {
 /// What one delivery attempt came to (for tests and logs).
 #[derive(Clone, Debug)]
 pub struct DeliveryStep {
-    pub event_id: uuid::Uuid,
-    pub endpoint_id: uuid::Uuid,
+    pub event_id: EventId,
+    pub endpoint_id: EndpointId,
     /// The endpoint's status, if it answered.
     pub status: Option<u16>,
     pub delivered: bool,
@@ -258,7 +258,7 @@ impl Dispatcher {
         &self,
         claim: DeliveryClaim,
     ) -> Result<Option<DeliveryStep>, StoreError> {
-        let gate = self.gate(EndpointId::from_uuid(claim.endpoint.id.0));
+        let gate = self.gate(claim.endpoint.id);
         let wait = (self.latest_start(&claim) - self.clock.now())
             .to_std()
             .unwrap_or(Duration::ZERO);
@@ -297,14 +297,14 @@ impl Dispatcher {
         let sent_at = self.clock.now();
         let secrets = claim.endpoint.signing_secrets(sent_at);
         let signature = cobro_core::signature::sign(&secrets, sent_at.timestamp(), &body);
-        let event_id = claim.event.id.0.to_string();
+        let event_id = claim.event.id.to_string();
         let standard_signature =
             standard_webhooks::sign(&secrets, &event_id, sent_at.timestamp(), &body);
         let span = tracing::info_span!(
             "events.deliver",
-            event_id = %claim.event.id.0,
+            event_id = %claim.event.id,
             event_type = %claim.event.event_type,
-            endpoint_id = %claim.endpoint.id.0,
+            endpoint_id = %claim.endpoint.id,
             attempt = claim.attempts + 1,
         );
         let (status, error) = match self.allowed(&claim.endpoint.url) {
@@ -388,8 +388,8 @@ impl Dispatcher {
         }
         tracing::info!(parent: &span, status, delivered, dead, "event delivery attempted");
         Ok(DeliveryStep {
-            event_id: claim.event.id.0,
-            endpoint_id: claim.endpoint.id.0,
+            event_id: claim.event.id,
+            endpoint_id: claim.endpoint.id,
             status,
             delivered,
             recorded: recorded != Recorded::LeaseLost,
@@ -449,7 +449,7 @@ impl Dispatcher {
                             // more deliveries to one endpoint than it has
                             // free slots: the rest go back at once instead of
                             // waiting in a slot another endpoint could use.
-                            let gate = self.gate(EndpointId::from_uuid(claim.endpoint.id.0));
+                            let gate = self.gate(claim.endpoint.id);
                             let (Ok(slot), Ok(turn)) = (
                                 Arc::clone(&self.slots).try_acquire_owned(),
                                 gate.try_acquire_owned(),

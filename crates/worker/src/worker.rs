@@ -7,7 +7,7 @@
 
 use crate::retry::{RetryBudget, backoff};
 use chrono::{DateTime, Utc};
-use cobro_core::{AttemptId, AttemptState, Clock, Operation, PaymentId, RefundId};
+use cobro_core::{AttemptState, Clock, Operation};
 use cobro_provider::{CallInfo, Outcome, Provider, Sent};
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::routing::{
@@ -153,8 +153,8 @@ pub struct Worker<P: Provider> {
 fn report_unreadable(bad: &UnreadableClaim) -> Step {
     tracing::error!(
         outbox_id = %bad.outbox_id,
-        attempt_id = %bad.attempt.id.0,
-        payment_id = %bad.attempt.payment_id.0,
+        attempt_id = %bad.attempt.id,
+        payment_id = %bad.attempt.payment_id,
         lease_token = bad.token,
         error = %bad.attempt.error,
         "claimed an outbox row whose attempt cannot be read; not sent, left leased"
@@ -361,8 +361,8 @@ impl<P: Provider> Worker<P> {
         let attempt = &claim.attempt;
         let span = tracing::info_span!(
             "worker.process",
-            attempt_id = %attempt.id.0,
-            payment_id = %attempt.payment_id.0,
+            attempt_id = %attempt.id,
+            payment_id = %attempt.payment_id,
             intent = attempt.intent_name(),
             operation = %attempt.operation,
             provider = self.provider.name(),
@@ -470,7 +470,7 @@ impl<P: Provider> Worker<P> {
         self.report_call(&claim, &outcome, started.elapsed()).await;
         heartbeat.stop().await;
         tracing::info!(
-            attempt_id = %attempt.id.0, reference = %attempt.reference, operation = %attempt.operation,
+            attempt_id = %attempt.id, reference = %attempt.reference, operation = %attempt.operation,
             sends = attempt.send_count + 1, class = outcome.class(),
             request_id = call.as_ref().and_then(|c| c.request_id.as_deref()),
             replayed = call.as_ref().is_some_and(|c| c.replayed),
@@ -490,14 +490,14 @@ impl<P: Provider> Worker<P> {
         let attempt = &claim.attempt;
         let payment = self
             .store
-            .payment_any_account(PaymentId::from_uuid(attempt.payment_id.0))
+            .payment_any_account(attempt.payment_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt("attempt without payment".into()))?;
         let operation = attempt.operation;
         let refund = match attempt.refund_id {
             Some(id) => Some(
                 self.store
-                    .refund_any_account(RefundId::from_uuid(id.0))
+                    .refund_any_account(id)
                     .await?
                     .ok_or_else(|| StoreError::Corrupt("missing refund".into()))?,
             ),
@@ -620,7 +620,7 @@ impl<P: Provider> Worker<P> {
         // attempt, as everywhere (a webhook settling it takes them so).
         note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
-        tracing::info!(attempt_id = %claim.attempt.id.0, ?applied, "outcome recorded");
+        tracing::info!(attempt_id = %claim.attempt.id, ?applied, "outcome recorded");
         Ok(Step::Recorded { class })
     }
 
@@ -673,7 +673,7 @@ impl<P: Provider> Worker<P> {
         .await?;
         note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
-        tracing::info!(attempt_id = %claim.attempt.id.0, ?applied, "waiting for the customer");
+        tracing::info!(attempt_id = %claim.attempt.id, ?applied, "waiting for the customer");
         Ok(Step::Recorded {
             class: "requires_action",
         })
@@ -702,7 +702,7 @@ impl<P: Provider> Worker<P> {
         stop_the_line(
             &mut tx,
             Some(&claim.attempt),
-            Some(PaymentId::from_uuid(asked.payment.id.0)),
+            Some(asked.payment.id),
             ConflictKind::Mismatch,
             why,
             &source,
@@ -747,7 +747,7 @@ impl<P: Provider> Worker<P> {
         }
         note_call(&mut tx, claim, call).await?;
         tx.resolve_attempt(
-            AttemptId::from_uuid(claim.attempt.id.0),
+            claim.attempt.id,
             AttemptState::Unknown,
             None,
             Some(reason),
@@ -773,7 +773,7 @@ impl<P: Provider> Worker<P> {
         hand_to_reconciler(&mut tx, &claim.attempt, reason, now).await?;
         note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
-        tracing::warn!(attempt_id = %claim.attempt.id.0, reference = %claim.attempt.reference, reason, "attempt handed to the reconciler");
+        tracing::warn!(attempt_id = %claim.attempt.id, reference = %claim.attempt.reference, reason, "attempt handed to the reconciler");
         Ok(Step::HandedOver)
     }
 
@@ -818,8 +818,7 @@ impl<P: Provider> Worker<P> {
         if ok {
             note_call(&mut tx, claim, call).await?;
             if not_left {
-                tx.count_send_not_left(AttemptId::from_uuid(claim.attempt.id.0))
-                    .await?;
+                tx.count_send_not_left(claim.attempt.id).await?;
             }
         }
         tx.commit().await?;
@@ -911,16 +910,13 @@ impl<P: Provider> Worker<P> {
         }
         let open = circuits.open().await;
         let now = self.clock.now();
-        let id = AttemptId::from_uuid(attempt.id.0);
+        let id = attempt.id;
         let mut tx = self.store.begin().await?;
         if !tx.finish_outbox(claim.outbox_id, claim.token, now).await? {
             tx.rollback().await?;
             return Ok(Some(Step::LeaseLost));
         }
-        let Some(payment) = tx
-            .lock_payment_any_account(PaymentId::from_uuid(attempt.payment_id.0))
-            .await?
-        else {
+        let Some(payment) = tx.lock_payment_any_account(attempt.payment_id).await? else {
             tx.rollback().await?;
             return Ok(None);
         };
@@ -943,12 +939,7 @@ impl<P: Provider> Worker<P> {
         };
         note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
-        note_failover(
-            PaymentId::from_uuid(attempt.payment_id.0),
-            self.provider_of(claim),
-            &to,
-            proof,
-        );
+        note_failover(attempt.payment_id, self.provider_of(claim), &to, proof);
         self.wake.notify_one();
         Ok(Some(Step::Rerouted {
             proof: proof.as_str(),
@@ -964,15 +955,9 @@ impl<P: Provider> Worker<P> {
         detail: &str,
         now: DateTime<Utc>,
     ) -> Result<(), WorkerError> {
-        tracing::warn!(attempt_id = %claim.attempt.id.0, class, "lease lost before recording: keeping the answer as an observation");
+        tracing::warn!(attempt_id = %claim.attempt.id, class, "lease lost before recording: keeping the answer as an observation");
         self.store
-            .record_observation(
-                AttemptId::from_uuid(claim.attempt.id.0),
-                claim.token,
-                class,
-                detail,
-                now,
-            )
+            .record_observation(claim.attempt.id, claim.token, class, detail, now)
             .await?;
         Ok(())
     }
@@ -989,12 +974,8 @@ async fn note_call(
     call: Option<&CallInfo>,
 ) -> Result<(), WorkerError> {
     if let Some(call) = call {
-        tx.record_call(
-            AttemptId::from_uuid(claim.attempt.id.0),
-            call.request_id.as_deref(),
-            call.replayed,
-        )
-        .await?;
+        tx.record_call(claim.attempt.id, call.request_id.as_deref(), call.replayed)
+            .await?;
     }
     Ok(())
 }

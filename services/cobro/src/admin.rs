@@ -198,7 +198,7 @@ async fn list_accounts(store: &Store, output: JsonFlag) -> anyhow::Result<()> {
     if output.json {
         let list: Vec<_> = accounts
             .iter()
-            .map(|a| json!({"id": a.id.0.to_string(), "name": a.name, "created_at": instant(a.created_at.0), "provider": a.provider}))
+            .map(|a| json!({"id": a.id.to_string(), "name": a.name, "created_at": instant(a.created_at.0), "provider": a.provider}))
             .collect();
         return say_json(&json!({ "accounts": list }));
     }
@@ -206,7 +206,7 @@ async fn list_accounts(store: &Store, output: JsonFlag) -> anyhow::Result<()> {
     for account in accounts {
         say(format_args!(
             "{}\t{}\t{}\t{}",
-            account.id.0,
+            account.id,
             account.name,
             instant(account.created_at.0),
             crate::payments::provider_name(account.provider.as_deref())
@@ -288,8 +288,8 @@ fn token_state(t: &TokenRow, now: DateTime<Utc>) -> &'static str {
 
 fn token_json(t: &TokenRow, now: DateTime<Utc>) -> serde_json::Value {
     json!({
-        "id": t.id.0.to_string(),
-        "account_id": t.account_id.0.to_string(),
+        "id": t.id.to_string(),
+        "account_id": t.account_id.to_string(),
         "account": t.account_name,
         "label": t.label,
         "prefix": t.prefix,
@@ -322,7 +322,7 @@ async fn list_tokens(
     ]);
     for t in &tokens {
         table.add_row([
-            t.id.0.to_string(),
+            t.id.to_string(),
             or_dash((!t.prefix.is_empty()).then(|| format!("{}...", t.prefix))),
             t.account_name.clone(),
             t.label.clone(),
@@ -355,7 +355,7 @@ async fn revoke_token(
         .list_tokens(None)
         .await?
         .into_iter()
-        .find(|t| t.id.0 == id.as_uuid())
+        .find(|t| t.id == id)
         .with_context(|| format!("no token {id} (`cobro tokens list` lists them)"))?;
     if output.json {
         let mut view = token_json(&row, now);
@@ -379,7 +379,7 @@ pub(crate) async fn resolve_account(store: &Store, name_or_id: &str) -> anyhow::
     if let Ok(id) = name_or_id.parse::<AccountId>() {
         // The store has no lookup by id; an admin command can afford the scan.
         let accounts = store.list_accounts().await?;
-        if accounts.iter().any(|a| a.id.0 == id.as_uuid()) {
+        if accounts.iter().any(|a| a.id == id) {
             return Ok(id);
         }
     }

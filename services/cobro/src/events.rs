@@ -179,7 +179,7 @@ pub async fn run(global: &GlobalSettings, command: EventsCommand) -> anyhow::Res
                     say(format_args!(
                         "{position}\t{id}\t{kind}\t{object}\tseq {seq}\t{at}",
                         position = row.feed_position.unwrap_or(0),
-                        id = row.id.0,
+                        id = row.id,
                         kind = row.event_type,
                         object = row.object_id.0,
                         seq = row.sequence,
@@ -269,7 +269,7 @@ async fn endpoints(
                 shown["secret"] = serde_json::json!(secret);
                 say_json(&shown)?;
             } else {
-                say(format_args!("{}\t{secret}", row.id.0))?;
+                say(format_args!("{}\t{secret}", row.id))?;
             }
         }
         EndpointsCommand::List { account, json } => {
@@ -285,7 +285,7 @@ async fn endpoints(
                 for row in rows {
                     say(format_args!(
                         "{}\t{}\t{}\t{}\t{}",
-                        row.id.0,
+                        row.id,
                         row.url,
                         row.event_types,
                         if row.enabled { "enabled" } else { "disabled" },
@@ -340,8 +340,8 @@ async fn endpoints(
 /// An endpoint as `--json` shows it: never its secret.
 fn endpoint_json(row: &cobro_store::events::EndpointRow) -> serde_json::Value {
     serde_json::json!({
-        "id": row.id.0.to_string(),
-        "account_id": row.account_id.0.to_string(),
+        "id": row.id.to_string(),
+        "account_id": row.account_id.to_string(),
         "url": row.url,
         "event_types": row.types(),
         "enabled": row.enabled,

@@ -257,7 +257,7 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
             .iter()
             .map(|p| {
                 serde_json::json!({
-                    "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(),
+                    "id": p.id.to_string(), "account_id": p.account_id.to_string(),
                     "order_ref": p.order_ref, "intent": p.intent, "status": p.status,
                     "amount": p.amount, "currency": p.currency, "provider_ref": p.provider_ref,
                     "created_at": instant(p.created_at.0),
@@ -285,7 +285,7 @@ async fn list(store: &Store, filter: ListFilter, output: JsonFlag) -> anyhow::Re
     ]);
     for p in &rows {
         table.add_row([
-            p.id.0.to_string(),
+            p.id.to_string(),
             p.intent.clone(),
             p.status.to_string(),
             amount(p.amount, &p.currency),
@@ -326,7 +326,7 @@ fn conflicts_table(conflicts: &[cobro_store::conflicts::ConflictRow]) -> Table {
     for c in conflicts {
         table.add_row([
             instant(c.found_at.0),
-            or_dash(c.payment_id.map(|p| p.0)),
+            or_dash(c.payment_id),
             c.kind.to_string(),
             c.source.clone(),
             c.detail.clone(),
@@ -339,8 +339,8 @@ fn conflicts_table(conflicts: &[cobro_store::conflicts::ConflictRow]) -> Table {
 fn conflict_json(c: &cobro_store::conflicts::ConflictRow) -> serde_json::Value {
     serde_json::json!({
         "id": c.id.0.to_string(),
-        "payment_id": c.payment_id.map(|p| p.0.to_string()),
-        "attempt_id": c.attempt_id.map(|a| a.0.to_string()),
+        "payment_id": c.payment_id.map(|p| p.to_string()),
+        "attempt_id": c.attempt_id.map(|a| a.to_string()),
         "kind": c.kind, "source": c.source, "detail": c.detail,
         "evidence": serde_json::from_str::<serde_json::Value>(&c.evidence).unwrap_or(serde_json::Value::Null),
         "found_at": c.found_at.0.to_rfc3339_opts(SecondsFormat::Secs, true),
@@ -358,17 +358,14 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     let conflicts = store.conflicts_of_payment_any_account(id).await?;
     let mut observations = Vec::new();
     for a in &attempts {
-        for (token, outcome, detail) in store
-            .observations_of_attempt_any_account(cobro_core::AttemptId::from_uuid(a.id.0))
-            .await?
-        {
-            observations.push((a.id.0, token, outcome, detail));
+        for (token, outcome, detail) in store.observations_of_attempt_any_account(a.id).await? {
+            observations.push((a.id, token, outcome, detail));
         }
     }
     let time = |t: &cobro_store::DbTime| t.0.to_rfc3339_opts(SecondsFormat::Millis, true);
     if output.json {
         return say_json(&serde_json::json!({
-            "id": p.id.0.to_string(), "account_id": p.account_id.0.to_string(),
+            "id": p.id.to_string(), "account_id": p.account_id.to_string(),
             "order_ref": p.order_ref, "intent": p.intent,
             "status": p.status, "amount": p.amount, "currency": p.currency,
             "capture_method": p.capture_method,
@@ -385,7 +382,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
             // The provider key is an operator's tool during an incident (to
             // look the attempt up at the provider); the merchant API never shows it.
             "attempts": attempts.iter().map(|a| serde_json::json!({
-                "id": a.id.0.to_string(), "operation": a.operation, "reference": a.reference,
+                "id": a.id.to_string(), "operation": a.operation, "reference": a.reference,
                 "provider_key": a.provider_key, "state": a.state, "sends": a.send_count,
                 "first_send_at": a.first_send_at.as_ref().map(time), "last_send_at": a.last_send_at.as_ref().map(time),
                 "provider_ref": a.provider_ref, "last_error": a.last_error,
@@ -403,7 +400,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
         }));
     }
     let rows: [(&str, String); 11] = [
-        ("payment", p.id.0.to_string()),
+        ("payment", p.id.to_string()),
         ("intent", p.intent.clone()),
         (
             "status",
@@ -455,7 +452,7 @@ async fn show(store: &Store, id: &str, output: JsonFlag) -> anyhow::Result<()> {
     ]);
     for a in &attempts {
         table.add_row([
-            a.id.0.to_string(),
+            a.id.to_string(),
             a.operation.to_string(),
             a.state.to_string(),
             a.send_count.to_string(),
@@ -535,7 +532,7 @@ async fn check_at_provider(
         .await?;
     let named = attempts
         .iter()
-        .find(|a| a.id.0 == resolution.attempt.as_uuid())
+        .find(|a| a.id == resolution.attempt)
         .with_context(|| {
             format!(
                 "attempt {} is not an attempt of payment {}",

@@ -5,9 +5,7 @@
 //! judge of effects.
 
 use chrono::Utc;
-use cobro_core::{
-    AttemptId, AttemptState, IntentName, Operation, OrderRef, PaymentId, PaymentStatus,
-};
+use cobro_core::{AttemptState, IntentName, Operation, OrderRef, PaymentId, PaymentStatus};
 use cobro_store::settle::PaymentOutcome;
 use cobro_store::{NewPayment, Store, StoreConfig};
 use serde_json::Value;
@@ -139,7 +137,7 @@ impl Setup {
             .await
             .expect("intent");
         tx.resolve_attempt(
-            AttemptId::from_uuid(attempt.id.0),
+            attempt.id,
             AttemptState::Reconciling,
             None,
             Some("test"),
@@ -165,7 +163,7 @@ impl Setup {
             // first send.
             for at in [now, Utc::now()] {
                 store
-                    .record_replay(AttemptId::from_uuid(attempt.id.0), at)
+                    .record_replay(attempt.id, at)
                     .await
                     .expect("send recorded")
                     .expect("reconciling");

@@ -216,9 +216,9 @@ impl<P: Provider> Books<P> {
             .payment_by_charge_any_account(&charge)
             .await?
             .ok_or_else(|| AdoptError::ChargeNotHeld(name.clone(), charge.clone()))?;
-        let payment_id = PaymentId::from_uuid(payment.id.0);
+        let payment_id = payment.id;
         let holder = Identity {
-            account: AccountId::from_uuid(payment.account_id.0),
+            account: payment.account_id,
             payment: payment_id,
             intent: payment.intent.clone(),
             order_ref: OrderRef::parse(&payment.order_ref)
@@ -240,7 +240,7 @@ impl<P: Provider> Books<P> {
             .unwrap_or(payment);
         Ok(Adopted {
             orphan: name,
-            account: payment.account_id.0.to_string(),
+            account: payment.account_id.to_string(),
             payment: payment_id.to_string(),
             order_ref: payment.order_ref.clone(),
             status: payment.status.as_str().to_owned(),

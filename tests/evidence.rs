@@ -7,7 +7,7 @@ use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
 use cobro_provider::Connector;
 use cobro_reconciler::{
-    ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
+    ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, ResolveError, Scope, Verdict,
 };
 use cobro_settle::{Applied, Proof, Source, apply_proof};
 use cobro_store::StoreError;
@@ -41,6 +41,7 @@ on_both_backends!(
     a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge,
     a_capture_event_of_another_charge_is_not_taken_for_the_open_capture,
     a_refund_the_provider_makes_late_after_no_effect_stops_the_line,
+    an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_window,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
     a_decline_beside_an_object_still_in_progress_proves_nothing,
@@ -602,6 +603,20 @@ fn fake_charge_event(
     })
 }
 
+/// One object as the fake provider shows it (`GET /v1/{kind}/{id}`).
+async fn fake_object(rig: &Rig, kind: &str, id: &str) -> Value {
+    rig.app
+        .client
+        .get(format!("{}/v1/{kind}/{id}", rig.provider.url()))
+        .bearer_auth(RIG_SECRET_KEY)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("object")
+}
+
 /// The outcome cobro answers for a hand-signed fake event.
 async fn deliver_fake_event(rig: &Rig, event: &Value) -> String {
     let receipt: Value = rig
@@ -676,6 +691,78 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
     );
 }
 
+/// A charge the provider makes past the attempt's window: held in its
+/// queue (no answer, key reserved), the attempt proven without effect and
+/// retried, then the held request let through. cobro keeps its event as
+/// a conflict, and the operator's check does not take the window's empty
+/// list over it: "failed" (no money moved) is refused while the conflict
+/// is kept, and the late charge, named, is read by its id and found to be
+/// the attempt's own. Before the fix (explorer seed 32747) the check read
+/// only the window: it accepted "failed" and refused the true "captured".
+async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_window(
+    backend: Backend,
+) {
+    let rig = rig_taking_signed_events(backend).await;
+    let control = rig.provider.control();
+    control.add_fault(FaultRule::new(FOp::Charge, FaultAction::HoldEffect).with_next(1));
+    let id = rig.create_payment("k-1", &payment_body("o-1")).await["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    rig.drain(1).await;
+    assert_eq!((control.held(), rig.ledger().charges.len()), (1, 0));
+    rig.pass_the_key_window().await;
+    proven_no_effect_and_retried(&rig).await;
+    rig.drain(2).await;
+    assert_eq!(rig.ledger().charges.len(), 1, "the retry charged");
+
+    // An hour on at the provider (inside its key retention, so the
+    // request is still held), it lets the request through: the charge is
+    // made an hour after the attempt's window.
+    control.advance_clock(std::time::Duration::from_secs(3600));
+    assert_eq!(control.release_held(), 1);
+    let first = rig.attempts(&id).await.remove(0);
+    let ledger = rig.ledger();
+    assert_eq!(ledger.charges.len(), 2, "the provider's late double");
+    let late = ledger
+        .charges
+        .iter()
+        .find(|c| c.idempotency_key.as_deref() == Some(first.provider_key.as_str()))
+        .expect("the late charge, under the first attempt's key");
+    let charge = fake_object(&rig, "charges", &late.id).await;
+    let event = json!({"id": "evt_late_charge",
+        "type": format!("charge.{}", charge["status"].as_str().expect("status")),
+        "created": "2026-11-30T12:00:00Z", "sequence": charge["sequence"], "data": charge});
+    assert_eq!(deliver_fake_event(&rig, &event).await, "conflict");
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
+
+    let checker = reconciler(&rig, |_| {});
+    let failed = ManualResolution {
+        payment: id.parse().expect("payment id"),
+        attempt: first.id,
+        outcome: ManualOutcome::Failed,
+        provider_ref: None,
+        operator: "alice".into(),
+        reason: "the list shows nothing".into(),
+        invoked_by: "alice@desk".into(),
+        verified: None,
+    };
+    let refused = checker.check_verdict(&failed).await;
+    assert!(
+        matches!(&refused, Err(ResolveError::Unproven(why)) if why.contains("evidence of an effect")),
+        "{refused:?}"
+    );
+    let named = ManualResolution {
+        outcome: ManualOutcome::Captured,
+        provider_ref: Some(late.id.clone()),
+        ..failed
+    };
+    let showed = checker.check_verdict(&named).await.expect("read by its id");
+    assert!(showed.contains(&late.id), "{showed}");
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    assert_eq!(rig.ledger().totals.charges, 2, "nothing more charged");
+}
+
 /// A refund the provider makes late, after cobro proved it had none. The
 /// refund's request is held (`hold_effect`: no answer, its key in
 /// progress, nothing in search); the worker hands it over when its key
@@ -722,17 +809,7 @@ async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend
         .iter()
         .find(|r| r.idempotency_key.as_deref() == Some(first_key.as_str()))
         .expect("the late refund, under the first attempt's key");
-    let refund: Value = rig
-        .app
-        .client
-        .get(format!("{}/v1/refunds/{}", rig.provider.url(), late.id))
-        .bearer_auth(RIG_SECRET_KEY)
-        .send()
-        .await
-        .expect("GET refund")
-        .json()
-        .await
-        .expect("refund");
+    let refund = fake_object(&rig, "refunds", &late.id).await;
     let event = json!({"id": "evt_late_refund", "type": "refund.succeeded",
         "created": "2026-11-30T12:00:00Z", "sequence": refund["sequence"], "data": refund});
     assert_eq!(deliver_fake_event(&rig, &event).await, "conflict");

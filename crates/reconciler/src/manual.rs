@@ -526,8 +526,8 @@ impl<P: Provider> crate::Reconciler<P> {
             // The list covers the attempt's window; an object the operator
             // names is read by its id, which no window bounds (a provider
             // that acted on a request past its timeout made it later).
-            crate::Finding::NoEffect if named(r, operation).is_some() => {
-                self.check_named(r, &attempt, &payment, refund.as_ref(), &agrees, None)
+            crate::Finding::NoEffect if let Some(id) = named(r, operation) => {
+                self.check_named(id, &attempt, &payment, refund.as_ref(), &agrees)
                     .await
             }
             crate::Finding::NoEffect if no_money_moved(operation, outcome) => {
@@ -563,37 +563,27 @@ impl<P: Provider> crate::Reconciler<P> {
             // The operator may know the object the reads could not reach
             // (the list failed): it must be the attempt's own, in the
             // verdict's state.
-            crate::Finding::Unknown(reason) => {
-                self.check_named(
-                    r,
-                    &attempt,
-                    &payment,
-                    refund.as_ref(),
-                    &agrees,
-                    Some(reason),
-                )
-                .await
-            }
+            crate::Finding::Unknown(reason) => match named(r, operation) {
+                Some(id) => {
+                    self.check_named(id, &attempt, &payment, refund.as_ref(), &agrees)
+                        .await
+                }
+                None => Err(ResolveError::Unproven(reason)),
+            },
         }
     }
 
-    /// The verdict checked against the object the operator names, read by
-    /// its id: it must be the attempt's own, in the verdict's state.
-    /// `unproven`: why the reads proved nothing (refused as such when the
-    /// operator names no object).
+    /// The verdict checked against `id`, the object the operator names,
+    /// read by its id: it must be the attempt's own, in the verdict's state.
     async fn check_named(
         &self,
-        r: &ManualResolution,
+        id: &str,
         attempt: &AttemptRow,
         payment: &PaymentRow,
         refund: Option<&RefundRow>,
         agrees: &dyn Fn(&Proof) -> bool,
-        unproven: Option<String>,
     ) -> Result<String, ResolveError> {
         let operation = attempt.operation;
-        let Some(id) = named(r, operation) else {
-            return Err(ResolveError::Unproven(unproven.unwrap_or_default()));
-        };
         let object = self
             .provider
             .get_charge(id)

@@ -7,9 +7,9 @@
 //! cobro's and the provider's.
 
 use chrono::Duration;
-use cobro_core::{DeliveryState, PaymentId, PaymentStatus};
+use cobro_core::{AccountId, DeliveryState, PaymentId, PaymentStatus};
 use cobro_store::Store;
-use cobro_store::events::EventFilter;
+use cobro_store::events::{EventFilter, EventRow};
 use cobro_test_support::{
     Backend, Rig, TestDb, manual_payment_body, new_payment, on_both_backends, payment_body, t0,
 };
@@ -226,6 +226,32 @@ async fn every_status_change_has_its_event_and_the_last_event_is_the_final_state
     }
 }
 
+/// A new payment (order `o-1`) inserted and committed, with its first event.
+async fn committed_payment(store: &Store, account: AccountId) -> cobro_store::NewPayment {
+    let p = new_payment(account, "o-1");
+    let mut tx = store.begin().await.expect("begin");
+    tx.insert_payment(&p, t0())
+        .await
+        .expect("insert")
+        .expect("row");
+    tx.commit().await.expect("commit");
+    p
+}
+
+/// The account's whole feed as the store reads it (up to 1 000 events).
+async fn store_feed(store: &Store, account: AccountId) -> Vec<EventRow> {
+    store
+        .events_for_account(
+            account,
+            &EventFilter {
+                limit: 1000,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("feed")
+}
+
 async fn event_count(store: &Store, payment: PaymentId) -> usize {
     store
         .events_of_payment_any_account(payment)
@@ -241,13 +267,7 @@ async fn a_rolled_back_change_and_a_lost_compare_and_set_write_no_event(backend:
     let db = TestDb::new(backend).await;
     let store = &db.store;
     let account = store.create_account("acme", t0()).await.expect("account");
-    let p = new_payment(account, "o-1");
-    let mut tx = store.begin().await.expect("begin");
-    tx.insert_payment(&p, t0())
-        .await
-        .expect("insert")
-        .expect("row");
-    tx.commit().await.expect("commit");
+    let p = committed_payment(store, account).await;
     assert_eq!(event_count(store, p.id).await, 1);
 
     let mut tx = store.begin().await.expect("begin");
@@ -297,16 +317,7 @@ async fn a_rolled_back_change_and_a_lost_compare_and_set_write_no_event(backend:
 
     // And the feed shows only the committed one.
     store.sequence_events(t0()).await.expect("sequence");
-    let feed = store
-        .events_for_account(
-            account,
-            &EventFilter {
-                limit: 100,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("feed");
+    let feed = store_feed(store, account).await;
     assert_eq!(feed.len(), 1);
     assert_eq!(feed[0].payment_id, p.id);
 }
@@ -396,16 +407,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
         w.await.expect("writer");
     }
     let seen = reader.await.expect("reader");
-    let all = store
-        .events_for_account(
-            account,
-            &EventFilter {
-                limit: 1000,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("all");
+    let all = store_feed(&store, account).await;
     assert_eq!(all.len(), writers_n * EACH * 2);
     let all: Vec<(i64, cobro_core::EventId)> = all
         .iter()
@@ -414,17 +416,7 @@ async fn the_feed_has_no_gaps_from_any_cursor_under_concurrent_writers(backend: 
     assert_eq!(seen, all, "the reader saw exactly the feed, in order");
     // Per payment, the feed keeps the sequence order.
     let mut last: BTreeMap<PaymentId, i64> = BTreeMap::new();
-    for e in store
-        .events_for_account(
-            account,
-            &EventFilter {
-                limit: 1000,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("all")
-    {
+    for e in store_feed(&store, account).await {
         let before = last.insert(e.payment_id, e.sequence).unwrap_or(0);
         assert!(e.sequence > before, "sequence order kept in the feed");
     }
@@ -981,4 +973,87 @@ async fn the_feed_filters_by_type_and_object_and_never_shows_another_accounts_ev
         .await
         .expect("json");
     assert_eq!(feed["data"], json!([]));
+}
+
+/// The merchant deletes an endpoint while cobro makes deliveries for it
+/// (sequencing, which every `GET /v1/events` runs, and a resend). The delete
+/// is held open here, as `Store::delete_endpoint` does it, until the
+/// delivery maker waits for it; then it commits. The delivery maker must
+/// neither fail (a foreign key violation was a 500 under the fuzzer's
+/// concurrent runs) nor leave a delivery to the deleted endpoint, and the
+/// event is still sequenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_endpoint_deleted_while_its_deliveries_are_made_fails_nothing() {
+    use sqlx::Connection;
+    let db = TestDb::new(Backend::Postgres).await;
+    let store = db.store.clone();
+    let account = store.create_account("acme", t0()).await.expect("account");
+    let mut deleter = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let p = committed_payment(&store, account).await;
+    let event = store
+        .events_of_payment_any_account(p.id)
+        .await
+        .expect("events")[0]
+        .id;
+
+    // Sequencing first, then a resend of the sequenced event.
+    for round in ["sequence", "resend"] {
+        let endpoint = store
+            .create_endpoint(account, "https://shop.example/hooks", "whsec_x", &[], t0())
+            .await
+            .expect("endpoint");
+        let mut delete = deleter.begin().await.expect("begin");
+        for sql in [
+            "DELETE FROM event_deliveries WHERE endpoint_id = $1",
+            "DELETE FROM event_endpoints WHERE id = $1",
+        ] {
+            sqlx::query(sql)
+                .bind(endpoint.id.as_uuid())
+                .execute(&mut *delete)
+                .await
+                .expect("delete");
+        }
+        let maker = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                match round {
+                    "sequence" => store.sequence_events(t0()).await.map(|n| n as i64),
+                    _ => store
+                        .resend_event(Some(account), event, t0())
+                        .await
+                        .map(|n| n.expect("the event exists") as i64),
+                }
+            })
+        };
+        cobro_test_support::wait_for(
+            "the delivery maker waits for the delete",
+            std::time::Duration::from_secs(10),
+            async || {
+                let waiting = db
+                    .count(
+                        "pg_stat_activity WHERE datname = current_database() \
+                         AND wait_event_type = 'Lock'",
+                    )
+                    .await;
+                (waiting > 0).then_some(())
+            },
+        )
+        .await;
+        delete.commit().await.expect("the delete commits");
+        let made = maker.await.expect("task");
+        assert!(
+            made.is_ok(),
+            "{round}: a concurrently deleted endpoint failed it: {made:?}"
+        );
+        let deliveries = store
+            .deliveries_of_event_any_account(event)
+            .await
+            .expect("deliveries");
+        assert!(
+            deliveries.is_empty(),
+            "{round}: a delivery to the deleted endpoint: {deliveries:?}"
+        );
+    }
+    let feed = store_feed(&store, account).await;
+    assert_eq!(feed.len(), 1, "the event is in the feed");
 }

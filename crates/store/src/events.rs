@@ -205,6 +205,33 @@ const SEQUENCER_LOCK: i64 = 0x636f_6272_6f18;
 /// How many events one sequencer transaction takes.
 const SEQUENCE_BATCH: i64 = 500;
 
+/// The statement that makes a pending delivery (due at `$2`) of each event
+/// `filter` selects (alias `e`, `$1` its parameter) to each endpoint (alias
+/// `ep`) of the event's account that takes the event's type.
+///
+/// On PostgreSQL each endpoint row is locked (`FOR KEY SHARE`) as it is
+/// read. An endpoint that another transaction deletes meanwhile is then
+/// skipped once that transaction commits, instead of failing the insert's
+/// foreign key check (a 500 from `GET /v1/events`, which sequences, while a
+/// merchant deleted an endpoint); and one deleted afterwards waits for this
+/// commit and takes these deliveries with it (`ON DELETE CASCADE`). SQLite's
+/// one writer cannot interleave the two.
+fn insert_deliveries(tx: &crate::WriteTx, filter: &str) -> String {
+    let lock = match tx.inner {
+        crate::TxInner::Postgres(_) => " FOR KEY SHARE OF ep",
+        crate::TxInner::Sqlite(_) => "",
+    };
+    format!(
+        "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, \
+         payment_id, sequence, state, due_at, created_at, updated_at) \
+         SELECT e.id, ep.id, e.account_id, e.payment_id, e.sequence, 'pending', $2, $2, $2 \
+         FROM events e JOIN event_endpoints ep ON ep.account_id = e.account_id \
+         WHERE {filter} \
+         AND (ep.event_types = '*' OR (',' || ep.event_types || ',') LIKE ('%,' || e.type || ',%')) \
+         {lock} ON CONFLICT DO NOTHING"
+    )
+}
+
 impl Store {
     /// Gives committed events their feed positions and creates their
     /// deliveries; returns how many it sequenced. Cheap when there is
@@ -249,14 +276,8 @@ impl Store {
             // Disabled endpoints get their deliveries too: they wait
             // (the claim takes only enabled endpoints' rows) and go out once
             // the endpoint is enabled, instead of being stranded.
-            let deliveries = "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, \
-                payment_id, sequence, state, due_at, created_at, updated_at) \
-                SELECT e.id, ep.id, e.account_id, e.payment_id, e.sequence, 'pending', $2, $2, $2 \
-                FROM events e JOIN event_endpoints ep ON ep.account_id = e.account_id \
-                WHERE e.feed_position > $1 \
-                AND (ep.event_types = '*' OR (',' || ep.event_types || ',') LIKE ('%,' || e.type || ',%')) \
-                ON CONFLICT DO NOTHING";
-            on_tx!(tx, conn => sqlx::query(deliveries)
+            let deliveries = insert_deliveries(&tx, "e.feed_position > $1");
+            on_tx!(tx, conn => sqlx::query(&deliveries)
                 .bind(base)
                 .bind(DbTime(now))
                 .execute(&mut *conn)
@@ -793,14 +814,8 @@ impl Store {
             tx.rollback().await?;
             return Ok(None);
         }
-        let create = "INSERT INTO event_deliveries (event_id, endpoint_id, account_id, \
-            payment_id, sequence, state, due_at, created_at, updated_at) \
-            SELECT e.id, ep.id, e.account_id, e.payment_id, e.sequence, 'pending', $2, $2, $2 \
-            FROM events e JOIN event_endpoints ep ON ep.account_id = e.account_id \
-            WHERE e.id = $1 AND ep.enabled \
-            AND (ep.event_types = '*' OR (',' || ep.event_types || ',') LIKE ('%,' || e.type || ',%')) \
-            ON CONFLICT DO NOTHING";
-        on_tx!(tx, conn => sqlx::query(create)
+        let create = insert_deliveries(&tx, "e.id = $1 AND ep.enabled");
+        on_tx!(tx, conn => sqlx::query(&create)
             .bind(DbId::from(id))
             .bind(DbTime(now))
             .execute(&mut *conn)

@@ -693,12 +693,16 @@ async fn a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_c
 
 /// A charge the provider makes past the attempt's window: held in its
 /// queue (no answer, key reserved), the attempt proven without effect and
-/// retried, then the held request let through. cobro keeps its event as
-/// a conflict, and the operator's check does not take the window's empty
-/// list over it: "failed" (no money moved) is refused while the conflict
-/// is kept, and the late charge, named, is read by its id and found to be
-/// the attempt's own. Before the fix (explorer seed 32747) the check read
-/// only the window: it accepted "failed" and refused the true "captured".
+/// retried (the retry softly declined, so that nothing cobro recorded says
+/// money moved), then the held request let through. cobro keeps its event
+/// as a conflict, and the operator's check does not take the window's
+/// empty list over it: "failed" (no money moved) is refused while the
+/// conflict is kept, by the check and again in the resolution's own
+/// transaction (which an unverified verdict, or a conflict kept after the
+/// check passed, reaches), and the late charge, named, is read by its id
+/// and found to be the attempt's own. Before the fix (explorer seed 32747)
+/// the check read only the window: it accepted "failed" and refused the
+/// true "captured".
 async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_window(
     backend: Backend,
 ) {
@@ -712,9 +716,11 @@ async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_wi
     rig.drain(1).await;
     assert_eq!((control.held(), rig.ledger().charges.len()), (1, 0));
     rig.pass_the_key_window().await;
+    control.add_fault(FaultRule::new(FOp::Charge, FaultAction::SoftDecline).with_next(1));
     proven_no_effect_and_retried(&rig).await;
     rig.drain(2).await;
-    assert_eq!(rig.ledger().charges.len(), 1, "the retry charged");
+    assert_eq!(rig.ledger().totals.declines, 1, "the retry was declined");
+    assert_eq!(rig.payment(&id).await["status"], "declined");
 
     // An hour on at the provider (inside its key retention, so the
     // request is still held), it lets the request through: the charge is
@@ -749,8 +755,27 @@ async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_wi
     };
     let refused = checker.check_verdict(&failed).await;
     assert!(
-        matches!(&refused, Err(ResolveError::Unproven(why)) if why.contains("evidence of an effect")),
+        matches!(&refused, Err(ResolveError::KeptEffect(_))),
         "{refused:?}"
+    );
+    // The same rule holds in the resolution's own transaction: a verdict
+    // that skipped the check (or a conflict kept after it passed) is
+    // refused there, and the conflict stays open.
+    let unverified =
+        cobro_reconciler::resolve_by_hand(&rig.app.db.store, &failed, rig.app.clock.now()).await;
+    assert!(
+        matches!(&unverified, Err(ResolveError::KeptEffect(_))),
+        "{unverified:?}"
+    );
+    assert_eq!(
+        rig.app
+            .db
+            .count(
+                "evidence_conflicts WHERE kind = 'effect_after_no_effect' AND resolved_at IS NULL"
+            )
+            .await,
+        1,
+        "the conflict is still open"
     );
     let named = ManualResolution {
         outcome: ManualOutcome::Captured,
@@ -760,7 +785,24 @@ async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_wi
     let showed = checker.check_verdict(&named).await.expect("read by its id");
     assert!(showed.contains(&late.id), "{showed}");
     assert_eq!(rig.payment(&id).await["status"], "needs_review");
-    assert_eq!(rig.ledger().totals.charges, 2, "nothing more charged");
+    // The true verdict, checked, is applied: the payment holds the late
+    // charge and the conflict is closed.
+    let named = ManualResolution {
+        verified: Some(showed),
+        ..named
+    };
+    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &named, rig.app.clock.now())
+        .await
+        .expect("the true verdict");
+    assert_eq!(after, "captured");
+    let payment = rig.payment(&id).await;
+    assert_eq!(payment["provider_ref"], late.id.as_str());
+    let totals = rig.ledger().totals;
+    assert_eq!(
+        (totals.charges, totals.declines),
+        (1, 1),
+        "nothing more charged"
+    );
 }
 
 /// A refund the provider makes late, after cobro proved it had none. The

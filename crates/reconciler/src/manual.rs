@@ -12,6 +12,7 @@ use cobro_settle::evidence::proof_from;
 use cobro_settle::{Applied, ChargeNow, Fit, Proof, Source, apply_proof, fit, settle_held_cancels};
 use cobro_store::audit::NewDecision;
 use cobro_store::conflicts::ConflictKind;
+use cobro_store::conflicts::ConflictRow;
 use cobro_store::settle::PaymentOutcome;
 use cobro_store::{AttemptRow, PaymentRow, RefundRow, Store, StoreError};
 
@@ -92,6 +93,10 @@ pub enum ResolveError {
         "the verdict contradicts what cobro recorded from a proof: {0}; restore the proven outcome and compensate through the API (a refund or a cancel), which runs under its own key"
     )]
     ContradictsRecord(String),
+    #[error(
+        "cobro holds evidence of an effect of this attempt ({0}): a verdict that no money moved is refused while it is kept; name the object the provider made (--provider-ref) with its outcome"
+    )]
+    KeptEffect(String),
     #[error("the payment changed while resolving; look again")]
     Conflict,
     #[error(transparent)]
@@ -259,6 +264,14 @@ async fn resolve_in(
         "provider_showed": provider_showed,
     })
     .to_string();
+    // Read under the payment's lock, so that a conflict kept between the
+    // check at the provider and this transaction is not closed unseen
+    // below (a conflict written after it re-flags the payment once this
+    // commits: stop_the_line takes the same lock).
+    let kept = tx
+        .open_conflict_of_attempt(r.attempt, ConflictKind::EffectAfterNoEffect)
+        .await?;
+    refuse_over_kept_effect(r, operation, kept)?;
     let unresolved = attempt.state.is_unresolved();
     // The operator has looked at the evidence: the conflicts are closed
     // first, so the decision below is applied, not kept as one more.
@@ -410,6 +423,24 @@ fn no_money_moved(operation: Operation, outcome: ManualOutcome) -> bool {
     )
 }
 
+/// cobro's own kept evidence of an effect of the attempt (an
+/// `effect_after_no_effect` conflict still open, `kept`) outweighs any read
+/// bounded by the attempt's window and any operator's word: a verdict that
+/// no money moved is refused while it is kept, unless it names the object
+/// it stands on (read by its id in [`crate::Reconciler::check_verdict`]).
+fn refuse_over_kept_effect(
+    r: &ManualResolution,
+    operation: Operation,
+    kept: Option<ConflictRow>,
+) -> Result<(), ResolveError> {
+    match kept {
+        Some(c) if no_money_moved(operation, r.outcome) && named(r, operation).is_none() => {
+            Err(ResolveError::KeptEffect(c.detail))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether what the provider proved supports the operator's outcome.
 fn supports(operation: Operation, outcome: ManualOutcome, proof: &Proof) -> bool {
     use ManualOutcome as M;
@@ -531,25 +562,13 @@ impl<P: Provider> crate::Reconciler<P> {
                     .await
             }
             crate::Finding::NoEffect if no_money_moved(operation, outcome) => {
-                // cobro's own kept evidence of an effect of this attempt
-                // outweighs a read bounded by its window.
+                // Refused here before the operator confirms; resolve_in
+                // holds the same rule in its transaction.
                 let kept = self
                     .store
-                    .conflicts_of_payment_any_account(r.payment)
-                    .await?
-                    .into_iter()
-                    .find(|c| {
-                        c.attempt_id == Some(r.attempt)
-                            && c.kind == ConflictKind::EffectAfterNoEffect
-                            && c.resolved_at.is_none()
-                    });
-                match kept {
-                    Some(c) => Err(ResolveError::Unproven(format!(
-                        "cobro holds evidence of an effect of this attempt ({}): name the object",
-                        c.detail
-                    ))),
-                    None => Ok(showed),
-                }
+                    .open_conflict_of_attempt(r.attempt, ConflictKind::EffectAfterNoEffect)
+                    .await?;
+                refuse_over_kept_effect(r, operation, kept).map(|()| showed)
             }
             crate::Finding::NoEffect => Err(ResolveError::Contradicted(
                 "a consistent read covering the attempt's window found no effect of it".into(),

@@ -48,6 +48,16 @@ pub struct ConflictRow {
 const CONFLICT_COLUMNS: &str = "id, payment_id, refund_id, attempt_id, source, kind, detail, \
     evidence, found_at, resolved_at";
 
+/// The oldest open conflict of one kind kept on one attempt ($1 the
+/// attempt, $2 the kind), through `evidence_conflicts_open` as
+/// [`WriteTx::conflict_is_open`].
+fn open_of_attempt_sql() -> String {
+    format!(
+        "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE attempt_id = $1 AND kind = $2 \
+         AND resolved_at IS NULL AND found_at IS NOT NULL ORDER BY found_at LIMIT 1"
+    )
+}
+
 impl WriteTx {
     pub async fn record_conflict(&mut self, c: &NewConflict<'_>, now: DateTime<Utc>) -> Result<()> {
         // The account is the payment's; evidence that names no payment has none.
@@ -152,6 +162,20 @@ impl WriteTx {
         Ok(n > 0)
     }
 
+    /// [`Store::open_conflict_of_attempt`], read in this transaction.
+    pub async fn open_conflict_of_attempt(
+        &mut self,
+        attempt: AttemptId,
+        kind: ConflictKind,
+    ) -> Result<Option<ConflictRow>> {
+        let sql = open_of_attempt_sql();
+        Ok(on_tx!(self, conn => sqlx::query_as(&sql)
+            .bind(DbId::from(attempt))
+            .bind(kind.as_str())
+            .fetch_optional(&mut *conn)
+            .await?))
+    }
+
     /// Marks a payment's open conflicts resolved (an operator decided).
     pub async fn resolve_conflicts(
         &mut self,
@@ -181,6 +205,20 @@ impl Store {
         Ok(on_pool!(self, pool => sqlx::query_as(&sql)
             .bind(i64::from(limit))
             .fetch_all(pool)
+            .await?))
+    }
+
+    /// The oldest open conflict of `kind` kept on `attempt`, if any.
+    pub async fn open_conflict_of_attempt(
+        &self,
+        attempt: AttemptId,
+        kind: ConflictKind,
+    ) -> Result<Option<ConflictRow>> {
+        let sql = open_of_attempt_sql();
+        Ok(on_pool!(self, pool => sqlx::query_as(&sql)
+            .bind(DbId::from(attempt))
+            .bind(kind.as_str())
+            .fetch_optional(pool)
             .await?))
     }
 

@@ -363,6 +363,21 @@ fn money_moved(ledgers: &[&Ledger]) -> BTreeMap<String, usize> {
 }
 
 /// The charges of payment `id` in `ledger` that moved money.
+/// The moves this process's metrics count on `proof`
+/// (`cobro_routing_failovers_total`, as `/metrics` shows it; the recorder
+/// is installed by the test that reads it).
+fn failovers_counted(proof: &str) -> u64 {
+    let label = format!("proof=\"{proof}\"");
+    cobro_telemetry::metrics::render()
+        .lines()
+        .filter(|l| l.starts_with("cobro_routing_failovers_total{") && l.contains(&label))
+        .map(|l| {
+            let value = l.rsplit(' ').next().expect("a value");
+            value.parse::<u64>().expect("a count")
+        })
+        .sum()
+}
+
 fn charges_of(ledger: &Ledger, id: &str) -> usize {
     ledger
         .charges
@@ -570,6 +585,7 @@ async fn timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twic
     // A breaker that never opens here: this test is about proofs (the
     // circuit's own test is below).
     let world = World::with_breaker(backend, A::Up, 1000).await;
+    cobro_telemetry::metrics::install().expect("the metrics recorder");
     const ORDERS: usize = 10;
     // Even orders: `a` charges and its answer is lost (500). Odd orders:
     // `a` does nothing and answers 503. To cobro both are unknown.
@@ -615,11 +631,27 @@ async fn timeouts_half_of_which_charged_move_only_on_proof_and_never_charge_twic
     assert!(world.drain("b").await.is_empty());
     world.app.clock.advance(chrono::Duration::hours(2));
 
+    // A dry run decides the moves and makes none: nothing is enqueued at
+    // `b`, and no move is counted.
+    let dry = world
+        .reconciler("a")
+        .run(&Scope::default(), true, "test", &|_, _| {})
+        .await
+        .expect("dry run");
+    assert_eq!(dry.retried, not_charged.len(), "{dry:?}");
+    assert!(world.drain("b").await.is_empty());
+    assert_eq!(failovers_counted("no_effect"), 0);
+
     let summary = world
         .reconciler("a")
         .run(&Scope::default(), false, "test", &|_, _| {})
         .await
         .expect("run");
+    assert_eq!(
+        failovers_counted("no_effect"),
+        not_charged.len() as u64,
+        "each move counted once its transaction committed"
+    );
     assert_eq!(
         summary.examined, ORDERS,
         "the charged ones were adopted already"

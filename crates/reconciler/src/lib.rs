@@ -12,7 +12,7 @@ use cobro_provider::{
 };
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::proof_from;
-use cobro_settle::routing::{NoEffectProof, fail_over, note_failover};
+use cobro_settle::routing::{NoEffectProof, fail_over};
 use cobro_settle::{
     Applied, Fit, Proof, Source, apply_proof, await_customer, fit, settle_held_cancels,
     stop_the_line,
@@ -1427,14 +1427,6 @@ impl<P: Provider> Reconciler<P> {
                 );
                 tx.record_decision(&d, now).await?;
                 finish(tx, dry_run).await?;
-                if !dry_run {
-                    note_failover(
-                        payment.id,
-                        attempt.provider.as_deref().unwrap_or_default(),
-                        &to,
-                        NoEffectProof::NoEffect,
-                    );
-                }
                 return Ok(Verdict::Retried);
             }
             // A new attempt of the same intent, under a NEW provider key:

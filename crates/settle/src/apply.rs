@@ -618,13 +618,10 @@ async fn soft_decline_moves_on(
         }
         _ => before,
     };
-    let Some(to) = planned.make(tx, attempt, now).await? else {
+    if planned.make(tx, attempt, now).await?.is_none() {
         // The payment is locked and its provider was read under the lock.
         return Err(corrupt("payment moved inside the transaction"));
-    };
-    // Counted when decided: the settle path's caller commits.
-    let from = attempt.provider.as_deref().unwrap_or_default();
-    crate::routing::note_failover(payment.id, from, &to, proof.0);
+    }
     Ok(Some(Applied::Settled {
         before: before.as_str().to_owned(),
         after: after.as_str().to_owned(),

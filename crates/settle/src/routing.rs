@@ -302,9 +302,9 @@ pub fn is_soft_decline(code: &str) -> bool {
     SOFT_DECLINES.contains(&code)
 }
 
-/// Counts and logs a move [`fail_over`] made, once its transaction
-/// committed.
-pub fn note_failover(payment: PaymentId, from: &str, to: &str, proof: NoEffectProof) {
+/// Counts and logs a move [`fail_over`] made; [`FailOver::make`] has it
+/// run once the move's transaction has committed.
+fn note_failover(payment: PaymentId, from: &str, to: &str, proof: NoEffectProof) {
     cobro_telemetry::metrics::routing_failover(from, to, proof.as_str());
     tracing::warn!(
         payment_id = %payment, from, to, proof = proof.as_str(),
@@ -341,6 +341,8 @@ pub struct FailOver {
     payment: PaymentId,
     from: String,
     to: String,
+    /// What proved that the attempt at `from` had no effect.
+    proof: NoEffectProof,
     /// The route with this move recorded.
     route: Route,
 }
@@ -380,6 +382,7 @@ impl FailOver {
             payment: payment.id,
             from: current.to_owned(),
             to: next,
+            proof: proof.0,
             route,
         })
     }
@@ -388,7 +391,8 @@ impl FailOver {
     /// from the current provider to the next, and the intent's next
     /// attempt enqueued there under a new provider key. `None`: the
     /// payment's provider changed since it was read, and nothing was
-    /// written.
+    /// written. The move is counted and logged once the caller's
+    /// transaction commits (a dry run's rollback counts nothing).
     pub async fn make(
         self,
         tx: &mut WriteTx,
@@ -422,6 +426,15 @@ impl FailOver {
             now,
         )
         .await?;
-        Ok(Some(self.to))
+        let Self {
+            payment,
+            from,
+            to,
+            proof,
+            ..
+        } = self;
+        let noted = to.clone();
+        tx.after_commit(move || note_failover(payment, &from, &noted, proof));
+        Ok(Some(to))
     }
 }

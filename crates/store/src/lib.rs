@@ -368,6 +368,8 @@ pub struct WriteTx {
     moved_payment: bool,
     /// A statement of this transaction inserted an outbox row.
     enqueued_work: bool,
+    /// What to do once this transaction has committed ([`WriteTx::after_commit`]).
+    committed: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 impl WriteTx {
@@ -385,11 +387,15 @@ impl WriteTx {
             doorbells,
             moved_payment,
             enqueued_work,
+            committed,
         } = self;
         tokio::spawn(async move {
             match inner {
                 TxInner::Postgres(t) => t.commit().await?,
                 TxInner::Sqlite(member) => member.commit().await?,
+            }
+            for then in committed {
+                then();
             }
             if moved_payment {
                 payment_moves.bump();
@@ -402,6 +408,13 @@ impl WriteTx {
         })
         .await
         .map_err(|_| StoreError::Corrupt("the commit task was lost".into()))?
+    }
+
+    /// Runs `then` once this transaction has committed, and never if it
+    /// rolls back or fails: for what counts or logs a change as made (a
+    /// metric of moves), which must not count one that was undone.
+    pub fn after_commit(&mut self, then: impl FnOnce() + Send + 'static) {
+        self.committed.push(Box::new(then));
     }
 
     /// Notes that this transaction inserted an outbox row, so that workers
@@ -645,6 +658,7 @@ impl Store {
             doorbells: Arc::clone(&self.doorbells),
             moved_payment: false,
             enqueued_work: false,
+            committed: Vec::new(),
         })
     }
 

@@ -10,9 +10,7 @@ use chrono::{DateTime, Utc};
 use cobro_core::{AttemptState, Clock, Operation};
 use cobro_provider::{CallInfo, Outcome, Provider, Sent};
 use cobro_settle::call::{Answered, Call, judge_answer};
-use cobro_settle::routing::{
-    CallHealth, CircuitState, Circuits, NoEffectProof, fail_over, note_failover,
-};
+use cobro_settle::routing::{CallHealth, CircuitState, Circuits, NoEffectProof, fail_over};
 use cobro_settle::{Source, apply_proof, await_customer, hand_to_reconciler, stop_the_line};
 use cobro_store::conflicts::ConflictKind;
 use cobro_store::{
@@ -939,7 +937,6 @@ impl<P: Provider> Worker<P> {
         };
         note_call(&mut tx, claim, call).await?;
         tx.commit().await?;
-        note_failover(attempt.payment_id, self.provider_of(claim), &to, proof);
         self.wake.notify_one();
         Ok(Some(Step::Rerouted {
             proof: proof.as_str(),

@@ -239,6 +239,11 @@ impl World {
         scheduled_reconciler(&self.app, &self.handle, name)
     }
 
+    /// One run of the reconciler of provider `name` over every candidate.
+    async fn reconcile(&self, name: &str) -> cobro_reconciler::Summary {
+        cobro_test_support::run_once(&self.reconciler(name)).await
+    }
+
     /// Moves the app's manual clock to the provider's virtual one (which
     /// signs its webhooks with its own time).
     fn align_clocks(&self) {
@@ -523,21 +528,12 @@ async fn the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost(backend: Ba
     );
     // Later than the worker's retries: the reconciler's turn.
     world.app.clock.advance(chrono::Duration::minutes(10));
-    let scope = cobro_reconciler::Scope::default();
-    let none = world
-        .reconciler("fake")
-        .run(&scope, false, "test", &|_, _| {})
-        .await
-        .expect("fake run");
+    let none = world.reconcile("fake").await;
     assert_eq!(
         none.examined, 0,
         "the fake's reconciler never asks about it"
     );
-    let run = world
-        .reconciler("stripe")
-        .run(&scope, false, "test", &|_, _| {})
-        .await
-        .expect("stripe run");
+    let run = world.reconcile("stripe").await;
     assert_eq!(run.examined, 1, "{run:?}");
     assert_eq!(run.resolved.get("succeeded"), Some(&1), "{run:?}");
 
@@ -616,6 +612,28 @@ fn requests_to(world: &World, method: &str, path: &str) -> Vec<fake_provider::Se
         .collect()
 }
 
+/// Ten minutes on (past the worker's retries and the search lag), one run
+/// of Stripe's reconciler adopts the payment's PaymentIntent: it is
+/// captured, and the worker sends nothing more (`creates` PaymentIntent
+/// creations in all). The payment as adopted.
+async fn adopted_by_the_reconciler(
+    world: &World,
+    stripe_id: &str,
+    creates: usize,
+) -> cobro_store::PaymentRow {
+    world.app.clock.advance(chrono::Duration::minutes(10));
+    let run = world.reconcile("stripe").await;
+    assert_eq!(run.resolved.get("succeeded"), Some(&1), "{run:?}");
+    let payment = world.payment(true, stripe_id).await;
+    assert_eq!(payment.status.to_string(), "captured");
+    world.drain("stripe").await;
+    assert_eq!(
+        requests_to(&world, "POST", "/v1/payment_intents").len(),
+        creates
+    );
+    payment
+}
+
 /// `Stripe-Should-Retry: false` on an unknown outcome (a 500 after the
 /// PaymentIntent was charged, which the key replays): the worker records
 /// the call, sends nothing more and hands the attempt to the reconciler at
@@ -681,22 +699,7 @@ async fn a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_
     );
 
     // The reconciler settles it from Stripe's search once the lag passed.
-    world.app.clock.advance(chrono::Duration::minutes(10));
-    let run = world
-        .reconciler("stripe")
-        .run(
-            &cobro_reconciler::Scope::default(),
-            false,
-            "test",
-            &|_, _| {},
-        )
-        .await
-        .expect("stripe run");
-    assert_eq!(run.resolved.get("succeeded"), Some(&1), "{run:?}");
-    let payment = world.payment(true, &stripe_id).await;
-    assert_eq!(payment.status.to_string(), "captured");
-    world.drain("stripe").await;
-    assert_eq!(requests_to(&world, "POST", "/v1/payment_intents").len(), 1);
+    let payment = adopted_by_the_reconciler(&world, &stripe_id, 1).await;
     let ledger = world.ledger();
     let charge = ledger
         .charge_of_payment_intent(payment.provider_ref.as_deref().expect("adopted"))
@@ -710,6 +713,46 @@ async fn a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_
         ("captured", 1999)
     );
     assert_eq!(ledger.charges.len(), 2);
+    assert!(cobro_test_support::double_charges(&ledger).is_empty());
+}
+
+/// A 500 that Stripe saved under the key (a plain one, without
+/// `Stripe-Should-Retry: false`): the first answer is retried under the
+/// key as any unknown outcome; the retry's answer is that 500 replayed
+/// (`Idempotent-Replayed: true`), which shows that every resend would only
+/// replay it again, so the worker hands the attempt to the reconciler then,
+/// instead of resending until the key window closes. The reconciler adopts
+/// the one PaymentIntent once it may decide.
+async fn a_replayed_stripe_500_is_handed_to_the_reconciler_at_its_first_replay(backend: Backend) {
+    let world = World::new(backend).await;
+    world
+        .provider
+        .control()
+        .add_fault(FaultRule::new(Operation::Charge, FaultAction::FailAfterEffect).with_next(1));
+    let created = world
+        .post(true, "/v1/payments", "k-1", &payment_body("o-1"))
+        .await;
+    assert_eq!(
+        world.drain("stripe").await,
+        vec![Step::Rescheduled { class: "unknown" }]
+    );
+    world.app.clock.advance(chrono::Duration::seconds(2));
+    assert_eq!(world.drain("stripe").await, vec![Step::HandedOver]);
+    let creates = requests_to(&world, "POST", "/v1/payment_intents");
+    assert_eq!(creates.len(), 2, "one send and one replayed resend");
+    let stripe_id = id(&created);
+    let attempts = world.attempts(&stripe_id).await;
+    assert_eq!(
+        (attempts.len(), attempts[0].state, attempts[0].send_count),
+        (1, cobro_core::AttemptState::Reconciling, 2)
+    );
+    let last_error = attempts[0].last_error.clone().unwrap_or_default();
+    assert!(last_error.contains("replay"), "{last_error}");
+    assert_eq!(world.ledger().charges.len(), 1);
+
+    adopted_by_the_reconciler(&world, &stripe_id, 2).await;
+    let ledger = world.ledger();
+    assert_eq!(ledger.charges.len(), 1);
     assert!(cobro_test_support::double_charges(&ledger).is_empty());
 }
 
@@ -1044,5 +1087,6 @@ on_both_backends!(
     the_stripe_reconciler_adopts_a_charge_whose_answer_was_lost,
     a_stripe_signed_webhook_is_applied_at_its_providers_route,
     a_stripe_500_saying_not_to_retry_is_handed_to_the_reconciler_without_a_resend,
+    a_replayed_stripe_500_is_handed_to_the_reconciler_at_its_first_replay,
     a_payment_intent_waiting_for_the_customer_is_kept_at_stripe,
 );

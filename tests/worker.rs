@@ -193,9 +193,10 @@ async fn a_lost_answer_after_the_effect_is_one_charge(backend: Backend, dialect:
         if dialect == Dialect::Stripe && order == "o-3" {
             // Stripe's idempotency layer saves a 500 as the key's answer:
             // the resend replays it, so only a read (the reconciler) can
-            // tell that the charge exists. Still one charge.
-            assert_eq!(p["status"], "processing", "{order}");
-            assert_eq!(p["attempts"][0]["state"], "unknown", "{order}");
+            // tell that the charge exists, and the replay hands the attempt
+            // to it at once. Still one charge.
+            assert_eq!(p["status"], "requires_reconciliation", "{order}");
+            assert_eq!(p["attempts"][0]["state"], "reconciling", "{order}");
         } else {
             assert_eq!(p["status"], "authorized", "{order}");
             assert!(p["provider_ref"].is_string());

@@ -748,6 +748,21 @@ impl Drop for TestApp {
 }
 
 /// A payment for the store's own tests (1999 EUR, automatic capture).
+/// One run of `reconciler` over every candidate, not a dry run.
+pub async fn run_once<P: cobro_provider::Provider>(
+    reconciler: &cobro_reconciler::Reconciler<P>,
+) -> cobro_reconciler::Summary {
+    reconciler
+        .run(
+            &cobro_reconciler::Scope::default(),
+            false,
+            "test",
+            &|_, _| {},
+        )
+        .await
+        .expect("reconcile")
+}
+
 pub fn new_payment(account: cobro_core::AccountId, order: &str) -> cobro_store::NewPayment {
     let order_ref = cobro_core::OrderRef::parse(order).expect("order ref");
     cobro_store::NewPayment {
@@ -1311,15 +1326,7 @@ impl Rig {
 
     /// One run of the tests' reconciler over every candidate.
     pub async fn reconcile_once(&self) -> cobro_reconciler::Summary {
-        self.reconciler(|_| {})
-            .run(
-                &cobro_reconciler::Scope::default(),
-                false,
-                "test",
-                &|_, _| {},
-            )
-            .await
-            .expect("reconcile")
+        run_once(&self.reconciler(|_| {})).await
     }
 
     /// The tests' reconciler settings (a 2 s request timeout, the default

@@ -521,9 +521,13 @@ impl<P: Provider> Worker<P> {
     /// whether it replayed) in the same transaction.
     ///
     /// An unknown outcome the provider says not to retry
-    /// (`Stripe-Should-Retry: false`) goes to the reconciler at once: a
-    /// resend under the same key would only replay the saved answer, so
-    /// only a query can tell what happened.
+    /// (`Stripe-Should-Retry: false`), or one it replayed from the key's
+    /// saved answers (`Idempotent-Replayed: true`: Stripe saves a 500 under
+    /// the key), goes to the reconciler at once: a resend under the same
+    /// key would only replay the saved answer, so only a query can tell
+    /// what happened. Handing over shortens no wait on the path to "no
+    /// effect": the reconciler waits out the key's lifetime whenever it
+    /// was handed the attempt.
     async fn record(
         &self,
         claim: &Claim,
@@ -597,6 +601,12 @@ impl<P: Provider> Worker<P> {
             }
             Answered::Unknown(reason) if call.and_then(|c| c.should_retry) == Some(false) => {
                 let reason = format!("{reason} (the provider says a retry would not help)");
+                return self.hand_over(claim, &reason, call).await;
+            }
+            // The key's saved answer, replayed: every resend under the key
+            // would replay it again until the key expires.
+            Answered::Unknown(reason) if call.is_some_and(|c| c.replayed) => {
+                let reason = format!("{reason} (a replay of the answer saved under the key)");
                 return self.hand_over(claim, &reason, call).await;
             }
             Answered::Unknown(reason) => {

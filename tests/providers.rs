@@ -628,7 +628,7 @@ async fn adopted_by_the_reconciler(
     assert_eq!(payment.status.to_string(), "captured");
     world.drain("stripe").await;
     assert_eq!(
-        requests_to(&world, "POST", "/v1/payment_intents").len(),
+        requests_to(world, "POST", "/v1/payment_intents").len(),
         creates
     );
     payment

@@ -619,12 +619,26 @@ async fn list_payments(
 
 /// How a capture or cancel starts.
 enum Start {
+    /// The key's stored answer (a replay, or a refusal of the key).
     Answered(Response),
-    Fresh(Keyed, PaymentId, WriteTx),
+    Fresh(Box<Operating>),
+}
+
+/// A capture or cancel under way: its key, the payment as this
+/// transaction locked it, the time it is decided at.
+struct Operating {
+    keyed: Keyed,
+    id: PaymentId,
+    tx: WriteTx,
+    current: cobro_store::PaymentRow,
+    now: chrono::DateTime<chrono::Utc>,
 }
 
 /// The common start of capture and cancel: the key, the fingerprint over
-/// the payment id and the (empty) body, the transaction.
+/// the payment id and the (empty) body, the transaction, and the payment
+/// locked in it. Decided from the row this transaction holds: a refusal
+/// stored against the key must never rest on a read a worker has already
+/// overtaken.
 async fn begin_payment_operation(
     state: &AppState,
     account: Account,
@@ -638,12 +652,39 @@ async fn begin_payment_operation(
     let mut path = BTreeMap::new();
     path.insert("payment_id", id.to_string());
     let keyed = Keyed::new(account, operation, key, &path, &EmptyBody {})?;
-    Ok(
-        match keyed::begin(state, &keyed, (ResourceType::Payment, id.as_uuid())).await? {
-            Begun::Answered(response) => Start::Answered(response),
-            Begun::Fresh(tx) => Start::Fresh(keyed, id, tx),
-        },
+    let mut tx = match keyed::begin(state, &keyed, (ResourceType::Payment, id.as_uuid())).await? {
+        Begun::Answered(response) => return Ok(Start::Answered(response)),
+        Begun::Fresh(tx) => tx,
+    };
+    let now = state.clock.now();
+    let Some(current) = tx.lock_payment_for_account(account.0, id).await? else {
+        return Err(ApiError::NotFound);
+    };
+    Ok(Start::Fresh(Box::new(Operating {
+        keyed,
+        id,
+        tx,
+        current,
+        now,
+    })))
+}
+
+/// Commits a capture or cancel accepted with the payment as `row` (202).
+async fn accepted(
+    state: &AppState,
+    tx: WriteTx,
+    keyed: &Keyed,
+    row: &cobro_store::PaymentRow,
+) -> Result<Response, ApiError> {
+    commit_and_wake(
+        state,
+        tx,
+        keyed,
+        StatusCode::ACCEPTED,
+        &views::payment(row, None),
+        None,
     )
+    .await
 }
 
 crate::openapi::refusals!(
@@ -682,16 +723,15 @@ async fn capture_payment(
     Path(id): Path<String>,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
-    let (keyed, id, mut tx) =
-        match begin_payment_operation(&state, account, key, &id, Operation::Capture, body).await? {
-            Start::Answered(response) => return Ok(response),
-            Start::Fresh(keyed, id, tx) => (keyed, id, tx),
-        };
-    let now = state.clock.now();
-    // Decide from the row this transaction holds: a refusal stored against
-    // the key must never rest on a read a worker has already overtaken.
-    let Some(current) = tx.lock_payment_for_account(account.0, id).await? else {
-        return Err(ApiError::NotFound);
+    let Operating {
+        keyed,
+        id,
+        mut tx,
+        current,
+        now,
+    } = match begin_payment_operation(&state, account, key, &id, Operation::Capture, body).await? {
+        Start::Answered(response) => return Ok(response),
+        Start::Fresh(operating) => *operating,
     };
     let moved = if current.status == PaymentStatus::Authorized {
         tx.transition_payment(
@@ -719,16 +759,7 @@ async fn capture_payment(
         .open_intent(account.0, row.id, None, Operation::Capture, &intent, now)
         .await?;
     record_intent(&id, &intent, &attempt);
-    let response = commit_and_wake(
-        &state,
-        tx,
-        &keyed,
-        StatusCode::ACCEPTED,
-        &views::payment(&row, None),
-        None,
-    )
-    .await?;
-    Ok(response)
+    accepted(&state, tx, &keyed, &row).await
 }
 
 crate::openapi::refusals!(
@@ -772,15 +803,15 @@ async fn cancel_payment(
     Path(id): Path<String>,
     body: JsonObject,
 ) -> Result<Response, ApiError> {
-    let (keyed, id, mut tx) =
-        match begin_payment_operation(&state, account, key, &id, Operation::Cancel, body).await? {
-            Start::Answered(response) => return Ok(response),
-            Start::Fresh(keyed, id, tx) => (keyed, id, tx),
-        };
-    let now = state.clock.now();
-    // Decided from the row this transaction holds (see capture).
-    let Some(current) = tx.lock_payment_for_account(account.0, id).await? else {
-        return Err(ApiError::NotFound);
+    let Operating {
+        keyed,
+        id,
+        mut tx,
+        current,
+        now,
+    } = match begin_payment_operation(&state, account, key, &id, Operation::Cancel, body).await? {
+        Start::Answered(response) => return Ok(response),
+        Start::Fresh(operating) => *operating,
     };
     let status = current.status;
     let manual = current.capture_method == CaptureMethod::Manual;
@@ -844,16 +875,7 @@ async fn cancel_payment(
         // refunded, not canceled.
         return keyed::commit_refusal(tx, &keyed, refusal()).await;
     };
-    let response = commit_and_wake(
-        &state,
-        tx,
-        &keyed,
-        StatusCode::ACCEPTED,
-        &views::payment(&row, None),
-        None,
-    )
-    .await?;
-    Ok(response)
+    accepted(&state, tx, &keyed, &row).await
 }
 
 /// Whether the payment's authorisation outcome is still unknown (its

@@ -556,27 +556,13 @@ impl<P: Provider> Worker<P> {
                 {
                     return Ok(step);
                 }
-                let due = now + self.retry_delay(claim);
-                return self.not_sent(claim, due, &reason, call).await.map(|ok| {
-                    if ok {
-                        Step::Rescheduled { class }
-                    } else {
-                        Step::LeaseLost
-                    }
-                });
+                return self.retry_later(claim, class, &reason, call, true).await;
             }
             // The provider said it did not execute (429): the same key
             // again, never a move (an earlier try under the key may have
             // reached it through a proxy that retried).
             Answered::NotSent(reason) => {
-                let due = now + self.retry_delay(claim);
-                return self.reschedule(claim, due, &reason, call).await.map(|ok| {
-                    if ok {
-                        Step::Rescheduled { class }
-                    } else {
-                        Step::LeaseLost
-                    }
-                });
+                return self.retry_later(claim, class, &reason, call, false).await;
             }
             // Its own object, still in progress: resending the key would
             // replay the same answer for as long as the key lives, and each
@@ -796,18 +782,28 @@ impl<P: Provider> Worker<P> {
             .await
     }
 
-    /// A send that never left: rescheduled, and counted on the attempt
+    /// The same attempt again under its key after the backoff
+    /// ([`Step::Rescheduled`] as `class`, or [`Step::LeaseLost`]). A send
+    /// that never left (`not_left`) is counted on the attempt
     /// (`sends_not_left`), so that an attempt whose every send never left
     /// can later move on without a query.
-    async fn not_sent(
+    async fn retry_later(
         &self,
         claim: &Claim,
-        due: DateTime<Utc>,
+        class: &'static str,
         reason: &str,
         call: Option<&CallInfo>,
-    ) -> Result<bool, WorkerError> {
-        self.reschedule_counting(claim, due, reason, call, true)
-            .await
+        not_left: bool,
+    ) -> Result<Step, WorkerError> {
+        let due = self.clock.now() + self.retry_delay(claim);
+        let ok = self
+            .reschedule_counting(claim, due, reason, call, not_left)
+            .await?;
+        Ok(if ok {
+            Step::Rescheduled { class }
+        } else {
+            Step::LeaseLost
+        })
     }
 
     async fn reschedule_counting(

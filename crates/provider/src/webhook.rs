@@ -134,6 +134,26 @@ pub(crate) fn verify_signature_header(
         .map_err(|e| e.reason())
 }
 
+/// A delivery's body as the JSON object every scheme's events are: UTF-8,
+/// an object, and no U+0000 anywhere (a clear 400 rather than a 500 the
+/// provider would redeliver forever: such text cannot be stored).
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, Vec<FieldProblem>> {
+    let invalid = |message: String| vec![FieldProblem::new("body", message)];
+    let text = std::str::from_utf8(body).map_err(|_| invalid("is not UTF-8".to_owned()))?;
+    let root: Map<String, Value> = match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => map,
+        Ok(_) => return Err(invalid("must be a JSON object".to_owned())),
+        Err(e) => return Err(invalid(format!("is not valid JSON (line {})", e.line()))),
+    };
+    if let Some(field) = cobro_core::text::unstorable_text(&root) {
+        return Err(vec![FieldProblem::new(
+            field,
+            "must not contain U+0000 (NUL)",
+        )]);
+    }
+    Ok(root)
+}
+
 /// The fake provider's scheme: `Fake-Signature: t=<unix seconds>,v1=<hex
 /// HMAC-SHA256(secret, "<t>.<raw body>")>` (one or more `v1`, as while a
 /// secret rotates), and events `{id, type, sequence, data: charge|refund}`
@@ -179,20 +199,7 @@ impl WebhookScheme for FakeWebhooks {
     }
 
     fn parse(&self, body: &[u8]) -> Result<ProviderEvent, Vec<FieldProblem>> {
-        let invalid = |message: String| vec![FieldProblem::new("body", message)];
-        let text = std::str::from_utf8(body).map_err(|_| invalid("is not UTF-8".to_owned()))?;
-        let root: Map<String, Value> = match serde_json::from_str(text) {
-            Ok(Value::Object(map)) => map,
-            Ok(_) => return Err(invalid("must be a JSON object".to_owned())),
-            Err(e) => return Err(invalid(format!("is not valid JSON (line {})", e.line()))),
-        };
-        // A clear 400 rather than a 500 the provider would redeliver forever.
-        if let Some(field) = cobro_core::text::unstorable_text(&root) {
-            return Err(vec![FieldProblem::new(
-                field,
-                "must not contain U+0000 (NUL)",
-            )]);
-        }
+        let root = json_object(body)?;
         let mut errors = Vec::new();
         let mut string = |map: &Map<String, Value>, prefix: &str, name: &str, required: bool| {
             match map.get(name) {

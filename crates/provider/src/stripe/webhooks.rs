@@ -267,19 +267,7 @@ impl WebhookScheme for StripeWebhooks {
     }
 
     fn parse(&self, body: &[u8]) -> Result<ProviderEvent, Vec<FieldProblem>> {
-        let invalid = |message: String| vec![FieldProblem::new("body", message)];
-        let text = std::str::from_utf8(body).map_err(|_| invalid("is not UTF-8".to_owned()))?;
-        let root: Map<String, Value> = match serde_json::from_str(text) {
-            Ok(Value::Object(map)) => map,
-            Ok(_) => return Err(invalid("must be a JSON object".to_owned())),
-            Err(e) => return Err(invalid(format!("is not valid JSON (line {})", e.line()))),
-        };
-        if let Some(field) = cobro_core::text::unstorable_text(&root) {
-            return Err(vec![FieldProblem::new(
-                field,
-                "must not contain U+0000 (NUL)",
-            )]);
-        }
+        let root = crate::webhook::json_object(body)?;
         let mut errors = Vec::new();
         let mut string = |name: &str| match root.get(name) {
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),

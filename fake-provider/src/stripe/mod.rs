@@ -46,7 +46,9 @@ use crate::config::WebhookDialect;
 use crate::faults::Operation;
 use crate::model::{Charge, ChargeParams, ChargeStatus, Created, RefundParams, StoredResponse};
 use crate::pipeline::{Call, Dialect, Outcome, Subject, execute};
-use crate::state::{Ctx, Refused, Shared, State as ProviderState, Store, new_stored, resource};
+use crate::state::{
+    Ctx, Page, Refused, Shared, State as ProviderState, Store, new_stored, resource,
+};
 
 /// The Stripe API version this dialect renders, whatever `Stripe-Version`
 /// a request sends (it is recorded, see [`crate::SeenRequest`]).
@@ -969,23 +971,36 @@ async fn list_intents(
             |intent| params.created.contains(intent.created),
             params.limit,
         );
-        let Some(page) = page else {
-            let after = params.starting_after.as_deref().unwrap_or_default();
-            return Outcome::Executed(unknown_cursor("payment_intent", after));
-        };
-        let data: Vec<Value> = page
-            .data
-            .iter()
-            .filter_map(|intent| intent_view(state, &intent.id, ctx.caller))
-            .collect();
-        Outcome::Executed(ok(&json!({
-            "object": "list",
-            "data": data,
-            "has_more": page.has_more,
-            "url": "/v1/payment_intents",
-        })))
+        Outcome::Executed(list_page(
+            page,
+            ("payment_intent", "/v1/payment_intents"),
+            params.starting_after.as_deref(),
+            |intent| intent_view(state, &intent.id, ctx.caller),
+        ))
     })
     .await
+}
+
+/// One page of a Stripe list, `{object: "list", data, has_more, url}`,
+/// each object as `view` shows it (`what` its object name, `url` the
+/// list's path); or 400 `resource_missing` for a `starting_after` that is
+/// not in the list.
+fn list_page<T>(
+    page: Option<Page<'_, T>>,
+    (what, url): (&str, &str),
+    starting_after: Option<&str>,
+    view: impl Fn(&T) -> Option<Value>,
+) -> StoredResponse {
+    let Some(page) = page else {
+        return unknown_cursor(what, starting_after.unwrap_or_default());
+    };
+    let data: Vec<Value> = page.data.iter().filter_map(|object| view(object)).collect();
+    ok(&json!({
+        "object": "list",
+        "data": data,
+        "has_more": page.has_more,
+        "url": url,
+    }))
 }
 
 /// A `starting_after` that is not an object of the list: 400
@@ -1274,21 +1289,12 @@ pub(crate) async fn list_refunds(
             |refund| params.created.contains(refund.created),
             params.limit,
         );
-        let Some(page) = page else {
-            let after = params.starting_after.as_deref().unwrap_or_default();
-            return Outcome::Executed(unknown_cursor("refund", after));
-        };
-        let data: Vec<Value> = page
-            .data
-            .iter()
-            .filter_map(|refund| refund_view(state, &refund.id, ctx.caller))
-            .collect();
-        Outcome::Executed(ok(&json!({
-            "object": "list",
-            "data": data,
-            "has_more": page.has_more,
-            "url": "/v1/refunds",
-        })))
+        Outcome::Executed(list_page(
+            page,
+            ("refund", "/v1/refunds"),
+            params.starting_after.as_deref(),
+            |refund| refund_view(state, &refund.id, ctx.caller),
+        ))
     })
     .await
 }

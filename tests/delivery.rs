@@ -28,6 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 on_both_backends!(
+    a_deleted_endpoint_takes_its_deliveries_and_gets_nothing_more,
     a_payments_next_event_waits_until_the_previous_is_delivered_or_dead,
     an_endpoint_that_answers_410_gone_is_disabled_with_its_reason_until_enabled_again,
     a_hanging_endpoint_does_not_delay_a_healthy_one,
@@ -136,6 +137,56 @@ async fn a_payments_next_event_waits_until_the_previous_is_delivered_or_dead(bac
         (second.state, second.attempts),
         (DeliveryState::Delivered, 1)
     );
+}
+
+/// `DELETE /v1/event_endpoints/{id}`: another account's is a 404 that
+/// changes nothing; the owner's is a 204 that takes the endpoint's pending
+/// deliveries with it (the other endpoint's stay), after which nothing is
+/// sent to it; a second one is a 404.
+async fn a_deleted_endpoint_takes_its_deliveries_and_gets_nothing_more(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let gone = Endpoint::start(Behaviour::Healthy).await;
+    let kept = Endpoint::start(Behaviour::Healthy).await;
+    let (id, _) = register(&rig, &gone.url).await;
+    register(&rig, &kept.url).await;
+    captured_payments(&rig, 2).await;
+    let store = &rig.app.db.store;
+    store
+        .sequence_events(rig.app.clock.now())
+        .await
+        .expect("sequence");
+    let deliveries = rig.app.db.count("event_deliveries").await;
+    assert!(deliveries >= 4, "{deliveries}");
+    let delete = |token: &str| {
+        rig.app
+            .client
+            .delete(format!("{}/v1/event_endpoints/{id}", rig.app.url))
+            .bearer_auth(token.to_owned())
+            .send()
+    };
+
+    let (_, other) = rig.app.new_account("merchant-b").await;
+    let r = delete(&other).await.expect("delete");
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(rig.app.db.count("event_endpoints").await, 2);
+    assert_eq!(rig.app.db.count("event_deliveries").await, deliveries);
+
+    let r = delete(&rig.app.token).await.expect("delete");
+    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(rig.app.db.count("event_endpoints").await, 1);
+    assert_eq!(
+        rig.app.db.count("event_deliveries").await * 2,
+        deliveries,
+        "the other endpoint's deliveries stay"
+    );
+    let again = delete(&rig.app.token).await.expect("delete");
+    assert_eq!(again.status().as_u16(), 404);
+
+    let d = dispatcher(&rig, "d-1", |_| {});
+    dispatch_until_settled(&rig, &[d], Duration::seconds(30)).await;
+    assert!(gone.received().is_empty(), "nothing sent to it");
+    assert_eq!(kept.acknowledged().len() as i64 * 2, deliveries);
+    assert_eq!(rig.ledger().totals.charges, 2);
 }
 
 /// The endpoint answers 410 Gone: it is disabled at once, its reason is

@@ -976,12 +976,14 @@ async fn the_feed_filters_by_type_and_object_and_never_shows_another_accounts_ev
 }
 
 /// The merchant deletes an endpoint while cobro makes deliveries for it
-/// (sequencing, which every `GET /v1/events` runs, and a resend). The delete
-/// is held open here, as `Store::delete_endpoint` does it, until the
-/// delivery maker waits for it; then it commits. The delivery maker must
-/// neither fail (a foreign key violation was a 500 under the fuzzer's
-/// concurrent runs) nor leave a delivery to the deleted endpoint, and the
-/// event is still sequenced.
+/// (sequencing, which every `GET /v1/events` runs; a resend; a resend of
+/// an event the endpoint already has a delivery of). The delete, the one
+/// statement `Store::delete_endpoint` runs (its deliveries go by the
+/// foreign key's cascade), is held open here until the delivery maker
+/// waits for it; then it commits. The delivery maker must neither fail (a
+/// foreign key violation was a 500 under the fuzzer's concurrent runs) nor
+/// leave a delivery to the deleted endpoint, and the event is still
+/// sequenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_endpoint_deleted_while_its_deliveries_are_made_fails_nothing() {
     use sqlx::Connection;
@@ -996,23 +998,32 @@ async fn postgres_an_endpoint_deleted_while_its_deliveries_are_made_fails_nothin
         .expect("events")[0]
         .id;
 
-    // Sequencing first, then a resend of the sequenced event.
-    for round in ["sequence", "resend"] {
+    // Sequencing first, then resends of the sequenced event.
+    for round in ["sequence", "resend", "resend over a delivery"] {
         let endpoint = store
             .create_endpoint(account, "https://shop.example/hooks", "whsec_x", &[], t0())
             .await
             .expect("endpoint");
-        let mut delete = deleter.begin().await.expect("begin");
-        for sql in [
-            "DELETE FROM event_deliveries WHERE endpoint_id = $1",
-            "DELETE FROM event_endpoints WHERE id = $1",
-        ] {
-            sqlx::query(sql)
-                .bind(endpoint.id.as_uuid())
-                .execute(&mut *delete)
+        if round == "resend over a delivery" {
+            store
+                .resend_event(Some(account), event, t0())
                 .await
-                .expect("delete");
+                .expect("resend");
+            assert_eq!(
+                store
+                    .deliveries_of_event_any_account(event)
+                    .await
+                    .expect("deliveries")
+                    .len(),
+                1
+            );
         }
+        let mut delete = deleter.begin().await.expect("begin");
+        sqlx::query("DELETE FROM event_endpoints WHERE id = $1")
+            .bind(endpoint.id.as_uuid())
+            .execute(&mut *delete)
+            .await
+            .expect("delete");
         let maker = {
             let store = store.clone();
             tokio::spawn(async move {

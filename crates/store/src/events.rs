@@ -405,24 +405,20 @@ impl Store {
         account: Option<AccountId>,
         id: EndpointId,
     ) -> Result<bool> {
-        let mut tx = self.begin().await?;
-        let deliveries = "DELETE FROM event_deliveries WHERE endpoint_id = $1 \
-            AND ($2 IS NULL OR account_id = $2)";
+        // One statement: the endpoint's row first, then its deliveries by
+        // the foreign key's ON DELETE CASCADE. The same order as whoever
+        // makes deliveries (the endpoint locked as it is read, then the
+        // delivery rows: `insert_deliveries`), so the two never deadlock;
+        // deleting the deliveries first did, against a resend that found
+        // one of them (PostgreSQL).
         let endpoint =
             "DELETE FROM event_endpoints WHERE id = $1 AND ($2 IS NULL OR account_id = $2)";
-        on_tx!(tx, conn => sqlx::query(deliveries)
+        let n = on_write_pool!(self, pool => sqlx::query(endpoint)
             .bind(DbId::from(id))
             .bind(account.map(DbId::from))
-            .execute(&mut *conn)
+            .execute(pool)
             .await?
             .rows_affected());
-        let n = on_tx!(tx, conn => sqlx::query(endpoint)
-            .bind(DbId::from(id))
-            .bind(account.map(DbId::from))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected());
-        tx.commit().await?;
         Ok(n == 1)
     }
 

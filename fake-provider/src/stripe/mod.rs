@@ -239,6 +239,18 @@ struct Post {
     subject: Subject,
 }
 
+impl Post {
+    /// `POST /v1/payment_intents/{id}/{verb}` as `operation`, about that
+    /// PaymentIntent.
+    fn on_intent(operation: Operation, id: &str, verb: &str) -> Self {
+        Self {
+            operation,
+            route: format!("POST /v1/payment_intents/{id}/{verb}"),
+            subject: Subject::Intent(id.to_owned()),
+        }
+    }
+}
+
 /// A Stripe POST: authenticate, fingerprint (only with a key), then run
 /// the effect through the pipeline. Parameters that were refused go through
 /// it too (faults see them; the key is reserved and then freed, since
@@ -602,17 +614,11 @@ async fn capture_intent(
         form.only(&["amount_to_capture"])?;
         form.positive("amount_to_capture")
     });
-    let route = format!("POST /v1/payment_intents/{id}/capture");
-    let subject = Subject::Intent(id.clone());
     mutate(
         &shared,
         &headers,
         &body,
-        Post {
-            operation: Operation::Capture,
-            route,
-            subject,
-        },
+        Post::on_intent(Operation::Capture, &id, "capture"),
         parsed,
         |state, amount, ctx| Outcome::Executed(capture_effect(state, &id, amount, ctx)),
     )
@@ -701,17 +707,11 @@ async fn cancel_intent(
         form.only(&["cancellation_reason"])?;
         form.one_of("cancellation_reason", CANCELLATION_REASONS)
     });
-    let route = format!("POST /v1/payment_intents/{id}/cancel");
-    let subject = Subject::Intent(id.clone());
     mutate(
         &shared,
         &headers,
         &body,
-        Post {
-            operation: Operation::Void,
-            route,
-            subject,
-        },
+        Post::on_intent(Operation::Void, &id, "cancel"),
         parsed,
         |state, reason, ctx| Outcome::Executed(cancel_effect(state, &id, reason, ctx)),
     )

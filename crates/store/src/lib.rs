@@ -412,9 +412,12 @@ impl WriteTx {
 
     /// Runs `then` once this transaction has committed, and never if it
     /// rolls back or fails: for what counts or logs a change as made (a
-    /// metric of moves), which must not count one that was undone.
+    /// metric of moves), which must not count one that was undone. It runs
+    /// in the span that was current when it was registered, so its log
+    /// lines keep the caller's context.
     pub fn after_commit(&mut self, then: impl FnOnce() + Send + 'static) {
-        self.committed.push(Box::new(then));
+        let span = tracing::Span::current();
+        self.committed.push(Box::new(move || span.in_scope(then)));
     }
 
     /// Notes that this transaction inserted an outbox row, so that workers

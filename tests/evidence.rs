@@ -767,6 +767,22 @@ async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_wi
         matches!(&unverified, Err(ResolveError::KeptEffect(_))),
         "{unverified:?}"
     );
+    // A name an unverified verdict gives was never read: it does not lift
+    // the rule, even the late charge's own id.
+    let named_unverified = ManualResolution {
+        provider_ref: Some(late.id.clone()),
+        ..failed.clone()
+    };
+    let refused = cobro_reconciler::resolve_by_hand(
+        &rig.app.db.store,
+        &named_unverified,
+        rig.app.clock.now(),
+    )
+    .await;
+    assert!(
+        matches!(&refused, Err(ResolveError::KeptEffect(_))),
+        "{refused:?}"
+    );
     assert_eq!(
         rig.app
             .db

@@ -426,15 +426,21 @@ fn no_money_moved(operation: Operation, outcome: ManualOutcome) -> bool {
 /// cobro's own kept evidence of an effect of the attempt (an
 /// `effect_after_no_effect` conflict still open, `kept`) outweighs any read
 /// bounded by the attempt's window and any operator's word: a verdict that
-/// no money moved is refused while it is kept, unless it names the object
-/// it stands on (read by its id in [`crate::Reconciler::check_verdict`]).
+/// no money moved is refused while it is kept, unless it was checked at
+/// the provider (`r.verified`) on a positive read: the object it names,
+/// read by its id, or for a refund the provider's proof of its failure
+/// ([`crate::Reconciler::check_verdict`] refuses a refund verdict that
+/// rests on absence alone). A name an unverified verdict gives was never
+/// read, so it does not count.
 fn refuse_over_kept_effect(
     r: &ManualResolution,
     operation: Operation,
     kept: Option<ConflictRow>,
 ) -> Result<(), ResolveError> {
+    let checked =
+        r.verified.is_some() && (named(r, operation).is_some() || operation == Operation::Refund);
     match kept {
-        Some(c) if no_money_moved(operation, r.outcome) && named(r, operation).is_none() => {
+        Some(c) if no_money_moved(operation, r.outcome) && !checked => {
             Err(ResolveError::KeptEffect(c.detail))
         }
         _ => Ok(()),

@@ -407,8 +407,8 @@ impl Store {
     ) -> Result<bool> {
         // One statement: the endpoint's row first, then its deliveries by
         // the foreign key's ON DELETE CASCADE. The same order as whoever
-        // makes deliveries (the endpoint locked as it is read, then the
-        // delivery rows: `insert_deliveries`), so the two never deadlock;
+        // makes or records deliveries (the endpoint locked first:
+        // `insert_deliveries`, `record_delivery`), so they never deadlock;
         // deleting the deliveries first did, against a resend that found
         // one of them (PostgreSQL).
         let endpoint =
@@ -632,6 +632,20 @@ impl Store {
     ) -> Result<Recorded> {
         let mut tx = self.begin().await?;
         let (event, endpoint) = (claim.event.id, claim.endpoint.id);
+        // The endpoint before its delivery, as every transaction here takes
+        // them (`insert_deliveries`; `delete_endpoint`, whose cascade takes
+        // the deliveries after the endpoint): this one updates the delivery
+        // and then the endpoint, and without this lock a delete in between
+        // would deadlock with it (PostgreSQL). KEY SHARE waits only for a
+        // delete; other recordings and the endpoint's updates go on.
+        if matches!(tx.inner, crate::TxInner::Postgres(_)) {
+            let lock = "SELECT 1 FROM event_endpoints WHERE id = $1 FOR KEY SHARE";
+            on_tx!(tx, conn => sqlx::query(lock)
+                .bind(endpoint)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected());
+        }
         let first = claim.first_attempt_at.unwrap_or(now);
         let mut endpoint_disabled = false;
         let n = match result {

@@ -394,6 +394,14 @@ impl StripeProvider {
             Ok(bytes) => bytes,
             Err(e) => {
                 let why = format!("body lost after status {status}: {}", redact(&e));
+                // What the key stored was not read: it is not called a
+                // replay (a reconciler takes a replayed unknown answer
+                // for a stored error, and the worker hands it over),
+                // since the lost body may be a stored success.
+                let call = CallInfo {
+                    replayed: false,
+                    ..call
+                };
                 return (Heard::NoAnswer(why), Some(call));
             }
         };
@@ -870,6 +878,53 @@ mod tests {
         let provider = StripeProvider::new(config("http://127.0.0.1:1")).expect("provider");
         let text = provider.scrub("key 'k-1' with sk_test_hunter2", "k-1");
         assert_eq!(text, "key '<idempotency key>' with <secret key>");
+    }
+
+    /// A replayed answer whose body is lost after its headers: what the key
+    /// stored was not read (it may be a stored success), so the call is not
+    /// reported as a replay, which the worker and the reconciler would take
+    /// for a stored error. The request id is kept.
+    #[tokio::test]
+    async fn a_replay_whose_body_is_lost_is_not_reported_as_a_replay() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let _server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 8192];
+            let mut seen = Vec::new();
+            // The whole form (its last field is the reference), then an
+            // answer cut short: 40 of 4096 promised bytes.
+            while !String::from_utf8_lossy(&seen).contains("o-1%3Aauthorize-v1") {
+                let n = socket.read(&mut buf).await.expect("read");
+                if n == 0 {
+                    return;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                        idempotent-replayed: true\r\nrequest-id: req_cut\r\n\
+                        content-length: 4096\r\n\r\n{\"id\": \"pi_1\", \"object\": \"payment_intent\"";
+            socket.write_all(head.as_bytes()).await.expect("write");
+            socket.shutdown().await.expect("shutdown");
+        });
+        let provider = StripeProvider::new(config(&url)).expect("provider");
+        let request = AuthorizeRequest {
+            amount: 1999,
+            currency: "EUR".into(),
+            payment_method: "pm_card_visa".into(),
+            capture: true,
+            reference: "o-1:authorize-v1".into(),
+            metadata: BTreeMap::new(),
+            return_url: None,
+        };
+        let sent = provider.send("k-1", Mutation::Authorize(&request)).await;
+        assert_eq!(sent.outcome.class(), "unknown", "{:?}", sent.outcome);
+        let call = sent.call.expect("the call's headers were read");
+        assert!(!call.replayed, "{call:?}");
+        assert_eq!(call.request_id.as_deref(), Some("req_cut"));
     }
 
     #[test]

@@ -320,7 +320,10 @@ pub struct CallInfo {
     pub request_id: Option<String>,
     /// The provider answered from its idempotency store (Stripe's
     /// `Idempotent-Replayed: true`): the effect, if any, was made by an
-    /// earlier send under the same key, not by this one.
+    /// earlier send under the same key, not by this one. Set only when the
+    /// whole answer was read: the worker and the reconciler take a replayed
+    /// unknown answer for a stored error that no resend can change, which a
+    /// lost body (perhaps a stored success) is not.
     #[serde(default)]
     pub replayed: bool,
     /// The provider's own word on a retry with the same key (Stripe's

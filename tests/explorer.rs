@@ -134,6 +134,11 @@ const STEPS: usize = 60;
 const DEFAULT_SEEDS: u64 = 200;
 /// How long one step may take to settle (a parked call, a finished task).
 const STEP_DEADLINE: Duration = Duration::from_secs(20);
+/// What a step that missed [`STEP_DEADLINE`] reports.
+const STEP_NOT_SETTLED: &str = "a worker step did not settle";
+/// The real-time timeout of every provider call a seed makes (a seed's
+/// own timeouts are virtual: `Gate::time_out_unsent`).
+const REAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Seeds run at once (each on its own database) when `EXPLORE_LANES` is
 /// not set.
 const LANES: usize = 4;
@@ -372,7 +377,7 @@ async fn explore(backend: Backend) {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(LANES);
-    let failures: Vec<String> = futures::stream::iter(seeds.clone())
+    let failures_found = futures::stream::iter(seeds.clone())
         .map(|seed| {
             let (lanes, failed_lanes, finished, violations, stopped, reuse_lanes) = (
                 &lanes,
@@ -430,7 +435,7 @@ async fn explore(backend: Backend) {
                     Err(violation) => {
                         eprintln!(
                             "explorer {backend:?}: VIOLATION {}",
-                            violation.lines().next().unwrap_or_default()
+                            violation.report.lines().next().unwrap_or_default()
                         );
                         violations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -466,8 +471,26 @@ async fn explore(backend: Backend) {
         })
         .buffer_unordered(lanes_at_once)
         .filter_map(|f| async move { f })
-        .collect()
+        .collect::<Vec<Violation>>()
         .await;
+    // A violation the machine may have chosen is replayed alone, on a fresh
+    // lane, with nothing else running: believed if it fails again, voided
+    // (and said) if it passes. One the machine cannot have chosen stands.
+    let mut failures = Vec::new();
+    for violation in failures_found {
+        if !violation.load_bound {
+            failures.push(violation.report);
+            continue;
+        }
+        match run_seed(backend, violation.seed, TestDb::new(backend).await).await {
+            Ok(_) => eprintln!(
+                "explorer {backend:?}: seed {} voided: it failed while the machine held a provider call or a step past its real-time limit, and passes replayed alone ({})",
+                violation.seed,
+                violation.report.lines().next().unwrap_or_default()
+            ),
+            Err(again) => failures.push(again.report),
+        }
+    }
     let mut late_double = with_late_double
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
@@ -645,6 +668,9 @@ struct Gate {
     /// round of a worker that got one must hand its attempt over
     /// ([`handed_over_when_told`]).
     told_not_to_retry: AtomicU32,
+    /// Provider calls that ran into their real-time timeout
+    /// ([`Gated::timed`]): the machine, not the seed, decided their outcome.
+    real_timeouts: AtomicU32,
 }
 
 impl Gate {
@@ -793,7 +819,7 @@ impl Gated {
     fn new(rig: &Rig, gate: &Arc<Gate>, queries: bool, front: &Front) -> Self {
         // Real time, for a loaded machine: the request timeout of the
         // explorer's virtual time is the reconcilers' (`Gate::time_out_unsent`).
-        let timeout = Duration::from_secs(5);
+        let timeout = REAL_TIMEOUT;
         let inner: Connector = match rig.dialect {
             Dialect::Fake => {
                 let mut client =
@@ -825,8 +851,25 @@ impl Gated {
         }
     }
 
+    /// Runs one call to the provider, counting it on the gate when it took
+    /// the whole real-time timeout. Everything else in a seed runs on
+    /// virtual time; a call that a loaded machine kept past that timeout
+    /// reaches the provider whenever the machine lets it, perhaps after
+    /// the explorer jumped both clocks by days: an order of events the
+    /// seed did not choose and no provider can produce (a request landing
+    /// days after its send). A violation in such a seed is replayed before
+    /// it is believed ([`explore`]).
+    async fn timed<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let answer = call.await;
+        if started.elapsed() >= REAL_TIMEOUT {
+            self.gate.real_timeouts.fetch_add(1, Ordering::SeqCst);
+        }
+        answer
+    }
+
     async fn query<T>(&self, query: impl std::future::Future<Output = T>) -> T {
-        let answer = query.await;
+        let answer = self.timed(query).await;
         if self.queries {
             self.gate.park(Stage::After, "query").await;
         }
@@ -862,7 +905,7 @@ impl cobro_provider::Provider for Gated {
             }
         } else {
             self.front.note_sent(key);
-            self.inner.send(key, mutation).await
+            self.timed(self.inner.send(key, mutation)).await
         };
         if matches!(sent.outcome, cobro_provider::Outcome::Unknown(_))
             && sent.call.as_ref().and_then(|c| c.should_retry) == Some(false)
@@ -974,7 +1017,7 @@ impl<A> Driven<A> {
                     return ended.map_err(|e| format!("task failed: {e}"))?;
                 }
                 _ = notified => {}
-                _ = tokio::time::sleep_until(deadline) => return Err("a worker step did not settle".into()),
+                _ = tokio::time::sleep_until(deadline) => return Err(STEP_NOT_SETTLED.into()),
             }
         }
     }
@@ -1122,7 +1165,16 @@ struct RoutingReached {
     misdelivered: u64,
 }
 
-async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, String> {
+/// A seed's violation, and whether the machine may have chosen it: a
+/// provider call ran into its real-time timeout, or a step did not settle
+/// within its real-time deadline.
+struct Violation {
+    seed: u64,
+    report: String,
+    load_bound: bool,
+}
+
+async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, Violation> {
     let mut x = Explorer::new(db, seed).await;
     let outcome = match x.run().await {
         Ok(()) => x.routing_reached().await.map(|routing| Reached {
@@ -1135,6 +1187,13 @@ async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, St
         Err(violation) => Err(violation),
     };
     let trace = std::mem::take(&mut x.trace);
+    let real_timeouts: u32 = x
+        .workers
+        .iter()
+        .map(|d| &d.gate)
+        .chain(x.reconcilers.iter().map(|d| &d.gate))
+        .map(|g| g.real_timeouts.load(Ordering::SeqCst))
+        .sum();
     x.finish().await;
     if std::env::var("EXPLORE_VERBOSE").is_ok() {
         eprintln!(
@@ -1144,12 +1203,22 @@ async fn run_seed(backend: Backend, seed: u64, db: TestDb) -> Result<Reached, St
         );
     }
     outcome.map_err(|violation| {
-        format!(
-            "seed {seed} ({backend:?}, {}) after {} steps: {violation}\n  replay: EXPLORE_SEED={seed} ops/explore.sh\n  trace:\n    {}",
-            describe(seed),
-            trace.len(),
-            trace.join("\n    ")
-        )
+        let load_bound = real_timeouts > 0 || violation.contains(STEP_NOT_SETTLED);
+        Violation {
+            seed,
+            report: format!(
+                "seed {seed} ({backend:?}, {}) after {} steps{}: {violation}\n  replay: EXPLORE_SEED={seed} ops/explore.sh\n  trace:\n    {}",
+                describe(seed),
+                trace.len(),
+                if real_timeouts > 0 {
+                    format!(" ({real_timeouts} provider call(s) took their whole real-time timeout)")
+                } else {
+                    String::new()
+                },
+                trace.join("\n    ")
+            ),
+            load_bound,
+        }
     })
 }
 
@@ -2879,7 +2948,11 @@ impl Explorer {
                     return Err(format!("payment {id} in needs_review with no reason kept"));
                 }
                 "processing" | "requires_reconciliation" | "capturing" | "canceling" => {
-                    return Err(format!("payment {id} still {} once quiet", p.status));
+                    let state = self.stuck_state(pid, &ledger).await;
+                    return Err(format!(
+                        "payment {id} still {} once quiet\n{state}",
+                        p.status
+                    ));
                 }
                 "declined" | "failed" => {
                     if !mine.is_empty() {
@@ -3070,6 +3143,64 @@ impl Explorer {
 
     /// Whether the provider made a late charge or refund (a held request
     /// released) under this provider key.
+    /// What a payment left unsettled holds, for the failure's report: its
+    /// attempts (state, sends, last error, outbox row), what the provider's
+    /// ledger holds under each attempt's key, and its last decisions.
+    async fn stuck_state(&self, pid: PaymentId, ledger: &fake_provider::Ledger) -> String {
+        let store = &self.rig.app.db.store;
+        let mut lines = Vec::new();
+        let attempts = store
+            .attempts_of_payment_any_account(pid)
+            .await
+            .unwrap_or_default();
+        for a in &attempts {
+            let outbox: String = self
+                .rig
+                .app
+                .db
+                .scalar(&format!(
+                    "SELECT COALESCE(MAX(state || ' due ' || CAST(due_at AS TEXT)), 'none') \
+                     FROM outbox WHERE attempt_id = '{}'",
+                    a.id
+                ))
+                .await;
+            let at_provider: Vec<(&str, &str)> = ledger
+                .charges
+                .iter()
+                .filter(|c| c.idempotency_key.as_deref() == Some(a.provider_key.as_str()))
+                .map(|c| (c.id.as_str(), c.status.as_str()))
+                .collect();
+            lines.push(format!(
+                "  attempt {} {:?} {:?}: sent {} time(s) (first {:?}, last {:?}), replayed {}, error {:?}, outbox {outbox}, at the provider {at_provider:?}",
+                a.id,
+                a.operation,
+                a.state,
+                a.send_count,
+                a.first_send_at,
+                a.last_send_at,
+                a.provider_replayed,
+                a.last_error,
+            ));
+        }
+        let decisions = store
+            .decisions_of_payment_any_account(pid)
+            .await
+            .unwrap_or_default();
+        for d in decisions.iter().rev().take(6).rev() {
+            lines.push(format!(
+                "  decision {:?} by {} at {:?}: {} -> {} ({}): {:?}",
+                d.decision,
+                d.actor,
+                d.decided_at,
+                d.state_before,
+                d.state_after,
+                d.provider_said,
+                d.reason
+            ));
+        }
+        lines.join("\n")
+    }
+
     fn made_late(&self, ledger: &fake_provider::Ledger, provider_key: &str) -> bool {
         let key = Some(provider_key);
         let charges = ledger.charges.iter().map(|c| (&c.id, &c.idempotency_key));

@@ -2603,7 +2603,8 @@ impl Explorer {
     /// Workers and reconcilers run, clocks moved past leases and search
     /// lag, until nothing is left.
     async fn settle_all(&mut self) -> Result<(), String> {
-        for _ in 0..12 {
+        let mut last = String::new();
+        for round in 0..12 {
             self.advance(Duration::from_secs(61)).await?;
             for driven in &self.workers {
                 loop {
@@ -2647,6 +2648,7 @@ impl Explorer {
                 }
             }
             if busy {
+                last = format!("round {round}: a reconciler found the database busy");
                 continue;
             }
             let pending = self
@@ -2658,7 +2660,11 @@ impl Explorer {
             if examined == 0 && pending == 0 {
                 return Ok(());
             }
+            last = format!("round {round}: {examined} examined, {pending} outbox rows pending");
         }
+        // Not quiet: the judge says what is left; this says how the last
+        // round ended, for its report.
+        self.note(format!("not quiet after 12 rounds ({last})"));
         Ok(())
     }
 

@@ -56,6 +56,13 @@ pub enum Reservation {
     Taken(StoredRecord),
 }
 
+/// A key's reservation: the record with a placeholder answer (status 0,
+/// empty body), visible only to its transaction until `complete_key`.
+const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
+    (account_id, operation, idempotency_key, fingerprint, state, status_code, \
+     response_body, resource_type, resource_id, created_at) \
+    VALUES ($1, $2, $3, $4, 'completed', 0, $5, $6, $7, $8) \
+    ON CONFLICT (account_id, operation, idempotency_key) DO NOTHING";
 const SELECT_RECORD: &str = "SELECT fingerprint, status_code, response_body, resource_type, resource_id, \
     created_at FROM idempotency_records \
     WHERE account_id = $1 AND operation = $2 AND idempotency_key = $3";
@@ -101,14 +108,7 @@ impl WriteTx {
         resource: (ResourceType, Uuid),
         now: DateTime<Utc>,
     ) -> Result<Reservation> {
-        // The placeholder status 0 and empty body are only ever visible to
-        // this transaction: `complete_key` replaces them before the commit.
-        let insert = "INSERT INTO idempotency_records \
-            (account_id, operation, idempotency_key, fingerprint, state, status_code, \
-             response_body, resource_type, resource_id, created_at) \
-            VALUES ($1, $2, $3, $4, 'completed', 0, $5, $6, $7, $8) \
-            ON CONFLICT (account_id, operation, idempotency_key) DO NOTHING";
-        // The reservation's values, in the order of `insert`'s placeholders.
+        // The reservation's values, in the order of `INSERT_RECORD`'s placeholders.
         macro_rules! bind_reservation {
             ($query:expr) => {
                 $query
@@ -129,12 +129,15 @@ impl WriteTx {
                 // read sees the statement's snapshot, never the INSERT's
                 // own row, so it finds a record committed before the
                 // statement began. `reserved` says the INSERT won.
-                let sql = format!(
-                    "WITH ins AS ({insert} RETURNING 1) \
-                     SELECT EXISTS (SELECT 1 FROM ins) AS reserved, r.* FROM (SELECT 1) AS one \
-                     LEFT JOIN ({SELECT_RECORD}) AS r ON true"
-                );
-                let row = bind_reservation!(sqlx::query(&sql))
+                // Spelled once per process: every create and replay runs it.
+                static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    format!(
+                        "WITH ins AS ({INSERT_RECORD} RETURNING 1) \
+                         SELECT EXISTS (SELECT 1 FROM ins) AS reserved, r.* FROM (SELECT 1) AS one \
+                         LEFT JOIN ({SELECT_RECORD}) AS r ON true"
+                    )
+                });
+                let row = bind_reservation!(sqlx::query(SQL.as_str()))
                     .fetch_one(&mut *tx)
                     .await?;
                 if sqlx::Row::try_get::<bool, _>(&row, "reserved")? {
@@ -150,7 +153,7 @@ impl WriteTx {
                 }
             }
             crate::TxInner::Sqlite(member) => {
-                let inserted = bind_reservation!(sqlx::query(insert))
+                let inserted = bind_reservation!(sqlx::query(INSERT_RECORD))
                     .execute(member.conn())
                     .await?
                     .rows_affected();

@@ -744,13 +744,17 @@ impl Store {
         account: AccountId,
         id: PaymentId,
     ) -> Result<Option<(PaymentRow, Vec<AttemptRow>)>> {
-        let sql = format!(
-            "SELECT {}, {} FROM payments p JOIN attempts a ON a.payment_id = p.id \
-             WHERE p.id = $1 AND p.account_id = $2 ORDER BY a.created_at, a.id",
-            qualified(PAYMENT_COLUMNS, "p"),
-            prefixed(ATTEMPT_COLUMNS, "a", ATTEMPT_PREFIX),
-        );
-        let rows: Vec<PaymentWithAttempt> = on_pool!(self, pool => sqlx::query_as(&sql)
+        // Every GET of a payment runs it: its 43 columns are spelled out
+        // once per process, not once per request.
+        static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "SELECT {}, {} FROM payments p JOIN attempts a ON a.payment_id = p.id \
+                 WHERE p.id = $1 AND p.account_id = $2 ORDER BY a.created_at, a.id",
+                qualified(PAYMENT_COLUMNS, "p"),
+                prefixed(ATTEMPT_COLUMNS, "a", ATTEMPT_PREFIX),
+            )
+        });
+        let rows: Vec<PaymentWithAttempt> = on_pool!(self, pool => sqlx::query_as(SQL.as_str())
             .bind(DbId::from(id))
             .bind(DbId::from(account))
             .fetch_all(pool)

@@ -6,7 +6,7 @@
 
 use chrono::Duration;
 use cobro_core::{Clock, PaymentId};
-use cobro_provider::Connector;
+use cobro_provider::{Connector, Outcome, ProviderObject, QueryError};
 use cobro_reconciler::{
     ManualOutcome, ManualResolution, Reconciler, ReconcilerConfig, Scope, Verdict,
 };
@@ -27,6 +27,7 @@ on_every_provider!(
     a_failing_status_query_decides_nothing,
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
+    a_replay_by_another_reconciler_after_this_ones_read_is_never_taken_for_absence,
     a_dry_run_changes_nothing,
     an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages,
 );
@@ -52,6 +53,15 @@ async fn handed_over(rig: &Rig, order: &str, fault: FaultAction) -> String {
         steps.contains(&Step::Rescheduled { class: "unknown" }),
         "{steps:?}"
     );
+    id
+}
+
+/// Payment `o-1`, whose every send failed before any effect, handed to
+/// the reconciler past the worker's window; the provider's faults cleared.
+async fn handed_over_unsent(rig: &Rig) -> String {
+    let id = handed_over(rig, "o-1", FaultAction::FailBeforeEffect).await;
+    pass_the_window(rig, 1).await;
+    rig.provider.control().clear_faults();
     id
 }
 
@@ -126,9 +136,7 @@ async fn proven_no_effect_by_the_list_retries_with_a_new_key_once(
     dialect: Dialect,
 ) {
     let rig = Rig::new_in(backend, dialect).await;
-    let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
-    pass_the_window(&rig, 1).await;
-    rig.provider.control().clear_faults();
+    let id = handed_over_unsent(&rig).await;
     let summary = reconciler(&rig, |_| {})
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -167,9 +175,7 @@ async fn a_reconciler_whose_clock_is_off_the_databases_proves_no_absence(
     dialect: Dialect,
 ) {
     let rig = Rig::new_in(backend, dialect).await;
-    let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
-    pass_the_window(&rig, 1).await;
-    rig.provider.control().clear_faults();
+    let id = handed_over_unsent(&rig).await;
     let bounded = reconciler(&rig, |c| {
         c.max_clock_gap = Some(std::time::Duration::from_secs(5));
     })
@@ -454,9 +460,7 @@ async fn adopts_the_charge<P: cobro_provider::Provider>(
 
 async fn a_failing_status_query_decides_nothing(backend: Backend, dialect: Dialect) {
     let rig = Rig::new_in(backend, dialect).await;
-    let id = handed_over(&rig, "o-1", FaultAction::FailBeforeEffect).await;
-    pass_the_window(&rig, 1).await;
-    rig.provider.control().clear_faults();
+    let id = handed_over_unsent(&rig).await;
     rig.provider
         .control()
         .add_fault(FaultRule::new(FOp::Search, FaultAction::FailBeforeEffect));
@@ -612,6 +616,156 @@ async fn two_reconcilers_on_one_backlog_decide_each_payment_once(
     let ledger = rig.ledger();
     assert_eq!(ledger.totals.charges, N as u64);
     assert!(ledger.duplicate_charge_references.is_empty());
+}
+
+/// A provider that, once armed, holds the answer of its next consistent
+/// list until released: a reconciler stopped between its read and what it
+/// does with it.
+struct HeldAfterList {
+    inner: Connector,
+    armed: std::sync::atomic::AtomicBool,
+    held: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+impl cobro_provider::Provider for HeldAfterList {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn authorize(&self, key: &str, r: &cobro_provider::AuthorizeRequest) -> Outcome {
+        self.inner.authorize(key, r).await
+    }
+    async fn capture(&self, key: &str, charge: &str) -> Outcome {
+        self.inner.capture(key, charge).await
+    }
+    async fn void(&self, key: &str, charge: &str) -> Outcome {
+        self.inner.void(key, charge).await
+    }
+    async fn refund(&self, key: &str, r: &cobro_provider::RefundRequest) -> Outcome {
+        self.inner.refund(key, r).await
+    }
+    async fn send(
+        &self,
+        key: &str,
+        mutation: cobro_provider::Mutation<'_>,
+    ) -> cobro_provider::Sent {
+        self.inner.send(key, mutation).await
+    }
+    async fn get_charge(&self, id: &str) -> Result<Option<ProviderObject>, QueryError> {
+        self.inner.get_charge(id).await
+    }
+    async fn search_charges(&self, reference: &str) -> Result<Vec<ProviderObject>, QueryError> {
+        self.inner.search_charges(reference).await
+    }
+    async fn search_refunds(
+        &self,
+        reference: &str,
+        charge: Option<&str>,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        self.inner.search_refunds(reference, charge).await
+    }
+    async fn list_charges(
+        &self,
+        reference: &str,
+        window: cobro_provider::Window,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        let answer = self.inner.list_charges(reference, window).await;
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let released = self.release.notified();
+            self.held.notify_one();
+            released.await;
+        }
+        answer
+    }
+    async fn list_refunds(
+        &self,
+        reference: &str,
+        charge: &str,
+    ) -> Result<Vec<ProviderObject>, QueryError> {
+        self.inner.list_refunds(reference, charge).await
+    }
+}
+
+/// Two reconcilers on one attempt whose key never executed (its sends
+/// failed before any effect). B reads the consistent list (nothing) and is
+/// held there. A reads too, replays the key: the provider makes the charge
+/// and answers a 500 (Stripe saves it under the key). Then B goes on. Its
+/// replay would be answered that stored 500, and an answer stored under the
+/// key was taken for an earlier send's, which B's read covered: "no
+/// effect", a new key, a second charge. B's replay is pinned to the sends
+/// its read covered, so it is refused and B decides nothing; the next run
+/// reads again and adopts the one charge.
+async fn a_replay_by_another_reconciler_after_this_ones_read_is_never_taken_for_absence(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let rig = Rig::new_in(backend, dialect).await;
+    let id = handed_over_unsent(&rig).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailAfterEffect).with_next(1));
+    advance(&rig, 60);
+    assert_eq!(rig.ledger().totals.charges, 0, "no send had an effect yet");
+    // The key is still kept (the window set wide, as in the tests above).
+    let config = Rig::reconciler_config(|c| {
+        c.key_window = Some(std::time::Duration::from_secs(48 * 3600));
+        c.actor = "reconciler:b".into();
+    });
+    let held = std::sync::Arc::new(HeldAfterList {
+        inner: rig.connector(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+        held: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let b = Reconciler::new(
+        rig.app.db.store.clone(),
+        std::sync::Arc::clone(&held),
+        std::sync::Arc::new(rig.app.clock.clone()),
+        config,
+    );
+    let b_read = held.held.notified();
+    let b_run = tokio::spawn(async move {
+        b.run(&Scope::default(), false, "test", &no_progress)
+            .await
+            .expect("b")
+    });
+    b_read.await;
+    let a = reconciler(&rig, |c| {
+        c.key_window = Some(std::time::Duration::from_secs(48 * 3600));
+        c.actor = "reconciler:a".into();
+    })
+    .run(&Scope::default(), false, "test", &no_progress)
+    .await
+    .expect("a");
+    assert!(
+        matches!(a.items[0].verdict, Verdict::StillUnknown { .. }),
+        "{:?}",
+        a.items[0].verdict
+    );
+    assert_eq!(rig.ledger().totals.charges, 1, "A's replay made the charge");
+    held.release.notify_one();
+    let b = b_run.await.expect("b's task");
+    // Whatever B queued goes out before anything is judged.
+    let sent = rig.drain(1).await;
+    assert_eq!(
+        rig.ledger().totals.charges,
+        1,
+        "B decided {:?} on a read older than A's replay, and the worker sent {sent:?}",
+        b.items[0].verdict
+    );
+    match &b.items[0].verdict {
+        Verdict::StillUnknown { reason } => {
+            assert!(reason.contains("sent again meanwhile"), "{reason}");
+        }
+        other => panic!("B decided on a read older than A's replay: {other:?}"),
+    }
+    assert_eq!(rig.app.db.count("attempts").await, 1, "never a new key");
+    assert!(sent.is_empty(), "{sent:?}");
+    advance(&rig, 60);
+    let recon = reconciler(&rig, |c| {
+        c.key_window = Some(std::time::Duration::from_secs(48 * 3600));
+    });
+    adopts_the_charge(&rig, &id, &recon).await;
 }
 
 async fn a_dry_run_changes_nothing(backend: Backend, dialect: Dialect) {

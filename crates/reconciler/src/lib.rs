@@ -761,11 +761,20 @@ impl<P: Provider> Reconciler<P> {
         if dry_run {
             return Ok(Replay::DryRun);
         }
+        // Pinned to the sends the read covered: a replay by another
+        // reconciler since then may have made the key's first effect, and a
+        // stored answer replayed to this one would then be taken for an
+        // earlier send's, which the read did cover (a second charge).
         let id = attempt.id;
-        let Some(sent) = self.store.record_replay(id, now).await? else {
-            // Decided meanwhile by someone else.
+        let Some(sent) = self
+            .store
+            .record_replay(id, attempt.send_count, now)
+            .await?
+        else {
             return Ok(Replay::Answered(
-                Answered::Unknown("the attempt was settled meanwhile".into()),
+                Answered::Unknown(
+                    "the attempt was settled or sent again meanwhile: read again next run".into(),
+                ),
                 attempt.clone(),
             ));
         };

@@ -513,19 +513,23 @@ impl Store {
     }
 
     /// Records the reconciler's replay of an attempt's own key as a send,
-    /// before it is made: only while the attempt is `reconciling` and its
-    /// payment (and refund) not in `needs_review`. Returns the attempt as
-    /// it now is, or `None` when it was settled (or put in review)
-    /// meanwhile and must not be replayed.
+    /// before it is made: only while the attempt is `reconciling`, its
+    /// payment (and refund) not in `needs_review`, and its send count still
+    /// `sends_read`, the count of the row the reconciler's read covered.
+    /// Returns the attempt as it now is, or `None` when it was settled (or
+    /// put in review) or sent again meanwhile and must not be replayed on
+    /// that read: another reconciler's replay in between may have made the
+    /// key's first effect, which the read, taken before it, cannot show.
     pub async fn record_replay(
         &self,
         id: AttemptId,
+        sends_read: i32,
         now: DateTime<Utc>,
     ) -> Result<Option<AttemptRow>> {
         let sql = format!(
             "UPDATE attempts SET send_count = send_count + 1, \
             first_send_at = COALESCE(first_send_at, $2), last_send_at = $2, updated_at = $2 \
-            WHERE id = $1 AND state = 'reconciling' \
+            WHERE id = $1 AND state = 'reconciling' AND send_count = $3 \
             AND COALESCE((SELECT p.status FROM payments p WHERE p.id = attempts.payment_id), '') \
               <> 'needs_review' \
             AND COALESCE((SELECT r.status FROM refunds r WHERE r.id = attempts.refund_id), '') \
@@ -535,6 +539,7 @@ impl Store {
         Ok(on_write_pool!(self, pool => sqlx::query_as(&sql)
             .bind(DbId::from(id))
             .bind(DbTime(now))
+            .bind(sends_read)
             .fetch_optional(pool)
             .await?))
     }

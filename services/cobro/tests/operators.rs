@@ -161,9 +161,12 @@ impl Setup {
             // hour ago, last now, when the charge is made; the consistent
             // list covers that window, and the horizon counts from the
             // first send.
-            for at in [now, Utc::now()] {
+            for (sends, at) in [
+                (attempt.send_count, now),
+                (attempt.send_count + 1, Utc::now()),
+            ] {
                 store
-                    .record_replay(attempt.id, at)
+                    .record_replay(attempt.id, sends, at)
                     .await
                     .expect("send recorded")
                     .expect("reconciling");

@@ -37,6 +37,7 @@ on_both_backends!(
     a_soft_decline_whose_answer_was_lost_moves_on_when_the_reconciler_reads_it_at_stripe,
     a_webhook_and_the_reconciler_settling_one_soft_decline_move_the_payment_once,
     a_soft_decline_the_reconciler_reads_while_the_worker_still_retries_sends_nothing_more,
+    a_start_is_refused_while_a_payment_being_reconciled_may_still_move_to_a_removed_provider,
 );
 
 /// How `a` behaves from the start.
@@ -1265,4 +1266,58 @@ async fn a_soft_decline_the_reconciler_reads_while_the_worker_still_retries_send
         "the settled attempt is never sent again"
     );
     soft_declined_at_a_and_charged_once_at_b(&world, &ids).await;
+}
+
+/// A payment of both accounts handed to the reconciler at `a` (its sends
+/// all failed before any effect) may still move to `b`: the reconciler
+/// moves it on a proven no effect. A start whose providers file no longer
+/// defines `b` is refused, naming both payments; with `b` it goes ahead.
+/// (Checked only for `processing` payments until 2026-12-07: such a start
+/// went ahead, and the moved payment waited for a worker of `b` that never
+/// came.)
+async fn a_start_is_refused_while_a_payment_being_reconciled_may_still_move_to_a_removed_provider(
+    backend: Backend,
+) {
+    // A breaker that never opens: the failed sends stay at `a`.
+    let world = World::with_breaker(backend, A::Up, 1000).await;
+    world.a.control().add_fault(FaultRule::new(
+        Operation::Charge,
+        FaultAction::FailBeforeEffect,
+    ));
+    let ids = world.create_twins("o-1", &payment_body("o-1")).await;
+    assert_eq!(world.hand_over_unknowns("a").await, 2);
+    for id in &ids {
+        assert_eq!(world.payment(id).await["status"], "requires_reconciliation");
+    }
+    let store = &world.app.db.store;
+    let only_a = Registry::parse(
+        &format!(
+            "default_provider = \"a\"\n\n[[provider]]\nname = \"a\"\nkind = \"fake\"\n\
+             base_url = \"{}\"\nsecret_env = \"A_KEY\"\n",
+            world.a.url()
+        ),
+        std::path::Path::new("."),
+        &env,
+    )
+    .expect("providers file without b");
+    let refused = cobro::routing::check_stored_rules(store, &only_a)
+        .await
+        .expect_err("a start without b");
+    let said = refused.to_string();
+    assert!(
+        said.contains("may still move to provider \"b\"")
+            && ids.iter().any(|id| said.contains(id.as_str())),
+        "{said}"
+    );
+    let both = Registry::parse(
+        &providers_file(&world.a.url(), &world.b.url(), 1000),
+        std::path::Path::new("."),
+        &env,
+    )
+    .expect("providers file");
+    cobro::routing::check_stored_rules(store, &both)
+        .await
+        .expect("a start with b");
+    assert_eq!(world.a.control().ledger().totals.charges, 0);
+    assert_eq!(world.b.control().ledger().totals.charges, 0);
 }

@@ -187,11 +187,13 @@ impl Store {
     }
 
     /// The provider and route of every payment that may still move (its
-    /// status `processing`): what a start checks against the providers
-    /// file. Read through `payments_unsettled` (hence the time condition,
-    /// true of every row).
+    /// status `processing`, or `requires_reconciliation`: the reconciler
+    /// moves one on a soft decline or a proven no effect): what a start
+    /// checks against the providers file. Read through
+    /// `payments_unsettled` (hence the time condition, true of every row).
     pub async fn movable_routes(&self) -> Result<Vec<(Uuid, Option<String>, String)>> {
-        let sql = "SELECT id, provider, route FROM payments WHERE status = 'processing' \
+        let sql = "SELECT id, provider, route FROM payments \
+            WHERE status IN ('processing', 'requires_reconciliation') \
             AND status_changed_at IS NOT NULL AND route IS NOT NULL";
         let rows: Vec<(DbId, Option<String>, String)> =
             on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await?);

@@ -95,7 +95,7 @@ pub async fn check_stored_rules(store: &Store, registry: &Registry) -> anyhow::R
             .unwrap_or(0);
         if let Some(missing) = route.chain[from..].iter().find(|p| !registry.has(p)) {
             bail!(
-                "payment {payment} (processing) may still move to provider {missing:?}, which the \
+                "payment {payment} may still move to provider {missing:?}, which the \
                  providers file no longer defines: keep it until the payment is settled \
                  (`cobro payments show {payment}`)"
             );

@@ -18,6 +18,7 @@ on_both_backends!(
     a_refund_in_review_proven_without_effect_is_failed_and_refundable_again,
     a_refund_in_review_is_resolved_on_its_own_while_its_payment_is_captured,
     a_verdict_against_a_recorded_capture_is_refused,
+    a_captured_verdict_follows_what_is_refunded_now_not_the_status_before_review,
 );
 
 /// The provider cannot be read (list and search fail) past the horizon:
@@ -324,26 +325,7 @@ async fn a_verdict_against_a_recorded_capture_is_refused(backend: Backend) {
     let p = rig.create_payment("k-1", &payment_body("o-5")).await;
     let id = p["id"].as_str().expect("id").to_owned();
     rig.drain(1).await;
-    let attempt = rig.attempts(&id).await.remove(0);
-    let pid: PaymentId = id.parse().expect("id");
-    let mut tx = rig.app.db.store.begin().await.expect("begin");
-    cobro_settle::stop_the_line(
-        &mut tx,
-        Some(&attempt),
-        Some(pid),
-        cobro_store::conflicts::ConflictKind::Unmatched,
-        "a conflict for the operator",
-        &cobro_settle::Source {
-            name: "test",
-            said: "{}",
-        },
-        rig.app.clock.now(),
-    )
-    .await
-    .expect("stop the line");
-    tx.commit().await.expect("commit");
-    assert_eq!(rig.payment(&id).await["status"], "needs_review");
-    let attempt = attempt.id;
+    let attempt = stop_the_line(&rig, &id).await;
 
     let checked = resolve(&rig, verdict(&id, attempt, ManualOutcome::Failed, None)).await;
     assert!(
@@ -373,4 +355,82 @@ async fn a_verdict_against_a_recorded_capture_is_refused(backend: Backend) {
     rig.drain(2).await;
     assert_eq!(rig.ledger().totals.charges, 1);
     assert_eq!(rig.ledger().totals.refunds, 1);
+}
+
+/// Stops payment `id` in `needs_review` with a conflict on its first
+/// attempt, as evidence against it would: that attempt's id.
+async fn stop_the_line(rig: &Rig, id: &str) -> AttemptId {
+    let attempt = rig.attempts(id).await.remove(0);
+    let pid: PaymentId = id.parse().expect("id");
+    let mut tx = rig.app.db.store.begin().await.expect("begin");
+    cobro_settle::stop_the_line(
+        &mut tx,
+        Some(&attempt),
+        Some(pid),
+        cobro_store::conflicts::ConflictKind::Unmatched,
+        "a conflict for the operator",
+        &cobro_settle::Source {
+            name: "test",
+            said: "{}",
+        },
+        rig.app.clock.now(),
+    )
+    .await
+    .expect("stop the line");
+    tx.commit().await.expect("commit");
+    assert_eq!(rig.payment(id).await["status"], "needs_review");
+    attempt.id
+}
+
+/// A refunded payment stopped by a conflict, whose refund the provider
+/// then fails (its amount given back while the payment is in review): the
+/// operator's "captured" ends it `captured`, refundable again, where it
+/// restored `refunded`, the status the conflict had stopped, with nothing
+/// refunded and no refund possible through cobro.
+async fn a_captured_verdict_follows_what_is_refunded_now_not_the_status_before_review(
+    backend: Backend,
+) {
+    let mut rig = Rig::new(backend).await;
+    rig.accept_webhooks("whsec_verdicts", true).await;
+    let p = rig.create_payment("k-1", &payment_body("o-6")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(1).await;
+    let (refunded, _) = refund_all(&rig, &id, "r-1").await;
+    assert_eq!(refunded, 201);
+    rig.drain(1).await;
+    assert_eq!(rig.payment(&id).await["status"], "refunded");
+    let attempt = stop_the_line(&rig, &id).await;
+
+    let made = rig.ledger().refunds[0].id.clone();
+    assert!(rig.provider.control().fail_refund(&made));
+    cobro_test_support::wait_for(
+        "the refund failed while its payment is in review",
+        std::time::Duration::from_secs(20),
+        async || {
+            let p = rig.payment(&id).await;
+            (p["amount_refunded"] == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+
+    let charge = rig.ledger().charges[0].id.clone();
+    let after = resolve(
+        &rig,
+        verdict(&id, attempt, ManualOutcome::Captured, Some(&charge)),
+    )
+    .await
+    .expect("the true verdict");
+    assert_eq!(after, "captured", "nothing is refunded now");
+    let (again, body) = refund_all(&rig, &id, "r-2").await;
+    assert_eq!(again, 201, "refundable through cobro again: {body}");
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "refunded");
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1);
+    assert_eq!(
+        (ledger.totals.refunds, ledger.totals.refund_failures),
+        (2, 1),
+        "refunded once for good"
+    );
 }

@@ -352,18 +352,13 @@ async fn resolve_in(
         if let Some(recorded) = contradiction {
             return Err(ResolveError::ContradictsRecord(recorded));
         }
-        // "Captured" for a payment that was captured and partly or fully
-        // refunded when the conflict stopped it restores that status; the
-        // captured and refunded amounts stay what they were.
-        let restored = payment.review_from.filter(|from| {
-            to == PaymentStatus::Captured
-                && matches!(
-                    from,
-                    PaymentStatus::PartiallyRefunded | PaymentStatus::Refunded
-                )
-        });
-        if let Some(from) = restored {
-            to = from;
+        // "Captured" is told apart by the amounts as they are now, not by
+        // the status the conflict stopped: refunds settle while a payment
+        // is in review (one that fails after it succeeded gives its amount
+        // back), so `refunded` may have become `captured`, or the other
+        // way. The captured and refunded amounts stay what they are.
+        if to == PaymentStatus::Captured {
+            to = captured_status(&payment);
         }
         if matches!(to, PaymentStatus::Authorized | PaymentStatus::Captured)
             && r.provider_ref.is_none()
@@ -643,4 +638,20 @@ fn named(r: &ManualResolution, operation: Operation) -> Option<&str> {
     r.provider_ref
         .as_deref()
         .filter(|_| operation != Operation::Refund)
+}
+
+/// What "captured" means for `payment` given what has been refunded of it:
+/// `captured` with nothing refunded, `refunded` with all of it,
+/// `partially_refunded` between.
+fn captured_status(payment: &PaymentRow) -> PaymentStatus {
+    let captured = if payment.amount_captured > 0 {
+        payment.amount_captured
+    } else {
+        payment.amount
+    };
+    match payment.amount_refunded {
+        0 => PaymentStatus::Captured,
+        refunded if refunded >= captured => PaymentStatus::Refunded,
+        _ => PaymentStatus::PartiallyRefunded,
+    }
 }

@@ -1094,6 +1094,10 @@ struct Explorer {
     /// over such a double refund.
     late_doubles: u64,
     late_double_refunds: u64,
+    /// What the reconcilers of the last round of `settle_all` decided of
+    /// each attempt they examined (attempt id, verdict), for a liveness
+    /// failure's report.
+    last_verdicts: Vec<(String, String)>,
     /// Every provider key sent, with the names it went out through.
     sent_through: SentLog,
     /// A routing seed's own state; `None` in the other seeds.
@@ -1401,6 +1405,7 @@ impl Explorer {
             late_effects: BTreeSet::new(),
             late_doubles: 0,
             late_double_refunds: 0,
+            last_verdicts: Vec::new(),
             sent_through,
             routing,
             stripe: (dialect == Dialect::Stripe).then(|| StripeSide {
@@ -2628,6 +2633,7 @@ impl Explorer {
                 None => vec![None],
             };
             let (mut examined, mut busy) = (0, false);
+            self.last_verdicts.clear();
             for provider in providers {
                 let run = self
                     .reconciler_of(provider, |_| {})
@@ -2642,7 +2648,15 @@ impl Explorer {
                     )
                     .await;
                 match run {
-                    Ok(summary) => examined += summary.examined,
+                    Ok(summary) => {
+                        examined += summary.examined;
+                        self.last_verdicts.extend(
+                            summary
+                                .items
+                                .iter()
+                                .map(|i| (i.attempt_id.clone(), format!("{:?}", i.verdict))),
+                        );
+                    }
                     Err(e) if e.to_string().contains("timed out waiting for a lock") => busy = true,
                     Err(e) => return Err(format!("reconcile: {e}")),
                 }
@@ -2657,10 +2671,30 @@ impl Explorer {
                 .db
                 .count("outbox WHERE state = 'pending'")
                 .await;
+            // Payments still waiting on an outcome when nothing is left to
+            // run: said in the trace (the judge decides whether that is
+            // right: a held request's payment waits for its release).
+            let waiting = self
+                .rig
+                .app
+                .db
+                .count(
+                    "payments WHERE status IN \
+                     ('processing', 'requires_reconciliation', 'capturing', 'canceling')",
+                )
+                .await;
             if examined == 0 && pending == 0 {
+                if waiting > 0 {
+                    self.note(format!(
+                        "quiet in round {round} with {waiting} payments waiting on an outcome"
+                    ));
+                }
                 return Ok(());
             }
-            last = format!("round {round}: {examined} examined, {pending} outbox rows pending");
+            last = format!(
+                "round {round}: {examined} examined, {pending} outbox rows pending, \
+                 {waiting} payments waiting on an outcome"
+            );
         }
         // Not quiet: the judge says what is left; this says how the last
         // round ended, for its report.
@@ -3187,6 +3221,11 @@ impl Explorer {
                 a.provider_replayed,
                 a.last_error,
             ));
+        }
+        for (attempt, verdict) in &self.last_verdicts {
+            if attempts.iter().any(|a| a.id.to_string() == *attempt) {
+                lines.push(format!("  last round's verdict on {attempt}: {verdict}"));
+            }
         }
         let decisions = store
             .decisions_of_payment_any_account(pid)

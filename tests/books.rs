@@ -350,7 +350,9 @@ async fn restored_backup(backend: Backend, dialect: Dialect) {
 /// provider's dashboard) of a payment cobro captured: the books record it
 /// once as a succeeded refund of that payment with its event, and a
 /// second run finds it matched and changes nothing. The other account's
-/// payment of the same order is untouched.
+/// payment of the same order is untouched. When the provider then fails
+/// that refund, the next run fails it in cobro too (its amount refundable
+/// again, its event), once.
 async fn a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once(backend: Backend) {
     let site = Site::new(backend).await;
     let token_b = site.new_account("other merchant").await;
@@ -409,9 +411,36 @@ async fn a_refund_made_at_the_provider_behind_cobros_back_is_recorded_once(backe
         .await;
     assert_eq!(other["status"], "captured", "{other}");
     assert_eq!(other["amount_refunded"], 0, "{other}");
+
+    // The provider then fails that refund (the card's account closed). Its
+    // event names nothing of cobro's; the books see it failed and give the
+    // amount back, once.
+    assert!(site.provider.control().fail_refund(&outside));
+    let (code, failed) = run_books(&site, &window).await;
+    assert_eq!(code, Some(3), "{failed}");
+    assert_eq!(counts(&failed), [3, 2, 0, 0, 1, 0], "{failed}");
+    let finding = &failed["findings"][0];
+    assert_eq!(finding["object"], outside.as_str(), "{failed}");
+    assert_eq!(
+        finding["action"], "applied: provider_failed_refund",
+        "{failed}"
+    );
+    let payment = site.payment(&url, &id_of(&ours)).await;
+    assert_eq!(payment["status"], "captured", "{payment}");
+    assert_eq!(payment["amount_refunded"], 0, "{payment}");
+    let failed_events = format!(
+        "events WHERE type = 'refund.failed' AND object_id IN \
+         (SELECT id FROM refunds WHERE provider_ref = '{outside}')"
+    );
+    assert_eq!(site.count(&failed_events).await, 1, "the failure's event");
+    let (code, settled) = run_books(&site, &window).await;
+    assert_eq!(code, Some(0), "{settled}");
+    assert_eq!(counts(&settled), [3, 3, 0, 0, 0, 0], "{settled}");
+    assert_eq!(site.count(&failed_events).await, 1);
     stop(serve).await;
 
     let ledger = ledger_holds(&site, 2, 1);
+    assert_eq!(ledger.totals.refund_failures, 1);
     assert_eq!(ledger.refunds_of_charge(&charge).len(), 1);
 }
 

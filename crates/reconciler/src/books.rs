@@ -33,7 +33,9 @@ pub use adopt::{AdoptError, Adopted};
 use chrono::{DateTime, TimeZone, Utc};
 use cobro_core::{AttemptState, Clock, PaymentStatus, RefundStatus};
 use cobro_provider::{LedgerKind, Provider, ProviderObject, ProviderStatus, Window, metadata};
-use cobro_settle::books::{Drift, adopt_outside_refund, apply_drift, raise_missing};
+use cobro_settle::books::{
+    Drift, adopt_outside_refund, apply_drift, fail_outside_refund, raise_missing,
+};
 use cobro_settle::{Fit, fit};
 use cobro_store::books::{BooksCounts, NewBooksRun, NewOrphan};
 use cobro_store::{AttemptRow, DbId, PaymentRow, RefundRow, Store, StoreError};
@@ -550,13 +552,34 @@ impl<P: Provider> Pass<'_, P> {
                 Some(finding(Class::Foreign, detail, "none (reported)".into())),
             ));
         };
-        if store
-            .refund_by_provider_ref_any_account(&object.id)
-            .await?
-            .is_some()
-        {
-            // Recorded by an earlier run: cobro's record now agrees.
-            return Ok((Class::Matched, None));
+        if let Some(recorded) = store.refund_by_provider_ref_any_account(&object.id).await? {
+            // Recorded by an earlier run: cobro's record agrees, unless the
+            // provider failed the refund since (no webhook can say so: it
+            // carries no reference of cobro's).
+            let failed_since = recorded.status == RefundStatus::Succeeded
+                && matches!(
+                    object.status,
+                    ProviderStatus::Failed | ProviderStatus::Canceled
+                );
+            if !failed_since {
+                return Ok((Class::Matched, None));
+            }
+            let detail = format!(
+                "refund {} of payment {}, made at the provider outside cobro and recorded \
+                 succeeded, is {} there now",
+                object.id, payment.id, object.status
+            );
+            let action = if self.dry_run {
+                "none (dry run)".to_owned()
+            } else {
+                let said = serde_json::to_string(object).unwrap_or_default();
+                let (actor, now) = (&self.books.config.actor, self.books.clock.now());
+                action(fail_outside_refund(store, &recorded, object, actor, &said, now).await?)
+            };
+            let mut found = finding(Class::Drifted, detail, action);
+            found.payment = Some(payment.id.to_string());
+            found.account = Some(payment.account_id.to_string());
+            return Ok((Class::Drifted, Some(found)));
         }
         let detail = format!(
             "a refund of payment {}'s charge made at the provider outside cobro",

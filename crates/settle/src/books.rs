@@ -14,7 +14,7 @@ use cobro_provider::{ProviderObject, ProviderStatus};
 use cobro_store::audit::NewDecision;
 use cobro_store::books::{AdoptedAttempt, intent_number};
 use cobro_store::conflicts::ConflictKind;
-use cobro_store::{AttemptRow, DbId, NewRefund, Store, StoreError, WriteTx};
+use cobro_store::{AttemptRow, DbId, NewRefund, RefundRow, Store, StoreError, WriteTx};
 
 /// What the books did with an object that differs from cobro's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,6 +129,94 @@ async fn keep_once(
     Ok(Drift::Conflict(detail))
 }
 
+/// A refund made outside cobro (recorded by [`adopt_outside_refund`]) that
+/// the provider failed after it succeeded: the refund `failed`, its amount
+/// given back to the payment (refundable again, the status following), with
+/// the refund's event and a decision, as a webhook applies it to a refund of
+/// cobro's own (it carries no reference of cobro's, so no webhook can).
+/// Once: a refund no longer `succeeded` is [`Drift::AlreadyRecorded`].
+pub async fn fail_outside_refund(
+    store: &Store,
+    refund: &RefundRow,
+    object: &ProviderObject,
+    actor: &str,
+    said: &str,
+    now: DateTime<Utc>,
+) -> Result<Drift, StoreError> {
+    let mut tx = store.begin().await?;
+    // The payment first, as every refund's settle path takes it.
+    tx.lock_payment_any_account(refund.payment_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt("the refunded payment vanished".into()))?;
+    let message = format!(
+        "refund {} {} at the provider after it succeeded",
+        object.id, object.status
+    );
+    let failed = tx
+        .fail_succeeded_refund(refund.id, ("refund_failed", &message), now)
+        .await?;
+    if failed.is_none() {
+        tx.rollback().await?;
+        return Ok(Drift::AlreadyRecorded);
+    }
+    let reason = format!(
+        "books: refund {} made at the provider outside cobro failed there after it succeeded",
+        object.id
+    );
+    let moved = (RefundStatus::Succeeded, RefundStatus::Failed);
+    let decision = Decision::ProviderFailedRefund;
+    let decided = Decided {
+        actor,
+        said,
+        reason,
+    };
+    commit_refund_decision(
+        tx,
+        refund.payment_id,
+        refund.id,
+        moved,
+        decision,
+        decided,
+        now,
+    )
+    .await
+}
+
+/// Who decided a refund's move from the books, on what, and why.
+struct Decided<'a> {
+    actor: &'a str,
+    said: &'a str,
+    reason: String,
+}
+
+/// Records the books' `decision` moving `refund` of `payment` from
+/// `moved.0` to `moved.1`, and commits `tx`: the move applied.
+async fn commit_refund_decision(
+    mut tx: WriteTx,
+    payment: PaymentId,
+    refund: RefundId,
+    moved: (RefundStatus, RefundStatus),
+    decision: Decision,
+    decided: Decided<'_>,
+    now: DateTime<Utc>,
+) -> Result<Drift, StoreError> {
+    let row = NewDecision {
+        run_id: None,
+        payment,
+        refund: Some(refund),
+        attempt: None,
+        state_before: moved.0.as_str().to_owned(),
+        state_after: moved.1.as_str().to_owned(),
+        provider_said: decided.said.to_owned(),
+        decision,
+        actor: decided.actor.to_owned(),
+        reason: Some(decided.reason),
+    };
+    tx.record_decision(&row, now).await?;
+    tx.commit().await?;
+    Ok(Drift::Applied(decision))
+}
+
 /// Records a refund the provider made of `payment`'s charge without cobro
 /// (no cobro metadata: the provider's dashboard): a `succeeded` refund of
 /// the payment, its amount refunded, with the refund's event and a
@@ -178,24 +266,18 @@ pub async fn adopt_outside_refund(
         };
         return keep_once(tx, finding, &source, now).await;
     };
-    let decision = NewDecision {
-        run_id: None,
-        payment: payment_id,
-        refund: Some(refund),
-        attempt: None,
-        state_before: RefundStatus::Processing.as_str().to_owned(),
-        state_after: RefundStatus::Succeeded.as_str().to_owned(),
-        provider_said: said.to_owned(),
-        decision: Decision::ProviderRefunded,
-        actor: actor.to_owned(),
-        reason: Some(format!(
-            "books: refund {} made at the provider outside cobro",
-            object.id
-        )),
+    let reason = format!(
+        "books: refund {} made at the provider outside cobro",
+        object.id
+    );
+    let moved = (RefundStatus::Processing, RefundStatus::Succeeded);
+    let decided = Decided {
+        actor,
+        said,
+        reason,
     };
-    tx.record_decision(&decision, now).await?;
-    tx.commit().await?;
-    Ok(Drift::Applied(Decision::ProviderRefunded))
+    let decision = Decision::ProviderRefunded;
+    commit_refund_decision(tx, payment_id, refund, moved, decision, decided, now).await
 }
 
 /// Records `object`, a refund the provider shows `succeeded`, as a

@@ -24,6 +24,7 @@ on_both_backends!(
     an_abandoned_automatic_payment_is_canceled_at_its_expiry_without_review,
     an_abandoned_manual_payment_is_canceled_at_its_expiry_without_review,
     a_customer_completing_as_the_expiry_cancel_is_sent_wins,
+    a_cancel_asked_while_the_customer_is_awaited_is_the_one_the_expiry_sends,
 );
 
 const SECRET: &str = "whsec_test_cobro";
@@ -397,13 +398,7 @@ async fn abandoned_is_canceled_at_its_expiry(backend: Backend, manual: bool) {
     let report = books.run(ALL_TIME, false, "test").await.expect("books");
     let c = report.counts;
     assert_eq!((c.objects, c.matched), (1, 1), "{report:?}");
-    let cancels = rig
-        .provider
-        .control()
-        .requests()
-        .iter()
-        .filter(|r| r.method == "POST" && r.path.ends_with("/cancel"))
-        .count();
+    let cancels = cancels_sent(&rig);
     assert_eq!(cancels, 1, "one cancel of the PaymentIntent");
     let ledger = rig.ledger();
     assert_eq!(
@@ -463,4 +458,62 @@ async fn a_customer_completing_as_the_expiry_cancel_is_sent_wins(backend: Backen
     assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
     assert_eq!(ledger.totals.voids, 0, "{ledger:?}");
     rig.shutdown().await;
+}
+
+/// The merchant cancels a manual payment while the customer is awaited
+/// (an automatic one moves money at authorisation and refuses a cancel): the cancel is held
+/// for the outcome. At the expiry that held cancel is the one sent (one
+/// cancel of the PaymentIntent), and nothing is left held: the expiry
+/// opened a second cancel beside it until 2026-12-07, which left the
+/// merchant's for ever `held`.
+async fn a_cancel_asked_while_the_customer_is_awaited_is_the_one_the_expiry_sends(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let mut body = body_3ds("pedido-c");
+    body["capture_method"] = json!("manual");
+    let created = rig.create_payment("k-waiting", &body).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    rig.drain(3).await;
+    assert_eq!(rig.payment(&id).await["status"], "requires_action");
+    let cancel = rig
+        .app
+        .post(&format!("/v1/payments/{id}/cancel"), Some("k-cancel"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.status().as_u16(), 202);
+    let held = "attempts WHERE state = 'held'";
+    assert_eq!(rig.app.db.count(held).await, 1, "held for the outcome");
+
+    past_the_expiry(&rig).await;
+    assert_eq!(rig.payment(&id).await["status"], "canceling");
+    assert_eq!(rig.app.db.count(held).await, 0, "the held cancel is sent");
+    assert_eq!(
+        rig.app
+            .db
+            .count("attempts WHERE operation = 'payment.cancel'")
+            .await,
+        1,
+        "one cancel intent: the merchant's"
+    );
+    rig.drain(3).await;
+    wait_status(&rig, &id, "canceled").await;
+    let cancels = cancels_sent(&rig);
+    assert_eq!(cancels, 1, "one cancel of the PaymentIntent");
+    assert_eq!(rig.app.db.count(held).await, 0);
+    assert_eq!(conflicts(&rig).await, 0);
+    assert_eq!(rig.ledger().totals, fake_provider::Effects::default());
+    rig.shutdown().await;
+}
+
+/// The cancels of a PaymentIntent the provider was sent.
+fn cancels_sent(rig: &Rig) -> usize {
+    rig.provider
+        .control()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/cancel"))
+        .count()
 }

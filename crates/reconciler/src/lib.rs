@@ -502,13 +502,24 @@ impl<P: Provider> Reconciler<P> {
             tx.rollback().await?;
             return Ok(());
         }
-        let intent = tx
-            .next_intent_name(account, &current.order_ref, Operation::Cancel)
-            .await?;
-        tx.open_intent(account, payment_id, None, Operation::Cancel, &intent, now)
-            .await?;
+        // A cancel the merchant asked for while the customer was awaited
+        // is held for the outcome: it is this cancel (sent now, under its
+        // own key), not a second intent beside it that would leave it held
+        // for ever.
+        let held = tx.held_attempts_any_account(payment_id).await?;
+        let released = match held.iter().find(|a| a.operation == Operation::Cancel) {
+            Some(first) => tx.release_held(first.id, now).await?,
+            None => false,
+        };
+        if !released {
+            let intent = tx
+                .next_intent_name(account, &current.order_ref, Operation::Cancel)
+                .await?;
+            tx.open_intent(account, payment_id, None, Operation::Cancel, &intent, now)
+                .await?;
+        }
         tx.commit().await?;
-        tracing::info!(payment_id = %payment_id, "a payment left waiting for its customer expired: its PaymentIntent is canceled");
+        tracing::info!(payment_id = %payment_id, merchants_cancel = released, "a payment left waiting for its customer expired: its PaymentIntent is canceled");
         Ok(())
     }
 

@@ -28,6 +28,7 @@ on_every_provider!(
     unresolved_past_the_horizon_needs_review_and_an_operator_resolves_it,
     two_reconcilers_on_one_backlog_decide_each_payment_once,
     a_replay_by_another_reconciler_after_this_ones_read_is_never_taken_for_absence,
+    a_stored_answer_to_a_replay_is_read_again_before_it_counts_as_absence,
     a_dry_run_changes_nothing,
     an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages,
 );
@@ -699,6 +700,50 @@ async fn a_replay_by_another_reconciler_after_this_ones_read_is_never_taken_for_
     backend: Backend,
     dialect: Dialect,
 ) {
+    let (rig, id, b) = a_key_run_between_a_read_and_its_replay(backend, dialect, true).await;
+    match &b {
+        Verdict::StillUnknown { reason } => {
+            assert!(reason.contains("sent again meanwhile"), "{reason}");
+        }
+        other => panic!("B decided on a read older than A's replay: {other:?}"),
+    }
+    advance(&rig, 60);
+    let recon = reconciler(&rig, |c| {
+        c.key_window = Some(std::time::Duration::from_secs(48 * 3600));
+    });
+    adopts_the_charge(&rig, &id, &recon).await;
+}
+
+/// The same, but the key's late run was a send B's read covered (a
+/// request held at the provider and run after the read; here A's replay
+/// with its send uncounted, which is what such a request leaves): the pin
+/// lets B replay, and B's replay is answered the stored 500. A stored
+/// answer means no request under the key still acts, so B reads again
+/// before deciding, finds the charge and adopts it.
+async fn a_stored_answer_to_a_replay_is_read_again_before_it_counts_as_absence(
+    backend: Backend,
+    dialect: Dialect,
+) {
+    let (rig, id, b) = a_key_run_between_a_read_and_its_replay(backend, dialect, false).await;
+    assert_eq!(
+        b,
+        Verdict::Resolved {
+            outcome: "succeeded".into()
+        }
+    );
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+}
+
+/// Payment `o-1`'s attempt, handed over with its key never run; B reads
+/// the list and is held; A replays the key (the charge made, a 500
+/// answered); with `counted` false, A's send is taken back off the attempt
+/// (a send B's read covered). B then goes on and the worker drains; one
+/// charge, one attempt. The rig, the payment and B's verdict.
+async fn a_key_run_between_a_read_and_its_replay(
+    backend: Backend,
+    dialect: Dialect,
+    counted: bool,
+) -> (Rig, String, Verdict) {
     let rig = Rig::new_in(backend, dialect).await;
     let id = handed_over_unsent(&rig).await;
     rig.provider
@@ -743,29 +788,24 @@ async fn a_replay_by_another_reconciler_after_this_ones_read_is_never_taken_for_
         a.items[0].verdict
     );
     assert_eq!(rig.ledger().totals.charges, 1, "A's replay made the charge");
+    if !counted {
+        rig.app
+            .db
+            .exec("UPDATE attempts SET send_count = send_count - 1")
+            .await;
+    }
     held.release.notify_one();
-    let b = b_run.await.expect("b's task");
+    let b = b_run.await.expect("b's task").items.remove(0).verdict;
     // Whatever B queued goes out before anything is judged.
     let sent = rig.drain(1).await;
     assert_eq!(
         rig.ledger().totals.charges,
         1,
-        "B decided {:?} on a read older than A's replay, and the worker sent {sent:?}",
-        b.items[0].verdict
+        "B decided {b:?} on a read older than the key's run, and the worker sent {sent:?}"
     );
-    match &b.items[0].verdict {
-        Verdict::StillUnknown { reason } => {
-            assert!(reason.contains("sent again meanwhile"), "{reason}");
-        }
-        other => panic!("B decided on a read older than A's replay: {other:?}"),
-    }
     assert_eq!(rig.app.db.count("attempts").await, 1, "never a new key");
     assert!(sent.is_empty(), "{sent:?}");
-    advance(&rig, 60);
-    let recon = reconciler(&rig, |c| {
-        c.key_window = Some(std::time::Duration::from_secs(48 * 3600));
-    });
-    adopts_the_charge(&rig, &id, &recon).await;
+    (rig, id, b)
 }
 
 async fn a_dry_run_changes_nothing(backend: Backend, dialect: Dialect) {

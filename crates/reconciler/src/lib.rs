@@ -888,7 +888,7 @@ impl<P: Provider> Reconciler<P> {
             refund.as_ref(),
             answer,
             asked_at,
-            clock_off,
+            clock_off.clone(),
         );
         let ctx = Ctx {
             attempt,
@@ -923,12 +923,44 @@ impl<P: Provider> Reconciler<P> {
                             .await?
                     }
                     Replay::Skipped | Replay::DryRun => self.no_effect(&ctx, operation).await?,
+                    // The key holds a stored answer, so no request under
+                    // it is still acting: whatever made that answer ran
+                    // before this replay returned, perhaps after the read
+                    // above (a request that read covered, held at the
+                    // provider and run late; another reconciler's replay).
+                    // Read again, over the replay's window, before deciding:
+                    // nothing found now is absence.
                     Replay::Over(sent) => {
+                        let again = self.ask(&sent, operation, &payment).await;
+                        let said_again = said(&again);
+                        let asked_again = self.clock.now();
                         let ctx = Ctx {
                             attempt: &sent,
+                            said: &said_again,
                             ..ctx
                         };
-                        self.no_effect(&ctx, operation).await?
+                        match self.judge(
+                            attempt,
+                            operation,
+                            &payment,
+                            refund.as_ref(),
+                            again,
+                            asked_again,
+                            clock_off,
+                        ) {
+                            Finding::NoEffect => self.no_effect(&ctx, operation).await?,
+                            Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
+                            Finding::RequiresAction(provider_ref, action) => {
+                                self.await_customer(&ctx, &provider_ref, &action).await?
+                            }
+                            Finding::Conflict(kind, detail) => {
+                                self.conflict(&ctx, kind, &detail).await?
+                            }
+                            Finding::Unknown(reason) => {
+                                self.undecided(&ctx, operation, &payment, refund.as_ref(), reason)
+                                    .await?
+                            }
+                        }
                     }
                     Replay::Answered(answered, sent) => {
                         self.replayed(&ctx, &sent, answered, operation, &payment, refund.as_ref())

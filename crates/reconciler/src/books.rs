@@ -556,7 +556,10 @@ impl<P: Provider> Pass<'_, P> {
             // Recorded by an earlier run: cobro's record agrees, unless the
             // provider failed the refund since (no webhook can say so: it
             // carries no reference of cobro's).
-            let failed_since = recorded.status == RefundStatus::Succeeded
+            // Failed only as a refund of this payment's charge: a refund
+            // id another provider also used is not this one.
+            let failed_since = recorded.payment_id == payment.id
+                && recorded.status == RefundStatus::Succeeded
                 && matches!(
                     object.status,
                     ProviderStatus::Failed | ProviderStatus::Canceled

@@ -12,12 +12,16 @@
 use cobro_test_support::{
     ALL_TIME, Backend, Dialect, Rig, on_both_backends, payment_body, wait_for,
 };
+use fake_provider::{FaultAction, FaultRule, Operation as FOp};
 use serde_json::{Value, json};
 use std::time::Duration;
 
 on_both_backends!(
     a_completed_challenge_ends_captured_with_one_charge_and_the_merchant_can_follow_it,
     a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order,
+    a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_charged_once,
+    a_cancel_that_ends_unknown_is_never_done_while_the_payment_intent_is_open,
+    a_declined_verdict_waits_until_the_open_payment_intent_is_canceled,
     a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler,
     the_same_order_refs_in_two_accounts_wait_and_end_apart,
     a_bad_return_url_is_refused_and_changes_nothing,
@@ -195,22 +199,52 @@ async fn press_again(challenge: &str) -> u16 {
         .as_u16()
 }
 
+/// A failed challenge leaves the PaymentIntent open
+/// (`requires_payment_method`) and its client secret in the customer's
+/// browser. cobro cancels it before the payment ends `declined` and the
+/// order is free: a confirmation the browser sends afterwards, with a
+/// card that works, is refused, and the order's next payment is its only
+/// charge. Until 2026-12-08 the payment ended `declined` at once and the
+/// PaymentIntent stayed open: that confirmation charged the customer
+/// beside the next payment (two charges for one order).
 async fn a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order(backend: Backend) {
     let rig = rig(backend).await;
     let payment = waiting_payment(&rig, "pedido-3ds-fail").await;
     let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
     let back = press(&challenge_url(&payment), "fail").await;
     assert!(back.contains("redirect_status=failed"), "{back}");
+    let canceling = wait_status(&rig, &id, "canceling").await;
+    assert!(canceling["failure"]["code"].is_string(), "{canceling}");
+    assert_eq!(canceling["next_action"], Value::Null, "{canceling}");
+    // The order is not free while the PaymentIntent is open.
+    let early = rig
+        .app
+        .post("/v1/payments", Some("k-too-early"))
+        .json(&payment_body("pedido-3ds-fail"))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(early.status().as_u16(), 422);
+    let problem: Value = early.json().await.expect("problem");
+    assert_eq!(problem["payment_id"], id.as_str(), "{problem}");
+    rig.drain(3).await;
     let declined = wait_status(&rig, &id, "declined").await;
-    assert!(declined["failure"]["code"].is_string(), "{declined}");
+    assert_eq!(declined["failure"], canceling["failure"], "{declined}");
+    assert_eq!(cancels_sent(&rig), 1, "the PaymentIntent is canceled");
+    // The browser still holds the client secret: too late now.
+    assert_eq!(confirm_again(&rig, pi, "pm_card_visa").await, 400);
     let ledger = rig.ledger();
     assert_eq!(ledger.totals.charges, 0, "{ledger:?}");
+    wait_acked(&rig, "payment_intent.canceled").await;
     assert_eq!(conflicts(&rig).await, 0, "no conflict, no needs_review");
+    assert_eq!(rig.payment(&id).await["status"], "declined");
     assert_eq!(
         event_types(&rig, &id).await,
         [
             "payment.created",
             "payment.requires_action",
+            "payment.canceling",
             "payment.declined"
         ]
     );
@@ -223,6 +257,175 @@ async fn a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order(bac
     let retried = rig.payment(retry["id"].as_str().expect("id")).await;
     assert_eq!(retried["status"], "captured");
     assert_eq!(rig.ledger().totals.charges, 1);
+    rig.shutdown().await;
+}
+
+/// The cancel of a declined PaymentIntent ends unknown (the provider
+/// answers 500 and changes nothing) and the reconciler reads the
+/// PaymentIntent before the worker tries again: still open, it is not
+/// canceled, and the payment does not end `declined` on that read (until
+/// 2026-12-08 the read counted as the cancel, the payment ended
+/// `declined` and the PaymentIntent stayed open, with nothing left to
+/// cancel it). The cancel goes out again and closes it: no charge, and
+/// the customer's late confirmation is refused.
+async fn a_cancel_that_ends_unknown_is_never_done_while_the_payment_intent_is_open(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let (id, pi) = failed_challenge(&rig, "pedido-3ds-open").await;
+    let pi = pi.as_str();
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Void, FaultAction::FailBeforeEffect).with_next(1));
+    rig.drain(1).await;
+    assert_eq!(cancels_sent(&rig), 1);
+    rig.app.clock.advance(chrono::Duration::minutes(30));
+    rig.reconcile_once().await;
+    let open = rig.payment(&id).await;
+    assert_eq!(
+        open["status"], "canceling",
+        "the PaymentIntent is open: {open}"
+    );
+    for _ in 0..4 {
+        rig.drain(3).await;
+        if rig.payment(&id).await["status"] == "declined" {
+            break;
+        }
+        rig.app.clock.advance(chrono::Duration::minutes(30));
+        rig.reconcile_once().await;
+    }
+    wait_status(&rig, &id, "declined").await;
+    assert_eq!(confirm_again(&rig, pi, "pm_card_visa").await, 400);
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 0, "{ledger:?}");
+    assert_eq!(conflicts(&rig).await, 0);
+    rig.shutdown().await;
+}
+
+/// The customer fails the challenge while the payment is stopped for
+/// conflicting evidence: the line is stopped, so nothing cancels the
+/// PaymentIntent, and an operator's "declined" would free the order with
+/// it still open and its client secret in the browser. The verdict is
+/// refused until the PaymentIntent is canceled at the provider (the
+/// operator's dashboard), then passes: no charge, the late confirmation
+/// refused.
+async fn a_declined_verdict_waits_until_the_open_payment_intent_is_canceled(backend: Backend) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-review").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
+    let attempt = rig.stop_the_line(&id).await;
+    press(&challenge_url(&payment), "fail").await;
+    wait_acked(&rig, "payment_intent.payment_failed").await;
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    let mut verdict = cobro_reconciler::ManualResolution {
+        payment: id.parse().expect("payment id"),
+        attempt,
+        outcome: cobro_reconciler::ManualOutcome::Declined,
+        provider_ref: None,
+        operator: "alice".into(),
+        reason: "the customer failed 3-D Secure".into(),
+        invoked_by: "alice@desk".into(),
+        verified: None,
+    };
+    let reconciler = rig.reconciler(|_| {});
+    let refused = reconciler.check_verdict(&verdict).await;
+    assert!(
+        matches!(&refused, Err(cobro_reconciler::ResolveError::Unproven(why)) if why.contains(pi)),
+        "{refused:?}"
+    );
+    let canceled = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/payment_intents/{pi}/cancel",
+            rig.provider.url()
+        ))
+        .bearer_auth(cobro_test_support::RIG_SECRET_KEY)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(canceled.status().as_u16(), 200);
+    verdict.verified = Some(reconciler.check_verdict(&verdict).await.expect("proven"));
+    let after = cobro_reconciler::resolve_by_hand(
+        &rig.app.db.store,
+        &verdict,
+        cobro_core::Clock::now(&rig.app.clock),
+    )
+    .await
+    .expect("resolved");
+    assert_eq!(after, "declined");
+    assert_eq!(confirm_again(&rig, pi, "pm_card_visa").await, 400);
+    assert_eq!(rig.ledger().totals.charges, 0);
+    rig.shutdown().await;
+}
+
+/// A payment of `order_ref` whose customer failed the challenge, once it
+/// is `canceling`: its id and its PaymentIntent's.
+async fn failed_challenge(rig: &Rig, order_ref: &str) -> (String, String) {
+    let payment = waiting_payment(rig, order_ref).await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
+    press(&challenge_url(&payment), "fail").await;
+    wait_status(rig, &id, "canceling").await;
+    (id, pi.to_owned())
+}
+
+/// The customer's browser confirms the PaymentIntent again (Stripe.js
+/// with the client secret) with `card`, as after a failed try: the HTTP
+/// status of the fake's answer.
+async fn confirm_again(rig: &Rig, pi: &str, card: &str) -> u16 {
+    reqwest::Client::new()
+        .post(format!(
+            "{}/v1/payment_intents/{pi}/confirm",
+            rig.provider.url()
+        ))
+        .bearer_auth(cobro_test_support::RIG_SECRET_KEY)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("payment_method={card}"))
+        .send()
+        .await
+        .expect("confirm")
+        .status()
+        .as_u16()
+}
+
+/// The customer fails the challenge, then confirms again with a card that
+/// works before cobro's cancel of the PaymentIntent goes out: the charge
+/// is made at the provider, the cancel is refused (or settled by the
+/// charge's webhook before it is sent), and the payment shows the money
+/// (`captured`, one charge), never `declined` beside a charge.
+async fn a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_charged_once(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let (id, pi) = failed_challenge(&rig, "pedido-3ds-again").await;
+    let pi = pi.as_str();
+    assert_eq!(confirm_again(&rig, pi, "pm_card_visa").await, 200);
+    rig.drain(3).await;
+    let captured = wait_status(&rig, &id, "captured").await;
+    assert_eq!(captured["amount_captured"], captured["amount"]);
+    wait_acked(&rig, "payment_intent.succeeded").await;
+    let now = rig.payment(&id).await;
+    let ledger = rig.ledger();
+    assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
+    assert_eq!(now["status"], "captured", "{now}");
+    assert_eq!(
+        conflicts(&rig).await,
+        0,
+        "the charge's truth, not a conflict"
+    );
+    // The webhook may settle the cancel (the charge is captured) before
+    // the worker sends it: at most one.
+    assert!(cancels_sent(&rig) <= 1);
+    assert_eq!(
+        event_types(&rig, &id).await,
+        [
+            "payment.created",
+            "payment.requires_action",
+            "payment.canceling",
+            "payment.captured"
+        ]
+    );
     rig.shutdown().await;
 }
 
@@ -279,12 +482,19 @@ async fn the_same_order_refs_in_two_accounts_wait_and_end_apart(backend: Backend
     press(&challenge_url(&mine), "complete").await;
     press(&challenge_url(&theirs), "fail").await;
     wait_status(&rig, mine["id"].as_str().expect("id"), "captured").await;
+    // Theirs cancels its PaymentIntent before it ends declined.
+    wait_for("their payment is canceling", PATIENCE, async || {
+        (get_theirs().await["status"] == "canceling").then_some(())
+    })
+    .await;
+    rig.drain(3).await;
     wait_for("their payment is declined", PATIENCE, async || {
         (get_theirs().await["status"] == "declined").then_some(())
     })
     .await;
     let ledger = rig.ledger();
     assert_eq!(ledger.totals.charges, 1, "{ledger:?}");
+    assert_eq!(cancels_sent(&rig), 1, "only theirs is canceled");
     assert_eq!(conflicts(&rig).await, 0);
     rig.shutdown().await;
 }
@@ -352,6 +562,15 @@ async fn past_the_expiry(rig: &Rig) {
 }
 
 /// The acknowledged deliveries of `event_type`.
+/// Waits until the app acknowledged one `event_type` from the provider.
+async fn wait_acked(rig: &Rig, event_type: &str) {
+    let what = format!("{event_type} is acknowledged");
+    wait_for(&what, PATIENCE, async || {
+        (acked(rig, event_type) == 1).then_some(())
+    })
+    .await;
+}
+
 fn acked(rig: &Rig, event_type: &str) -> usize {
     rig.provider
         .control()
@@ -385,12 +604,7 @@ async fn abandoned_is_canceled_at_its_expiry(backend: Backend, manual: bool) {
     rig.drain(3).await;
     let canceled = wait_status(&rig, &id, "canceled").await;
     assert_eq!(canceled["amount_captured"], 0);
-    wait_for(
-        "payment_intent.canceled is acknowledged",
-        PATIENCE,
-        async || (acked(&rig, "payment_intent.canceled") == 1).then_some(()),
-    )
-    .await;
+    wait_acked(&rig, "payment_intent.canceled").await;
     assert_eq!(rig.payment(&id).await["status"], "canceled");
     assert_eq!(conflicts(&rig).await, 0, "no false needs_review");
     // The books agree: a PaymentIntent canceled with nothing taken.
@@ -446,12 +660,7 @@ async fn a_customer_completing_as_the_expiry_cancel_is_sent_wins(backend: Backen
     rig.drain(3).await;
     let captured = wait_status(&rig, &id, "captured").await;
     assert_eq!(captured["amount_captured"], captured["amount"]);
-    wait_for(
-        "payment_intent.succeeded is acknowledged",
-        PATIENCE,
-        async || (acked(&rig, "payment_intent.succeeded") == 1).then_some(()),
-    )
-    .await;
+    wait_acked(&rig, "payment_intent.succeeded").await;
     assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(conflicts(&rig).await, 0, "no needs_review");
     let ledger = rig.ledger();

@@ -325,7 +325,7 @@ async fn a_verdict_against_a_recorded_capture_is_refused(backend: Backend) {
     let p = rig.create_payment("k-1", &payment_body("o-5")).await;
     let id = p["id"].as_str().expect("id").to_owned();
     rig.drain(1).await;
-    let attempt = stop_the_line(&rig, &id).await;
+    let attempt = rig.stop_the_line(&id).await;
 
     let checked = resolve(&rig, verdict(&id, attempt, ManualOutcome::Failed, None)).await;
     assert!(
@@ -357,31 +357,6 @@ async fn a_verdict_against_a_recorded_capture_is_refused(backend: Backend) {
     assert_eq!(rig.ledger().totals.refunds, 1);
 }
 
-/// Stops payment `id` in `needs_review` with a conflict on its first
-/// attempt, as evidence against it would: that attempt's id.
-async fn stop_the_line(rig: &Rig, id: &str) -> AttemptId {
-    let attempt = rig.attempts(id).await.remove(0);
-    let pid: PaymentId = id.parse().expect("id");
-    let mut tx = rig.app.db.store.begin().await.expect("begin");
-    cobro_settle::stop_the_line(
-        &mut tx,
-        Some(&attempt),
-        Some(pid),
-        cobro_store::conflicts::ConflictKind::Unmatched,
-        "a conflict for the operator",
-        &cobro_settle::Source {
-            name: "test",
-            said: "{}",
-        },
-        rig.app.clock.now(),
-    )
-    .await
-    .expect("stop the line");
-    tx.commit().await.expect("commit");
-    assert_eq!(rig.payment(id).await["status"], "needs_review");
-    attempt.id
-}
-
 /// A refunded payment stopped by a conflict, whose refund the provider
 /// then fails (its amount given back while the payment is in review): the
 /// operator's "captured" ends it `captured`, refundable again, where it
@@ -399,7 +374,7 @@ async fn a_captured_verdict_follows_what_is_refunded_now_not_the_status_before_r
     assert_eq!(refunded, 201);
     rig.drain(1).await;
     assert_eq!(rig.payment(&id).await["status"], "refunded");
-    let attempt = stop_the_line(&rig, &id).await;
+    let attempt = rig.stop_the_line(&id).await;
 
     let made = rig.ledger().refunds[0].id.clone();
     assert!(rig.provider.control().fail_refund(&made));

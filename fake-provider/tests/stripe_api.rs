@@ -267,6 +267,59 @@ async fn a_card_that_needs_authentication_requires_action_and_charges_nothing() 
     assert_eq!(p.totals(), Effects::default(), "nothing to void");
 }
 
+/// What a customer's browser can do with a PaymentIntent's client secret
+/// after a failed try: confirm it again with another card. A declined
+/// PaymentIntent takes it (a charge, counted once); a canceled one, or one
+/// already charged, refuses it and the ledger does not move.
+#[tokio::test]
+async fn a_declined_intent_confirms_again_with_another_card_and_a_canceled_one_refuses() {
+    let p = provider().await;
+    let mut pairs = intent_form("automatic", "o-9:authorize-v1");
+    pairs[2] = ("payment_method", "pm_card_chargeDeclined");
+    let declined = p.stripe_post("/v1/payment_intents", None, &pairs).await;
+    assert_eq!(declined.status, 402, "{declined:?}");
+    let id = declined.body["error"]["payment_intent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let confirm = format!("/v1/payment_intents/{id}/confirm");
+    let good = [("payment_method", "pm_card_visa")];
+    let again = p.stripe_post(&confirm, Some("confirm-1"), &good).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.status_of(), "succeeded");
+    assert_eq!(p.totals(), charges(1).declines(1));
+    let twice = p.stripe_post(&confirm, None, &good).await;
+    assert_eq!(twice.error().2, "payment_intent_unexpected_state");
+
+    let mut pairs = intent_form("automatic", "o-10:authorize-v1");
+    pairs[2] = ("payment_method", "pm_card_chargeDeclined");
+    let declined = p.stripe_post("/v1/payment_intents", None, &pairs).await;
+    let id = declined.body["error"]["payment_intent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cancel = format!("/v1/payment_intents/{id}/cancel");
+    assert_eq!(
+        p.stripe_post(&cancel, None, &[]).await.status_of(),
+        "canceled"
+    );
+    let confirm = format!("/v1/payment_intents/{id}/confirm");
+    let refused = p.stripe_post(&confirm, None, &good).await;
+    assert_eq!(
+        refused.error(),
+        (
+            400,
+            "invalid_request_error",
+            "payment_intent_unexpected_state"
+        )
+    );
+    assert_eq!(
+        refused.body["error"]["payment_intent"]["status"],
+        "canceled"
+    );
+    assert_eq!(p.totals(), charges(1).declines(2), "nothing more");
+}
+
 #[tokio::test]
 async fn without_confirm_an_intent_waits_and_charges_nothing() {
     let p = provider().await;

@@ -1285,6 +1285,31 @@ pub fn double_charges(ledger: &fake_provider::Ledger) -> Vec<Vec<String>> {
 
 impl Rig {
     /// The attempts of a payment, oldest first.
+    /// Stops payment `id` in `needs_review` with a conflict on its first
+    /// attempt, as evidence against it would: that attempt's id.
+    pub async fn stop_the_line(&self, id: &str) -> cobro_core::AttemptId {
+        let attempt = self.attempts(id).await.remove(0);
+        let pid: cobro_core::PaymentId = id.parse().expect("id");
+        let mut tx = self.app.db.store.begin().await.expect("begin");
+        cobro_settle::stop_the_line(
+            &mut tx,
+            Some(&attempt),
+            Some(pid),
+            cobro_store::conflicts::ConflictKind::Unmatched,
+            "a conflict for the operator",
+            &cobro_settle::Source {
+                name: "test",
+                said: "{}",
+            },
+            cobro_core::Clock::now(&self.app.clock),
+        )
+        .await
+        .expect("stop the line");
+        tx.commit().await.expect("commit");
+        assert_eq!(self.payment(id).await["status"], "needs_review");
+        attempt.id
+    }
+
     pub async fn attempts(&self, payment_id: &str) -> Vec<cobro_store::AttemptRow> {
         let id: cobro_core::PaymentId = payment_id.parse().expect("payment id");
         self.app

@@ -88,6 +88,16 @@ pub enum PaymentEvent {
     /// A payment left waiting for its customer past its expiry: its
     /// PaymentIntent is canceled at the provider through the outbox.
     ActionExpired,
+    /// The provider declined an authorisation whose customer was asked to
+    /// act (a failed 3-D Secure challenge, or a card declined after it):
+    /// the PaymentIntent stays open and the merchant's front end holds its
+    /// client secret, so it is canceled through the outbox before the
+    /// payment may end `declined` (docs/recovery.md).
+    DeclinedWhileOpen,
+    /// The cancel of a declined authorisation's PaymentIntent
+    /// ([`PaymentEvent::DeclinedWhileOpen`]) is proven: nothing can charge
+    /// under it any more.
+    DeclineClosed,
     /// A send ended without a provable outcome and the worker gave up on it.
     OutcomeUnknown,
     /// The reconciler's escalation horizon passed.
@@ -146,6 +156,8 @@ impl PaymentStatus {
                 _ => S::Failed,
             },
             (_, E::Captured) if awaiting_authorisation => S::Captured,
+            (_, E::DeclinedWhileOpen) if awaiting_authorisation => S::Canceling,
+            (S::Canceling, E::DeclineClosed) => S::Declined,
             (S::Processing, E::OutcomeUnknown) => S::RequiresReconciliation,
             // The answer (or the reconciler's read) shows the customer must act.
             (S::Processing | S::RequiresReconciliation, E::ActionRequired) => S::RequiresAction,
@@ -289,6 +301,8 @@ mod tests {
         E::Failed,
         E::ActionRequired,
         E::ActionExpired,
+        E::DeclinedWhileOpen,
+        E::DeclineClosed,
         E::OutcomeUnknown,
         E::Escalated,
         E::RetryScheduled,
@@ -321,6 +335,15 @@ mod tests {
         (S::RequiresAction, E::Declined, S::Declined),
         (S::RequiresAction, E::Failed, S::Failed),
         (S::RequiresAction, E::ActionExpired, S::Canceling),
+        (S::Processing, E::DeclinedWhileOpen, S::Canceling),
+        (S::RequiresAction, E::DeclinedWhileOpen, S::Canceling),
+        (
+            S::RequiresReconciliation,
+            E::DeclinedWhileOpen,
+            S::Canceling,
+        ),
+        (S::NeedsReview, E::DeclinedWhileOpen, S::Canceling),
+        (S::Canceling, E::DeclineClosed, S::Declined),
         (S::RequiresReconciliation, E::Authorized, S::Authorized),
         (S::RequiresReconciliation, E::Captured, S::Captured),
         (S::RequiresReconciliation, E::Declined, S::Declined),

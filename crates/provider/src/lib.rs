@@ -55,6 +55,14 @@ pub struct ProviderObject {
     /// `None` when the provider gave no code, and on every other object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decline_code: Option<String>,
+    /// A [`ProviderStatus::Declined`] object the provider still keeps open
+    /// for another confirmation (Stripe's PaymentIntent left
+    /// `requires_payment_method` by a failed try, which whoever holds its
+    /// client secret may confirm again with another card): nothing is
+    /// charged now, but something may be. A cancel of it has not happened
+    /// while it is open. `false` on every other object.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confirmable: bool,
 }
 
 /// Where the customer authenticates (3-D Secure), as the provider said:

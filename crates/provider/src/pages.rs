@@ -108,6 +108,7 @@ mod tests {
             metadata: Default::default(),
             next_action: None,
             decline_code: None,
+            confirmable: false,
         }
     }
 

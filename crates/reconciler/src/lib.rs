@@ -11,7 +11,7 @@ use cobro_provider::{
     NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
 };
 use cobro_settle::call::{Answered, Call, judge_answer};
-use cobro_settle::evidence::proof_from;
+use cobro_settle::evidence::{not_done_yet, proof_from};
 use cobro_settle::routing::{NoEffectProof, fail_over};
 use cobro_settle::{
     Applied, Fit, Proof, Source, apply_proof, await_customer, fit, settle_held_cancels,
@@ -494,30 +494,14 @@ impl<P: Provider> Reconciler<P> {
             tx.rollback().await?;
             return Ok(());
         };
-        if tx
+        let Some(moved) = tx
             .transition_payment(account, payment_id, current.status, to, now)
             .await?
-            .is_none()
-        {
+        else {
             tx.rollback().await?;
             return Ok(());
-        }
-        // A cancel the merchant asked for while the customer was awaited
-        // is held for the outcome: it is this cancel (sent now, under its
-        // own key), not a second intent beside it that would leave it held
-        // for ever.
-        let held = tx.held_attempts_any_account(payment_id).await?;
-        let released = match held.iter().find(|a| a.operation == Operation::Cancel) {
-            Some(first) => tx.release_held(first.id, now).await?,
-            None => false,
         };
-        if !released {
-            let intent = tx
-                .next_intent_name(account, &current.order_ref, Operation::Cancel)
-                .await?;
-            tx.open_intent(account, payment_id, None, Operation::Cancel, &intent, now)
-                .await?;
-        }
+        let released = cobro_settle::apply::cancel_open_intent(&mut tx, &moved, now).await?;
         tx.commit().await?;
         tracing::info!(payment_id = %payment_id, merchants_cancel = released, "a payment left waiting for its customer expired: its PaymentIntent is canceled");
         Ok(())
@@ -1015,12 +999,10 @@ impl<P: Provider> Reconciler<P> {
             }
         };
         let mut ours = Vec::new();
-        // For a capture or void, a charge still authorized is no effect yet:
-        // like "not found", it proves no effect only by the rules below.
-        let not_yet = |o: &ProviderObject| {
-            matches!(operation, Operation::Capture | Operation::Cancel)
-                && o.status == ProviderStatus::Authorized
-        };
+        // For a capture or void, a charge still authorized (or a
+        // PaymentIntent still open) is no effect yet: like "not found", it
+        // proves no effect only by the rules below.
+        let not_yet = |o: &ProviderObject| not_done_yet(operation, o);
         for object in found.iter().filter(|o| !not_yet(o)) {
             match fit(operation, attempt, payment, refund, object) {
                 Fit::Ours => ours.push(object),

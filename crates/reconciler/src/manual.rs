@@ -517,6 +517,22 @@ impl<P: Provider> crate::Reconciler<P> {
         let asked_at = self.clock.now();
         let answer = self.ask(&attempt, operation, &payment).await;
         let showed = crate::said(&answer).to_string();
+        // A PaymentIntent whose confirmation failed stays open for another
+        // one, and the customer's browser holds its client secret once the
+        // customer was asked to act: "no money moved" frees the order, so
+        // it waits until the PaymentIntent is canceled at the provider.
+        let open = answer
+            .as_ref()
+            .ok()
+            .and_then(|a| a.found.iter().find(|o| o.confirmable))
+            .filter(|_| payment.next_action.is_some() && no_money_moved(operation, r.outcome));
+        if let Some(open) = open {
+            return Err(ResolveError::Unproven(format!(
+                "{} is still open for another confirmation and its client secret was given \
+                 out: cancel it at the provider first",
+                open.id
+            )));
+        }
         // Judged as an attempt the reconciler owns, whatever it recorded
         // since: the verdict stands on what the provider shows now.
         let judged = AttemptRow {

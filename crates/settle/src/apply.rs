@@ -387,6 +387,9 @@ async fn apply_proof_in_span(
             .await?
             .ok_or_else(|| corrupt("attempt without payment"))?,
     };
+    if let Some(applied) = declined_while_open(tx, attempt, &payment, proof, now).await? {
+        return Ok(applied);
+    }
     // A copy that shows the attempt settled is what is recorded (settled
     // states are final): the compare-and-set below would change nothing
     // and its re-read would return the same row.
@@ -476,6 +479,33 @@ async fn apply_proof_in_span(
             _ => PaymentEvent::VoidRefused,
         },
     };
+    // The cancel of a PaymentIntent that never held money: its
+    // authorisation still waits for the customer (abandoned past its
+    // expiry, or declined while open).
+    let unauthorised = match event {
+        PaymentEvent::Voided | PaymentEvent::VoidRefused if operation == Operation::Cancel => {
+            awaiting_customer(tx, payment_id).await?
+        }
+        _ => None,
+    };
+    let event = match (event, &unauthorised) {
+        (PaymentEvent::Voided, Some(_))
+            if before == PaymentStatus::Canceling && payment.failure_code.is_some() =>
+        {
+            PaymentEvent::DeclineClosed
+        }
+        // Never authorised, so never back to `authorized`: the provider
+        // shows the PaymentIntent neither canceled nor charged.
+        (PaymentEvent::VoidRefused, Some(_)) => {
+            let detail = format!(
+                "the provider refused cancel attempt {} of a PaymentIntent that never held \
+                 money, and shows it neither canceled nor charged",
+                attempt.id
+            );
+            return refuse(tx, attempt, ConflictKind::OtherObject, detail, source, now).await;
+        }
+        (event, _) => event,
+    };
     // A 3-D Secure authorisation proven after its payment already shows
     // it: the expiry's cancel was refused because the customer completed,
     // and the refusal carried the charge first. The same truth, twice.
@@ -533,6 +563,11 @@ async fn apply_proof_in_span(
         },
         amount_captured,
         failure: match proof {
+            // The decline it closes is what the payment ends with.
+            _ if event == PaymentEvent::DeclineClosed => payment
+                .failure_code
+                .clone()
+                .zip(payment.failure_message.clone()),
             Proof::Declined { code, message } | Proof::Failed { code, message, .. } => {
                 Some((code.clone(), message.clone()))
             }
@@ -545,6 +580,12 @@ async fn apply_proof_in_span(
     else {
         return Err(corrupt("payment moved inside the transaction"));
     };
+    if let Some(waiting) = unauthorised.filter(|_| event == PaymentEvent::DeclineClosed) {
+        // The authorisation is over: declined, as the payment shows.
+        let note = settled.failure_code.as_deref();
+        tx.resolve_attempt(waiting.id, AttemptState::Declined, None, note, now)
+            .await?;
+    }
     if operation == Operation::Authorize && !after.authorisation_pending() {
         let after = settle_held_cancels(tx, &settled, after, now).await?;
         return Ok(Applied::Settled {
@@ -628,6 +669,77 @@ async fn soft_decline_moves_on(
     }))
 }
 
+/// A decline after the customer was asked to act (a failed 3-D Secure
+/// challenge, a card declined after it) leaves Stripe's PaymentIntent open
+/// (`requires_payment_method`) and its client secret in the customer's
+/// browser: confirmed again with another card, it would charge beside the
+/// order's next payment. So the authorisation is not over: its attempt
+/// keeps waiting (`awaiting_customer`, so that a payment the customer
+/// makes meanwhile is adopted, not a contradiction), the payment goes
+/// `canceling` with the decline as its failure, and the PaymentIntent's
+/// cancel goes out through the outbox; the cancel's proof ends the
+/// payment `declined` and the attempt with it. `None`: not such a decline
+/// (or a payment stopped for conflicting evidence: an operator decides).
+async fn declined_while_open(
+    tx: &mut WriteTx,
+    attempt: &AttemptRow,
+    payment: &PaymentRow,
+    proof: &Proof,
+    now: DateTime<Utc>,
+) -> Result<Option<Applied>, StoreError> {
+    let Proof::Declined { code, message } = proof else {
+        return Ok(None);
+    };
+    if attempt.operation != Operation::Authorize
+        || attempt.state != AttemptState::AwaitingCustomer
+        || payment.next_action.is_none()
+    {
+        return Ok(None);
+    }
+    let before = payment.status;
+    // Its PaymentIntent is being canceled already (this decline again, or
+    // the expiry's cancel): that cancel closes it.
+    if before == PaymentStatus::Canceling {
+        return Ok(Some(Applied::AlreadySettled));
+    }
+    let Ok(after) = before.apply(PaymentEvent::DeclinedWhileOpen) else {
+        return Ok(None);
+    };
+    if before == PaymentStatus::NeedsReview && tx.has_open_conflicts(payment.id).await? {
+        return Ok(None);
+    }
+    let outcome = PaymentOutcome {
+        failure: Some((code.clone(), message.clone())),
+        ..PaymentOutcome::default()
+    };
+    let Some(moved) = tx
+        .settle_payment(payment.id, before, after, &outcome, now)
+        .await?
+    else {
+        return Err(corrupt("payment moved inside the transaction"));
+    };
+    cancel_open_intent(tx, &moved, now).await?;
+    // Any other cancel the merchant asked for meanwhile: nothing left.
+    settle_held_cancels(tx, &moved, after, now).await?;
+    Ok(Some(Applied::Settled {
+        before: before.as_str().to_owned(),
+        after: after.as_str().to_owned(),
+    }))
+}
+
+/// The payment's authorisation attempt that still waits for its customer,
+/// if any: its PaymentIntent never held money.
+async fn awaiting_customer(
+    tx: &mut WriteTx,
+    payment: PaymentId,
+) -> Result<Option<AttemptRow>, StoreError> {
+    Ok(tx
+        .attempts_of_payment_any_account(payment)
+        .await?
+        .into_iter()
+        .find(|a| a.operation == Operation::Authorize && a.state == AttemptState::AwaitingCustomer))
+}
+
 /// The provider answered (or a read showed) that the customer must act
 /// (3-D Secure) on `attempt`'s own object `provider_ref`: the attempt
 /// waits (`awaiting_customer`: answered, never resent, never a new key, no
@@ -686,6 +798,34 @@ pub async fn await_customer(
         before: before.as_str().to_owned(),
         after: after.as_str().to_owned(),
     })
+}
+
+/// Sends the cancel of `payment`'s open PaymentIntent through the outbox
+/// (due now), in the caller's transaction, the payment locked and already
+/// `canceling` (abandoned past its expiry, or declined while open). A
+/// cancel the merchant asked for while the customer was awaited (held for
+/// the outcome) is the one sent, under its own key, not a second intent
+/// beside it that would leave it held for ever; otherwise cobro opens a
+/// cancel intent of its own. `true`: it was the merchant's.
+pub async fn cancel_open_intent(
+    tx: &mut WriteTx,
+    payment: &PaymentRow,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let held = tx.held_attempts_any_account(payment.id).await?;
+    let released = match held.iter().find(|a| a.operation == Operation::Cancel) {
+        Some(first) => tx.release_held(first.id, now).await?,
+        None => false,
+    };
+    if !released {
+        let account = payment.account_id;
+        let name = tx
+            .next_intent_name(account, &payment.order_ref, Operation::Cancel)
+            .await?;
+        tx.open_intent(account, payment.id, None, Operation::Cancel, &name, now)
+            .await?;
+    }
+    Ok(released)
 }
 
 /// A cancel asked for while the authorisation was unknown runs now that

@@ -4,7 +4,7 @@
 //! provider's answer is a consistent read of what the key did
 //! (docs/proof-of-absence.md).
 
-use crate::apply::Proof;
+use crate::apply::{ChargeNow, Proof};
 use crate::evidence::{Fit, charge_now, fit, identity, proof_from};
 use cobro_core::{CaptureMethod, Operation};
 use cobro_provider::{
@@ -142,10 +142,19 @@ pub fn judge_answer(
         } => {
             // The charge sent with a refusal is the truth only when it is
             // this payment's charge.
+            // A cancel refused because the PaymentIntent is canceled already
+            // (never charged): what the cancel wanted, nothing held.
             let charge = object
                 .as_ref()
                 .filter(|o| payment.provider_ref.as_deref() == Some(o.id.as_str()))
-                .and_then(charge_now);
+                .and_then(|o| {
+                    charge_now(o).or_else(|| {
+                        let closed = operation == Operation::Cancel
+                            && o.status == ProviderStatus::Declined
+                            && !o.confirmable;
+                        closed.then_some(ChargeNow::Voided)
+                    })
+                });
             let text = object.as_ref().map(said).unwrap_or_default();
             Answered::Proof(
                 Proof::Failed {

@@ -161,6 +161,19 @@ fn charge_fits(payment: &PaymentRow, object: &ProviderObject) -> Fit {
     }
 }
 
+/// Whether a capture or void of `object` has not happened yet: the charge
+/// is still authorized, or (a void) the PaymentIntent is still open for
+/// another confirmation ([`ProviderObject::confirmable`]). Like "not
+/// found", that proves the operation had no effect only by the rules of
+/// a proof of absence.
+pub fn not_done_yet(operation: Operation, object: &ProviderObject) -> bool {
+    match operation {
+        Operation::Capture => object.status == S::Authorized,
+        Operation::Cancel => object.status == S::Authorized || object.confirmable,
+        _ => false,
+    }
+}
+
 /// The status a charge is in now, when it is one a capture or void can end in.
 pub fn charge_now(object: &ProviderObject) -> Option<ChargeNow> {
     match object.status {
@@ -207,19 +220,22 @@ pub fn proof_from(operation: Operation, object: &ProviderObject) -> Option<Proof
                     captured: done == S::Captured,
                 });
             }
+            // Still authorized (or, for a void, a PaymentIntent still open
+            // for another confirmation): the capture or void has not
+            // happened (yet); only an explicit refusal carries that as its
+            // truth.
+            if not_done_yet(operation, object) {
+                return None;
+            }
             // A PaymentIntent canceled before it ever held money (one left
-            // waiting for its customer, canceled as abandoned): the cancel
-            // took effect and nothing was voided.
+            // waiting for its customer, canceled as abandoned or after a
+            // failed confirmation): the cancel took effect and nothing was
+            // voided.
             if operation == Operation::Cancel && *status == S::Declined {
                 return Some(Proof::Succeeded {
                     provider_ref: object.id.clone(),
                     captured: false,
                 });
-            }
-            // Still authorized: the capture or void has not happened (yet);
-            // only an explicit refusal carries that as its truth.
-            if *status == S::Authorized {
-                return None;
             }
             let charge = charge_now(object)?;
             Some(Proof::Failed {
@@ -329,6 +345,7 @@ mod tests {
             metadata: identity(a, p),
             next_action: None,
             decline_code: None,
+            confirmable: false,
         }
     }
 

@@ -73,6 +73,7 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
         .route("/v1/payment_intents/{id}", get(get_intent))
         .route("/v1/payment_intents/{id}/capture", post(capture_intent))
         .route("/v1/payment_intents/{id}/cancel", post(cancel_intent))
+        .route("/v1/payment_intents/{id}/confirm", post(confirm_intent))
         .merge(challenge::routes())
 }
 
@@ -468,10 +469,13 @@ fn create_intent_effect(
         .stripe
         .intents
         .insert(new_stored(intent, ctx, searchable_at));
-    let decline = charge
-        .as_ref()
-        .and_then(|charge| charge.decline().map(|d| (d, &charge.id)));
-    match decline {
+    confirmed(json, charge.as_ref())
+}
+
+/// The answer to a confirmation (at create or later): the PaymentIntent,
+/// or Stripe's 402 with it when its charge was declined.
+fn confirmed(json: Value, charge: Option<&Charge>) -> StoredResponse {
+    match charge.and_then(|charge| charge.decline().map(|d| (d, &charge.id))) {
         Some((decline, charge)) => StripeError::declined(decline, charge, json).into_stored(),
         None => ok(&json),
     }
@@ -688,6 +692,94 @@ fn changed_intent(
         .to_owned();
     emit(state, kind, &reference, &json, ctx);
     ok(&json)
+}
+
+/// `POST /v1/payment_intents/{id}/confirm`: what a customer's browser
+/// does with Stripe.js and the PaymentIntent's client secret after a
+/// failed try (here with the secret key: the fake takes no other). A
+/// PaymentIntent that still waits for a payment method (a failed 3-D
+/// Secure challenge, a declined card) or for its confirmation takes a new
+/// `payment_method` and reaches the card as at create: a charge the ledger
+/// counts, or a new challenge for a card that asks for one. A canceled or
+/// charged PaymentIntent refuses it (`payment_intent_unexpected_state`):
+/// that refusal is what keeps a PaymentIntent cobro gave up on from
+/// charging beside the order's next payment.
+async fn confirm_intent(
+    State(shared): AppState,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parsed = Parsed::body(&headers, &body, |mut form| {
+        form.only(&["payment_method", "return_url", "client_secret"])?;
+        let method = form.non_empty("payment_method")?;
+        if let Some(method) = &method
+            && (method.len() <= 3 || !method.starts_with("pm_"))
+        {
+            return Err(
+                StripeError::no_such("PaymentMethod", method, "payment_method").into_bad_request(),
+            );
+        }
+        Ok(method)
+    });
+    mutate(
+        &shared,
+        &headers,
+        &body,
+        Post::on_intent(Operation::Charge, &id, "confirm"),
+        parsed,
+        |state, method, ctx| Outcome::Executed(confirm_effect(state, &id, method, ctx)),
+    )
+    .await
+}
+
+fn confirm_effect(
+    state: &mut ProviderState,
+    id: &str,
+    method: Option<String>,
+    ctx: Ctx<'_>,
+) -> StoredResponse {
+    let Some(json) = intent_view(state, id, ctx.caller) else {
+        return no_such_intent(id).into_stored();
+    };
+    let status = json["status"].as_str().unwrap_or_default();
+    let confirmable = ["requires_payment_method", "requires_confirmation"];
+    if !confirmable.contains(&status) {
+        let message = format!(
+            "You cannot confirm this PaymentIntent because it has a status of {status}. Only a \
+             PaymentIntent with one of the following statuses may be confirmed: {}.",
+            confirmable.join(", ")
+        );
+        return StripeError::unexpected_state(message, json).into_stored();
+    }
+    let Some(stored) = state.stripe.intents.get(id, ctx.caller) else {
+        return no_such_intent(id).into_stored();
+    };
+    let mut intent = stored.item.clone();
+    if method.is_some() {
+        intent.payment_method = method;
+    }
+    let Some(method) = intent.payment_method.clone() else {
+        return StripeError::missing_param("payment_method").into_stored();
+    };
+    intent.authentication_failed = false;
+    intent.charge = None;
+    let charge = if AUTHENTICATION_REQUIRED.contains(&method.as_str()) {
+        intent.requires = Requires::Action;
+        None
+    } else {
+        let searchable_at = state.searchable_at(Operation::Charge, &intent.reference, ctx.now);
+        confirm_charge(state, &mut intent, ctx, searchable_at)
+    };
+    let json = intent_json(&intent, charge.as_ref());
+    let event = event_of_status(intent_status(&intent, charge.as_ref()), charge.is_some());
+    if let Some(kind) = event {
+        emit(state, kind, &intent.reference, &json, ctx);
+    }
+    if let Some(stored) = state.stripe.intents.get_mut(id, ctx.caller) {
+        stored.item = intent;
+    }
+    confirmed(json, charge.as_ref())
 }
 
 const CANCELLATION_REASONS: &[&str] = &[

@@ -256,6 +256,9 @@ impl PaymentIntent {
             (ProviderStatus::Declined, Some(error)) => error.decline().map(str::to_owned),
             _ => None,
         };
+        // Stripe keeps a PaymentIntent whose confirmation failed open for
+        // another one, until it is canceled.
+        let confirmable = status == ProviderStatus::Declined && self.status != "canceled";
         let next_action = (status == ProviderStatus::RequiresAction).then(|| NextAction {
             redirect_url: self
                 .next_action
@@ -276,6 +279,7 @@ impl PaymentIntent {
             metadata,
             next_action,
             decline_code,
+            confirmable,
         }
     }
 }
@@ -306,6 +310,7 @@ impl Refund {
             metadata,
             next_action: None,
             decline_code: None,
+            confirmable: false,
         }
     }
 }

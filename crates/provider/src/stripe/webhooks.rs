@@ -218,6 +218,7 @@ impl StripeObject {
                     metadata,
                     next_action: None,
                     decline_code: None,
+                    confirmable: false,
                 }
             }
         }

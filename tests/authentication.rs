@@ -21,7 +21,11 @@ on_both_backends!(
     a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order,
     a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_charged_once,
     a_cancel_that_ends_unknown_is_never_done_while_the_payment_intent_is_open,
+    a_cancel_of_a_never_authorised_payment_intent_is_sent_again_whatever_the_policy,
+    a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_declined,
     a_declined_verdict_waits_until_the_open_payment_intent_is_canceled,
+    a_payment_in_review_whose_customer_never_acts_is_declined_once_its_payment_intent_is_canceled,
+    a_declined_payment_whose_payment_intent_is_still_open_is_drift_in_the_books,
     a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler,
     the_same_order_refs_in_two_accounts_wait_and_end_apart,
     a_bad_return_url_is_refused_and_changes_nothing,
@@ -318,45 +322,197 @@ async fn a_declined_verdict_waits_until_the_open_payment_intent_is_canceled(back
     press(&challenge_url(&payment), "fail").await;
     wait_acked(&rig, "payment_intent.payment_failed").await;
     assert_eq!(rig.payment(&id).await["status"], "needs_review");
-    let mut verdict = cobro_reconciler::ManualResolution {
-        payment: id.parse().expect("payment id"),
-        attempt,
-        outcome: cobro_reconciler::ManualOutcome::Declined,
-        provider_ref: None,
-        operator: "alice".into(),
-        reason: "the customer failed 3-D Secure".into(),
-        invoked_by: "alice@desk".into(),
-        verified: None,
-    };
+    let mut verdict = declined_verdict(&id, attempt);
     let reconciler = rig.reconciler(|_| {});
     let refused = reconciler.check_verdict(&verdict).await;
     assert!(
         matches!(&refused, Err(cobro_reconciler::ResolveError::Unproven(why)) if why.contains(pi)),
         "{refused:?}"
     );
-    let canceled = reqwest::Client::new()
-        .post(format!(
-            "{}/v1/payment_intents/{pi}/cancel",
-            rig.provider.url()
-        ))
-        .bearer_auth(cobro_test_support::RIG_SECRET_KEY)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .send()
-        .await
-        .expect("cancel");
-    assert_eq!(canceled.status().as_u16(), 200);
+    assert_eq!(at_the_provider(&rig, pi, "cancel", "").await, 200);
     verdict.verified = Some(reconciler.check_verdict(&verdict).await.expect("proven"));
-    let after = cobro_reconciler::resolve_by_hand(
-        &rig.app.db.store,
-        &verdict,
-        cobro_core::Clock::now(&rig.app.clock),
-    )
-    .await
-    .expect("resolved");
+    let now = cobro_core::Clock::now(&rig.app.clock);
+    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &verdict, now)
+        .await
+        .expect("resolved");
     assert_eq!(after, "declined");
     assert_eq!(confirm_again(&rig, pi, "pm_card_visa").await, 400);
     assert_eq!(rig.ledger().totals.charges, 0);
     rig.shutdown().await;
+}
+
+/// A payment stopped for conflicting evidence while its customer is asked
+/// to authenticate, who never acts: no one expires it (only payments in
+/// `requires_action` expire). An operator's "declined" is refused while
+/// the PaymentIntent waits for the customer; once it is canceled at the
+/// provider (the dashboard) the verdict passes, and the payment ends
+/// `declined` through cobro's own cancel of it (refused: the
+/// PaymentIntent is canceled already): no charge, the order free.
+async fn a_payment_in_review_whose_customer_never_acts_is_declined_once_its_payment_intent_is_canceled(
+    backend: Backend,
+) {
+    // No webhooks: the dashboard's cancel reaches cobro only through its
+    // own cancel, refused as already done.
+    let rig = Rig::new_in(backend, Dialect::Stripe).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-gone").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
+    let attempt = rig.stop_the_line(&id).await;
+    let mut verdict = declined_verdict(&id, attempt);
+    let reconciler = rig.reconciler(|_| {});
+    let refused = reconciler.check_verdict(&verdict).await;
+    assert!(
+        matches!(&refused, Err(cobro_reconciler::ResolveError::Unproven(why)) if why.contains("authenticate")),
+        "{refused:?}"
+    );
+    assert_eq!(at_the_provider(&rig, pi, "cancel", "").await, 200);
+    verdict.verified = Some(reconciler.check_verdict(&verdict).await.expect("proven"));
+    let now = cobro_core::Clock::now(&rig.app.clock);
+    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &verdict, now)
+        .await
+        .expect("resolved");
+    assert_eq!(after, "canceling", "cobro closes the PaymentIntent itself");
+    ends_declined_and_closed(&rig, &id, pi).await;
+    let retry = rig
+        .create_payment("k-again", &payment_body("pedido-3ds-gone"))
+        .await;
+    assert_eq!(retry["status"], "processing", "the order is free");
+    rig.shutdown().await;
+}
+
+/// The same cancel ending unknown under a reconciler that does not retry
+/// what it proves had no effect (`retry_on_no_effect = false`): a cancel
+/// "refused" would show the payment `authorized` though it never held
+/// money, and leave the PaymentIntent open. A cancel of a PaymentIntent
+/// that never held money moves none, so it is sent again whatever the
+/// policy: `declined`, no charge.
+async fn a_cancel_of_a_never_authorised_payment_intent_is_sent_again_whatever_the_policy(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let (id, pi) = failed_challenge(&rig, "pedido-3ds-policy").await;
+    let control = rig.provider.control();
+    control.add_fault(FaultRule::new(FOp::Void, FaultAction::FailBeforeEffect));
+    hand_the_cancel_over(&rig).await;
+    control.clear_faults();
+    let strict = rig.reconciler(|c| c.retry_on_no_effect = false);
+    let summary = cobro_test_support::run_once(&strict).await;
+    assert_eq!(summary.items.len(), 1, "{summary:?}");
+    assert_eq!(summary.items[0].verdict, cobro_reconciler::Verdict::Retried);
+    assert_eq!(rig.payment(&id).await["status"], "canceling");
+    ends_declined_and_closed(&rig, &id, &pi).await;
+    assert_eq!(conflicts(&rig).await, 0);
+    rig.shutdown().await;
+}
+
+/// The cancel of a declined PaymentIntent lands at the provider but its
+/// answer is lost, and the PaymentIntent cannot be read until past the
+/// escalation horizon: the payment goes to `needs_review` keeping the
+/// decline's code (it was cleared, so the cancel's proof later ended the
+/// payment `canceled` and the decline was lost). Once the provider can be
+/// read, the cancel is proven and the payment ends `declined` with the
+/// code it had: no charge, nothing left waiting.
+async fn a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_declined(
+    backend: Backend,
+) {
+    let rig = Rig::new_in(backend, Dialect::Stripe).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-late").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    // Without webhooks: the reconciler's read of the waiting payment
+    // brings the decline.
+    press(&challenge_url(&payment), "fail").await;
+    rig.app.clock.advance(chrono::Duration::minutes(10));
+    rig.reconcile_once().await;
+    let canceling = rig.payment(&id).await;
+    assert_eq!(canceling["status"], "canceling", "{canceling}");
+    let control = rig.provider.control();
+    control.add_fault(FaultRule::new(FOp::Void, FaultAction::FailAfterEffect));
+    hand_the_cancel_over(&rig).await;
+    assert!(cancels_sent(&rig) > 0);
+    control.clear_faults();
+    for op in [FOp::Get, FOp::List, FOp::Search] {
+        control.add_fault(FaultRule::new(op, FaultAction::FailBeforeEffect));
+    }
+    rig.app.clock.advance(chrono::Duration::hours(3));
+    rig.reconcile_once().await;
+    let review = rig.payment(&id).await;
+    assert_eq!(review["status"], "needs_review", "{review}");
+    assert_eq!(
+        review["failure"], canceling["failure"],
+        "the decline is kept"
+    );
+    control.clear_faults();
+    rig.reconcile_once().await;
+    let declined = rig.payment(&id).await;
+    assert_eq!(declined["status"], "declined", "{declined}");
+    assert_eq!(declined["failure"], canceling["failure"]);
+    let states: Vec<String> = rig
+        .attempts(&id)
+        .await
+        .iter()
+        .map(|a| format!("{} {}", a.operation, a.state.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        ["payment.authorize declined", "payment.cancel succeeded"]
+    );
+    assert_eq!(rig.ledger().totals.charges, 0);
+    rig.shutdown().await;
+}
+
+/// Runs the worker on a payment's cancel, which the provider keeps
+/// failing, until its budget is spent (the provider's key retention): the
+/// cancel attempt is the reconciler's (`reconciling`).
+async fn hand_the_cancel_over(rig: &Rig) {
+    rig.drain(1).await;
+    rig.app
+        .clock
+        .advance(chrono::Duration::hours(23) + chrono::Duration::minutes(1));
+    rig.drain(2).await;
+    let reconciling = "attempts WHERE operation = 'payment.cancel' AND state = 'reconciling'";
+    assert_eq!(rig.app.db.count(reconciling).await, 1, "handed over");
+}
+
+/// An unverified "declined" (the operator could not reach the provider)
+/// frees the order while the PaymentIntent is still open, as every such
+/// payment declined before 2026-12-08 did: the books report it as drift,
+/// naming the PaymentIntent to cancel, until it is canceled.
+async fn a_declined_payment_whose_payment_intent_is_still_open_is_drift_in_the_books(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-books").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
+    let attempt = rig.stop_the_line(&id).await;
+    press(&challenge_url(&payment), "fail").await;
+    wait_acked(&rig, "payment_intent.payment_failed").await;
+    let unverified = declined_verdict(&id, attempt);
+    let now = cobro_core::Clock::now(&rig.app.clock);
+    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &unverified, now)
+        .await
+        .expect("resolved");
+    assert_eq!(after, "declined");
+    let books = rig.books(rig.connector());
+    let report = books.run(ALL_TIME, false, "test").await.expect("books");
+    assert_eq!(report.counts.drifted, 1, "{report:?}");
+    assert!(format!("{report:?}").contains(pi), "{report:?}");
+    assert_eq!(at_the_provider(&rig, pi, "cancel", "").await, 200);
+    let report = books.run(ALL_TIME, false, "test").await.expect("books");
+    let c = report.counts;
+    assert_eq!((c.objects, c.matched, c.drifted), (1, 1, 0), "{report:?}");
+    assert_eq!(rig.ledger().totals.charges, 0);
+    rig.shutdown().await;
+}
+
+/// The worker sends what is due; payment `id` ends `declined` and its
+/// PaymentIntent `pi` is closed: a confirmation with a card that works is
+/// refused, and nothing was charged.
+async fn ends_declined_and_closed(rig: &Rig, id: &str, pi: &str) {
+    rig.drain(3).await;
+    wait_status(rig, id, "declined").await;
+    assert_eq!(confirm_again(rig, pi, "pm_card_visa").await, 400);
+    assert_eq!(rig.ledger().totals.charges, 0);
 }
 
 /// A payment of `order_ref` whose customer failed the challenge, once it
@@ -374,19 +530,42 @@ async fn failed_challenge(rig: &Rig, order_ref: &str) -> (String, String) {
 /// with the client secret) with `card`, as after a failed try: the HTTP
 /// status of the fake's answer.
 async fn confirm_again(rig: &Rig, pi: &str, card: &str) -> u16 {
+    at_the_provider(rig, pi, "confirm", &format!("payment_method={card}")).await
+}
+
+/// `POST /v1/payment_intents/{pi}/{verb}` with the form `body`, as someone
+/// other than cobro (a browser, an operator's dashboard): the HTTP status.
+async fn at_the_provider(rig: &Rig, pi: &str, verb: &str, body: &str) -> u16 {
     reqwest::Client::new()
         .post(format!(
-            "{}/v1/payment_intents/{pi}/confirm",
+            "{}/v1/payment_intents/{pi}/{verb}",
             rig.provider.url()
         ))
         .bearer_auth(cobro_test_support::RIG_SECRET_KEY)
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("payment_method={card}"))
+        .body(body.to_owned())
         .send()
         .await
-        .expect("confirm")
+        .expect(verb)
         .status()
         .as_u16()
+}
+
+/// An operator's "declined" for `attempt` of payment `id`, not verified yet.
+fn declined_verdict(
+    id: &str,
+    attempt: cobro_core::AttemptId,
+) -> cobro_reconciler::ManualResolution {
+    cobro_reconciler::ManualResolution {
+        payment: id.parse().expect("payment id"),
+        attempt,
+        outcome: cobro_reconciler::ManualOutcome::Declined,
+        provider_ref: None,
+        operator: "alice".into(),
+        reason: "the customer did not authenticate".into(),
+        invoked_by: "alice@desk".into(),
+        verified: None,
+    }
 }
 
 /// The customer fails the challenge, then confirms again with a card that
@@ -414,6 +593,8 @@ async fn a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_c
         0,
         "the charge's truth, not a conflict"
     );
+    let authorisation = &rig.attempts(&id).await[0];
+    assert_eq!(authorisation.state.as_str(), "succeeded", "nothing waits");
     // The webhook may settle the cancel (the charge is captured) before
     // the worker sends it: at most one.
     assert!(cancels_sent(&rig) <= 1);

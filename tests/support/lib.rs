@@ -1284,7 +1284,6 @@ pub fn double_charges(ledger: &fake_provider::Ledger) -> Vec<Vec<String>> {
 }
 
 impl Rig {
-    /// The attempts of a payment, oldest first.
     /// Stops payment `id` in `needs_review` with a conflict on its first
     /// attempt, as evidence against it would: that attempt's id.
     pub async fn stop_the_line(&self, id: &str) -> cobro_core::AttemptId {
@@ -1310,6 +1309,7 @@ impl Rig {
         attempt.id
     }
 
+    /// The attempts of a payment, oldest first.
     pub async fn attempts(&self, payment_id: &str) -> Vec<cobro_store::AttemptRow> {
         let id: cobro_core::PaymentId = payment_id.parse().expect("payment id");
         self.app

@@ -157,7 +157,7 @@ impl PaymentStatus {
             },
             (_, E::Captured) if awaiting_authorisation => S::Captured,
             (_, E::DeclinedWhileOpen) if awaiting_authorisation => S::Canceling,
-            (S::Canceling, E::DeclineClosed) => S::Declined,
+            (S::Canceling | S::NeedsReview, E::DeclineClosed) => S::Declined,
             (S::Processing, E::OutcomeUnknown) => S::RequiresReconciliation,
             // The answer (or the reconciler's read) shows the customer must act.
             (S::Processing | S::RequiresReconciliation, E::ActionRequired) => S::RequiresAction,
@@ -344,6 +344,7 @@ mod tests {
         ),
         (S::NeedsReview, E::DeclinedWhileOpen, S::Canceling),
         (S::Canceling, E::DeclineClosed, S::Declined),
+        (S::NeedsReview, E::DeclineClosed, S::Declined),
         (S::RequiresReconciliation, E::Authorized, S::Authorized),
         (S::RequiresReconciliation, E::Captured, S::Captured),
         (S::RequiresReconciliation, E::Declined, S::Declined),

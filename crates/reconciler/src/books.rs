@@ -845,6 +845,13 @@ fn agrees(
         // PaymentIntent left for the customer is failed and cancelled).
         let nothing_taken = object.amount_captured.unwrap_or(0) == 0;
         return match object.status {
+            // Declined but still open for another confirmation, after its
+            // customer was given the client secret: it may still charge.
+            S::Declined if object.confirmable && payment.next_action.is_some() => differs(format!(
+                "{} is declined but still open for another confirmation, and its client \
+                 secret was given out: cancel it at the provider",
+                object.id
+            )),
             S::Declined => Agreement::Yes,
             S::Voided | S::Canceled if attempt.state.recorded_no_money() && nothing_taken => {
                 Agreement::Yes

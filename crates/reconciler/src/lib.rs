@@ -10,6 +10,7 @@ use cobro_core::{
 use cobro_provider::{
     NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
 };
+use cobro_settle::apply::awaiting_customer;
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::{not_done_yet, proof_from};
 use cobro_settle::routing::{NoEffectProof, fail_over};
@@ -1397,7 +1398,14 @@ impl<P: Provider> Reconciler<P> {
                 before,
                 Decision::NoEffectInReview,
             )
-        } else if self.config.retry_on_no_effect {
+        } else if self.config.retry_on_no_effect
+            || (operation == Operation::Cancel
+                && payment.next_action.is_some()
+                && awaiting_customer(&mut tx, payment_id).await?.is_some())
+        {
+            // (A cancel of a PaymentIntent that never held money moves
+            // none: it is sent again whatever the policy, since "refused"
+            // would show the payment `authorized`.)
             // The state the new attempt depends on moves first; zero rows
             // means nothing is created.
             let moved = match operation {
@@ -1607,13 +1615,19 @@ impl<P: Provider> Reconciler<P> {
                 tx.rollback().await?;
                 return Ok(Verdict::Escalated);
             }
+            // A decline waiting for its PaymentIntent's cancel keeps its
+            // code through the review.
+            let kept = payment
+                .failure_code
+                .clone()
+                .zip(payment.failure_message.clone());
             let Some(after) = self
                 .move_payment(
                     &mut tx,
                     payment.id,
                     before,
                     PaymentEvent::Escalated,
-                    None,
+                    kept,
                     now,
                 )
                 .await?

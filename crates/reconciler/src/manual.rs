@@ -527,11 +527,7 @@ impl<P: Provider> crate::Reconciler<P> {
             .and_then(|a| a.found.iter().find(|o| o.confirmable))
             .filter(|_| payment.next_action.is_some() && no_money_moved(operation, r.outcome));
         if let Some(open) = open {
-            return Err(ResolveError::Unproven(format!(
-                "{} is still open for another confirmation and its client secret was given \
-                 out: cancel it at the provider first",
-                open.id
-            )));
+            return Err(still_open(&open.id));
         }
         // Judged as an attempt the reconciler owns, whatever it recorded
         // since: the verdict stands on what the provider shows now.
@@ -635,6 +631,9 @@ impl<P: Provider> crate::Reconciler<P> {
                 "{id} is not this attempt's: {why}"
             )));
         }
+        if object.confirmable && payment.next_action.is_some() {
+            return Err(still_open(id));
+        }
         match proof_from(operation, &object) {
             Some(proof) if agrees(&proof) => {
                 Ok(serde_json::json!({ "found": [object] }).to_string())
@@ -646,6 +645,15 @@ impl<P: Provider> crate::Reconciler<P> {
             None => Err(ResolveError::Unproven(format!("{id} is still in progress"))),
         }
     }
+}
+
+/// A verdict refused while `id`, a PaymentIntent whose client secret was
+/// given out, is still open for another confirmation.
+fn still_open(id: &str) -> ResolveError {
+    ResolveError::Unproven(format!(
+        "{id} is still open for another confirmation and its client secret was given out: \
+         cancel it at the provider first"
+    ))
 }
 
 /// The object an operator's verdict names, where it can be read by id (a

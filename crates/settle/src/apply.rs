@@ -479,21 +479,20 @@ async fn apply_proof_in_span(
             _ => PaymentEvent::VoidRefused,
         },
     };
-    // The cancel of a PaymentIntent that never held money: its
-    // authorisation still waits for the customer (abandoned past its
-    // expiry, or declined while open).
-    let unauthorised = match event {
-        PaymentEvent::Voided | PaymentEvent::VoidRefused if operation == Operation::Cancel => {
-            awaiting_customer(tx, payment_id).await?
-        }
-        _ => None,
+    // The cancel of a PaymentIntent whose authorisation still waits for
+    // the customer (abandoned past its expiry, or declined while open):
+    // only a payment whose customer was asked to act has one.
+    let unauthorised = if operation == Operation::Cancel && payment.next_action.is_some() {
+        awaiting_customer(tx, payment_id).await?
+    } else {
+        None
     };
+    let closes_a_decline = matches!(
+        before,
+        PaymentStatus::Canceling | PaymentStatus::NeedsReview
+    ) && payment.failure_code.is_some();
     let event = match (event, &unauthorised) {
-        (PaymentEvent::Voided, Some(_))
-            if before == PaymentStatus::Canceling && payment.failure_code.is_some() =>
-        {
-            PaymentEvent::DeclineClosed
-        }
+        (PaymentEvent::Voided, Some(_)) if closes_a_decline => PaymentEvent::DeclineClosed,
         // Never authorised, so never back to `authorized`: the provider
         // shows the PaymentIntent neither canceled nor charged.
         (PaymentEvent::VoidRefused, Some(_)) => {
@@ -580,11 +579,24 @@ async fn apply_proof_in_span(
     else {
         return Err(corrupt("payment moved inside the transaction"));
     };
-    if let Some(waiting) = unauthorised.filter(|_| event == PaymentEvent::DeclineClosed) {
-        // The authorisation is over: declined, as the payment shows.
-        let note = settled.failure_code.as_deref();
-        tx.resolve_attempt(waiting.id, AttemptState::Declined, None, note, now)
-            .await?;
+    // The authorisation that waited is over, as the payment now shows:
+    // declined, or paid by the customer after all (the cancel refused with
+    // the charge captured).
+    if let Some(waiting) = unauthorised {
+        match event {
+            PaymentEvent::DeclineClosed => {
+                let note = settled.failure_code.as_deref();
+                tx.resolve_attempt(waiting.id, AttemptState::Declined, None, note, now)
+                    .await?;
+            }
+            PaymentEvent::Captured => {
+                let paid = settled.provider_ref.as_deref();
+                let note = Some("paid by the customer before the cancel");
+                tx.resolve_attempt(waiting.id, AttemptState::Succeeded, paid, note, now)
+                    .await?;
+            }
+            _ => {}
+        }
     }
     if operation == Operation::Authorize && !after.authorisation_pending() {
         let after = settle_held_cancels(tx, &settled, after, now).await?;
@@ -729,7 +741,7 @@ async fn declined_while_open(
 
 /// The payment's authorisation attempt that still waits for its customer,
 /// if any: its PaymentIntent never held money.
-async fn awaiting_customer(
+pub async fn awaiting_customer(
     tx: &mut WriteTx,
     payment: PaymentId,
 ) -> Result<Option<AttemptRow>, StoreError> {
@@ -812,6 +824,20 @@ pub async fn cancel_open_intent(
     payment: &PaymentRow,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
+    // One already on its way (a decline after an escalated cancel) is the
+    // one: a second would only be refused as already canceled.
+    let on_its_way = tx
+        .attempts_of_payment_any_account(payment.id)
+        .await?
+        .into_iter()
+        .any(|a| {
+            a.operation == Operation::Cancel
+                && a.state.is_unresolved()
+                && a.state != AttemptState::Held
+        });
+    if on_its_way {
+        return Ok(false);
+    }
     let held = tx.held_attempts_any_account(payment.id).await?;
     let released = match held.iter().find(|a| a.operation == Operation::Cancel) {
         Some(first) => tx.release_held(first.id, now).await?,

@@ -21,11 +21,14 @@ on_both_backends!(
     a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order,
     a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_charged_once,
     a_cancel_that_ends_unknown_is_never_done_while_the_payment_intent_is_open,
+    a_card_declined_on_the_open_payment_intent_ends_declined_without_a_conflict,
     a_cancel_of_a_never_authorised_payment_intent_is_sent_again_whatever_the_policy,
     a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_declined,
+    a_cancel_escalated_without_effect_is_sent_again_and_ends_declined,
     a_declined_verdict_waits_until_the_open_payment_intent_is_canceled,
     a_payment_in_review_whose_customer_never_acts_is_declined_once_its_payment_intent_is_canceled,
     a_declined_payment_whose_payment_intent_is_still_open_is_drift_in_the_books,
+    an_unverified_failed_verdict_still_cancels_the_open_payment_intent,
     a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler,
     the_same_order_refs_in_two_accounts_wait_and_end_apart,
     a_bad_return_url_is_refused_and_changes_nothing,
@@ -380,6 +383,29 @@ async fn a_payment_in_review_whose_customer_never_acts_is_declined_once_its_paym
     rig.shutdown().await;
 }
 
+/// The customer fails the challenge, then confirms the open PaymentIntent
+/// again with a card that is declined (a failed charge). cobro's cancel
+/// then leaves a canceled PaymentIntent with a failed charge and no last
+/// error (Stripe clears it on any update), which reads "voided": its
+/// `payment_intent.canceled` event is the cancel's, not a contradiction of
+/// the declined authorisation (a false `needs_review` before 2026-12-08).
+async fn a_card_declined_on_the_open_payment_intent_ends_declined_without_a_conflict(
+    backend: Backend,
+) {
+    let rig = rig(backend).await;
+    let (id, pi) = failed_challenge(&rig, "pedido-3ds-twice").await;
+    assert_eq!(
+        confirm_again(&rig, &pi, "pm_card_chargeDeclined").await,
+        402
+    );
+    ends_declined_and_closed(&rig, &id, &pi).await;
+    wait_acked(&rig, "payment_intent.canceled").await;
+    assert_eq!(conflicts(&rig).await, 0, "no needs_review");
+    assert_eq!(rig.payment(&id).await["status"], "declined");
+    assert_eq!(rig.ledger().totals.declines, 1);
+    rig.shutdown().await;
+}
+
 /// The same cancel ending unknown under a reconciler that does not retry
 /// what it proves had no effect (`retry_on_no_effect = false`): a cancel
 /// "refused" would show the payment `authorized` though it never held
@@ -405,19 +431,20 @@ async fn a_cancel_of_a_never_authorised_payment_intent_is_sent_again_whatever_th
     rig.shutdown().await;
 }
 
-/// The cancel of a declined PaymentIntent lands at the provider but its
-/// answer is lost, and the PaymentIntent cannot be read until past the
-/// escalation horizon: the payment goes to `needs_review` keeping the
-/// decline's code (it was cleared, so the cancel's proof later ended the
-/// payment `canceled` and the decline was lost). Once the provider can be
-/// read, the cancel is proven and the payment ends `declined` with the
-/// code it had: no charge, nothing left waiting.
-async fn a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_declined(
-    backend: Backend,
-) {
+/// The cancel of a declined PaymentIntent ends unknown, and the
+/// PaymentIntent cannot be read until past the escalation horizon: the
+/// payment goes to `needs_review` keeping the decline's code (it was
+/// cleared, so a proven cancel later ended the payment `canceled` and the
+/// decline was lost). Once the provider can be read: a cancel that landed
+/// (`landed`) is proven and the payment ends `declined` with the code it
+/// had; one that did not is sent again (a new intent: the PaymentIntent is
+/// still open, and "no effect" in review used to wait for an operator),
+/// and then the same. No charge either way.
+async fn escalated_cancel_after_a_failed_challenge(backend: Backend, landed: bool) {
     let rig = Rig::new_in(backend, Dialect::Stripe).await;
     let payment = waiting_payment(&rig, "pedido-3ds-late").await;
     let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
     // Without webhooks: the reconciler's read of the waiting payment
     // brings the decline.
     press(&challenge_url(&payment), "fail").await;
@@ -426,9 +453,13 @@ async fn a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_
     let canceling = rig.payment(&id).await;
     assert_eq!(canceling["status"], "canceling", "{canceling}");
     let control = rig.provider.control();
-    control.add_fault(FaultRule::new(FOp::Void, FaultAction::FailAfterEffect));
+    let fault = if landed {
+        FaultAction::FailAfterEffect
+    } else {
+        FaultAction::FailBeforeEffect
+    };
+    control.add_fault(FaultRule::new(FOp::Void, fault));
     hand_the_cancel_over(&rig).await;
-    assert!(cancels_sent(&rig) > 0);
     control.clear_faults();
     for op in [FOp::Get, FOp::List, FOp::Search] {
         control.add_fault(FaultRule::new(op, FaultAction::FailBeforeEffect));
@@ -443,6 +474,17 @@ async fn a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_
     );
     control.clear_faults();
     rig.reconcile_once().await;
+    let expected: &[&str] = if landed {
+        &["payment.authorize declined", "payment.cancel succeeded"]
+    } else {
+        assert_eq!(rig.payment(&id).await["status"], "canceling");
+        ends_declined_and_closed(&rig, &id, pi).await;
+        &[
+            "payment.authorize declined",
+            "payment.cancel no_effect",
+            "payment.cancel succeeded",
+        ]
+    };
     let declined = rig.payment(&id).await;
     assert_eq!(declined["status"], "declined", "{declined}");
     assert_eq!(declined["failure"], canceling["failure"]);
@@ -452,12 +494,20 @@ async fn a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_
         .iter()
         .map(|a| format!("{} {}", a.operation, a.state.as_str()))
         .collect();
-    assert_eq!(
-        states,
-        ["payment.authorize declined", "payment.cancel succeeded"]
-    );
+    assert_eq!(states, expected);
     assert_eq!(rig.ledger().totals.charges, 0);
+    assert_eq!(confirm_again(&rig, pi, "pm_card_visa").await, 400);
     rig.shutdown().await;
+}
+
+async fn a_cancel_escalated_after_a_failed_challenge_keeps_the_decline_and_ends_declined(
+    backend: Backend,
+) {
+    escalated_cancel_after_a_failed_challenge(backend, true).await;
+}
+
+async fn a_cancel_escalated_without_effect_is_sent_again_and_ends_declined(backend: Backend) {
+    escalated_cancel_after_a_failed_challenge(backend, false).await;
 }
 
 /// Runs the worker on a payment's cancel, which the provider keeps
@@ -471,6 +521,31 @@ async fn hand_the_cancel_over(rig: &Rig) {
     rig.drain(2).await;
     let reconciling = "attempts WHERE operation = 'payment.cancel' AND state = 'reconciling'";
     assert_eq!(rig.app.db.count(reconciling).await, 1, "handed over");
+}
+
+/// An operator who cannot reach the provider says "failed" (`--unverified`)
+/// for a payment in review whose customer is still asked to authenticate:
+/// the order is not freed with the PaymentIntent open (the customer could
+/// still complete it); cobro cancels it first, and the payment ends
+/// `declined` once the cancel is proven. No charge.
+async fn an_unverified_failed_verdict_still_cancels_the_open_payment_intent(backend: Backend) {
+    let rig = rig(backend).await;
+    let payment = waiting_payment(&rig, "pedido-3ds-blind").await;
+    let id = payment["id"].as_str().expect("id").to_owned();
+    let pi = payment["provider_ref"].as_str().expect("the PaymentIntent");
+    let attempt = rig.stop_the_line(&id).await;
+    let unverified = cobro_reconciler::ManualResolution {
+        outcome: cobro_reconciler::ManualOutcome::Failed,
+        ..declined_verdict(&id, attempt)
+    };
+    let now = cobro_core::Clock::now(&rig.app.clock);
+    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &unverified, now)
+        .await
+        .expect("resolved");
+    assert_eq!(after, "canceling");
+    ends_declined_and_closed(&rig, &id, pi).await;
+    assert_eq!(cancels_sent(&rig), 1);
+    rig.shutdown().await;
 }
 
 /// An unverified "declined" (the operator could not reach the provider)

@@ -10,7 +10,7 @@ use cobro_core::{
 use cobro_provider::{
     NextAction, Provider, ProviderObject, ProviderStatus, QueryError, Sent, Window,
 };
-use cobro_settle::apply::awaiting_customer;
+use cobro_settle::apply::{awaiting_customer, cancel_while_open};
 use cobro_settle::call::{Answered, Call, judge_answer};
 use cobro_settle::evidence::{not_done_yet, proof_from};
 use cobro_settle::routing::{NoEffectProof, fail_over};
@@ -1391,6 +1391,17 @@ impl<P: Provider> Reconciler<P> {
             )
             .await?;
             (Verdict::FailedNoEffect, before, Decision::NoEffectFail)
+        } else if in_review
+            && operation == Operation::Cancel
+            && payment.next_action.is_some()
+            && awaiting_customer(&mut tx, payment_id).await?.is_some()
+            && let Some(after) = cancel_while_open(&mut tx, &payment, None, now).await?
+        {
+            // The cancel of a PaymentIntent that never held money, escalated
+            // and now proven without effect: the customer may still confirm
+            // it, so it goes out again (a new intent), unless the payment
+            // is stopped for conflicting evidence (an operator decides).
+            (Verdict::Retried, after, Decision::NoEffectRetry)
         } else if in_review {
             // Recorded, nothing enabled: needs_review blocks every new send.
             (
@@ -1616,11 +1627,13 @@ impl<P: Provider> Reconciler<P> {
                 return Ok(Verdict::Escalated);
             }
             // A decline waiting for its PaymentIntent's cancel keeps its
-            // code through the review.
+            // code through the review (only such a payment: anywhere else
+            // a review shows no failure, as it always did).
             let kept = payment
                 .failure_code
                 .clone()
-                .zip(payment.failure_message.clone());
+                .zip(payment.failure_message.clone())
+                .filter(|_| before == PaymentStatus::Canceling && payment.next_action.is_some());
             let Some(after) = self
                 .move_payment(
                     &mut tx,

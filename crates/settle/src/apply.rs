@@ -699,7 +699,14 @@ async fn declined_while_open(
     proof: &Proof,
     now: DateTime<Utc>,
 ) -> Result<Option<Applied>, StoreError> {
-    let Proof::Declined { code, message } = proof else {
+    // An operator's unverified "failed" is no money moved too: the same.
+    let (Proof::Declined { code, message }
+    | Proof::Failed {
+        code,
+        message,
+        charge: None,
+    }) = proof
+    else {
         return Ok(None);
     };
     if attempt.operation != Operation::Authorize
@@ -714,14 +721,42 @@ async fn declined_while_open(
     if before == PaymentStatus::Canceling {
         return Ok(Some(Applied::AlreadySettled));
     }
+    let failure = (code.clone(), message.clone());
+    Ok(cancel_while_open(tx, payment, Some(failure), now)
+        .await?
+        .map(|after| Applied::Settled {
+            before: before.as_str().to_owned(),
+            after: after.as_str().to_owned(),
+        }))
+}
+
+/// Moves a payment whose PaymentIntent is open and never held money (its
+/// authorisation waits for the customer) to `canceling` and sends the
+/// PaymentIntent's cancel ([`cancel_open_intent`]), in the caller's
+/// transaction, the payment locked: after a decline (`failure`), or from
+/// `needs_review` when a cancel escalated there is proven without effect
+/// (`None`). The payment's own failure, if it has one, is kept: it is the
+/// first decline's. `None`: the payment cannot move so (a payment stopped
+/// for conflicting evidence waits for an operator).
+pub async fn cancel_while_open(
+    tx: &mut WriteTx,
+    payment: &PaymentRow,
+    failure: Option<(String, String)>,
+    now: DateTime<Utc>,
+) -> Result<Option<PaymentStatus>, StoreError> {
+    let before = payment.status;
     let Ok(after) = before.apply(PaymentEvent::DeclinedWhileOpen) else {
         return Ok(None);
     };
     if before == PaymentStatus::NeedsReview && tx.has_open_conflicts(payment.id).await? {
         return Ok(None);
     }
+    let kept = payment
+        .failure_code
+        .clone()
+        .zip(payment.failure_message.clone());
     let outcome = PaymentOutcome {
-        failure: Some((code.clone(), message.clone())),
+        failure: kept.or(failure),
         ..PaymentOutcome::default()
     };
     let Some(moved) = tx
@@ -733,10 +768,7 @@ async fn declined_while_open(
     cancel_open_intent(tx, &moved, now).await?;
     // Any other cancel the merchant asked for meanwhile: nothing left.
     settle_held_cancels(tx, &moved, after, now).await?;
-    Ok(Some(Applied::Settled {
-        before: before.as_str().to_owned(),
-        after: after.as_str().to_owned(),
-    }))
+    Ok(Some(after))
 }
 
 /// The payment's authorisation attempt that still waits for its customer,

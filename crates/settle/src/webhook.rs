@@ -405,6 +405,34 @@ async fn target_attempt(
     kind: EventKind,
     adopted: bool,
 ) -> Result<AttemptRow, StoreError> {
+    // A PaymentIntent cobro canceled because its customer never paid (a
+    // decline while it was open, an expiry): its `canceled` event is about
+    // that cancel, whatever the authorisation shows. Stripe clears the
+    // last error when the PaymentIntent is updated (a cancel is), so one
+    // whose confirmation failed reads "voided" then, which the
+    // authorisation, waiting or declined, would take for a contradiction.
+    let never_paid = matches!(
+        named.state,
+        AttemptState::AwaitingCustomer | AttemptState::Declined
+    );
+    if kind == EventKind::Voided
+        && named.operation == Operation::Authorize
+        && never_paid
+        && adopted
+        && payment.next_action.is_some()
+        && let Some(cancel) = tx
+            .attempts_of_payment_any_account(payment.id)
+            .await?
+            .into_iter()
+            .rev()
+            .find(|a| {
+                a.operation == Operation::Cancel
+                    && (a.state.is_unresolved() || a.state == AttemptState::Succeeded)
+                    && a.state != AttemptState::Held
+            })
+    {
+        return Ok(cancel);
+    }
     let authorisation_open = named.state.is_unresolved();
     if named.operation != Operation::Authorize || authorisation_open || !adopted {
         return Ok(named.clone());

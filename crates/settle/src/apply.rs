@@ -857,21 +857,21 @@ pub async fn cancel_open_intent(
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
     // One already on its way (a decline after an escalated cancel) is the
-    // one: a second would only be refused as already canceled.
-    let on_its_way = tx
+    // one: a second would only be refused as already canceled. One read:
+    // the held cancels are among the payment's attempts.
+    let cancels: Vec<AttemptRow> = tx
         .attempts_of_payment_any_account(payment.id)
         .await?
         .into_iter()
-        .any(|a| {
-            a.operation == Operation::Cancel
-                && a.state.is_unresolved()
-                && a.state != AttemptState::Held
-        });
+        .filter(|a| a.operation == Operation::Cancel)
+        .collect();
+    let on_its_way = cancels
+        .iter()
+        .any(|a| a.state.is_unresolved() && a.state != AttemptState::Held);
     if on_its_way {
         return Ok(false);
     }
-    let held = tx.held_attempts_any_account(payment.id).await?;
-    let released = match held.iter().find(|a| a.operation == Operation::Cancel) {
+    let released = match cancels.iter().find(|a| a.state == AttemptState::Held) {
         Some(first) => tx.release_held(first.id, now).await?,
         None => false,
     };

@@ -47,6 +47,7 @@ on_both_backends!(
     a_decline_beside_an_object_still_in_progress_proves_nothing,
     a_charge_held_in_the_providers_queue_is_never_taken_for_absence,
     a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime,
+    a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it,
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
@@ -1394,5 +1395,44 @@ async fn a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime
     rig.drain(3).await;
     assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(rig.attempts(&id).await.len(), 2);
+    assert_eq!(rig.ledger().totals.charges, 1, "charged once");
+}
+
+/// A request held in the provider's queue and let through an hour after it
+/// arrived makes its charge then, dated then: long after the attempt's
+/// window closed (last send + request timeout + skew), well inside its
+/// lifetime. Past the lifetime, with no replay possible, the list must
+/// reach the end of that lifetime: stopping at the send's window it found
+/// nothing, "proved" no effect, and a new key charged again (explorer
+/// seeds 402680 and 403916, two captured charges for one payment, stopped
+/// in review only afterwards).
+async fn a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = held_past_the_key_window(&rig).await;
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(3600));
+    assert_eq!(
+        rig.provider.control().release_held(),
+        1,
+        "made an hour late"
+    );
+    let late = rig.ledger().charges[0].clone();
+    // Past the lifetime: last send + request timeout + lifetime + skew.
+    rig.app.clock.advance(Duration::hours(2));
+    let summary = reconciler(&rig, with_lifetime)
+        .run(&every_candidate_now(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::Resolved { .. }),
+        "{summary:?}"
+    );
+    rig.provider.control().clear_faults();
+    rig.drain(3).await;
+    let payment = rig.payment(&id).await;
+    assert_eq!(payment["status"], "captured");
+    assert_eq!(payment["provider_ref"], late.id.as_str(), "the late charge");
+    assert_eq!(rig.attempts(&id).await.len(), 1, "no new key");
     assert_eq!(rig.ledger().totals.charges, 1, "charged once");
 }

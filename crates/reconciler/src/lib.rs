@@ -607,12 +607,14 @@ impl<P: Provider> Reconciler<P> {
     /// offers one (GET by id; the list by creation time over the attempt's
     /// window; the list of the charge's refunds), else its search, plus
     /// what a stale worker kept of the provider's answer to this attempt's
-    /// own key.
+    /// own key. `replay_follows`: whether a replay of the attempt's key
+    /// follows this read before anything is decided ([`Reconciler::window`]).
     async fn ask(
         &self,
         attempt: &AttemptRow,
         operation: Operation,
         payment: &PaymentRow,
+        replay_follows: bool,
     ) -> Result<Answer, QueryError> {
         let by_id = |id: &str| {
             let id = id.to_owned();
@@ -627,7 +629,7 @@ impl<P: Provider> Reconciler<P> {
             Operation::Authorize => match &attempt.provider_ref {
                 Some(id) => by_id(id).await?,
                 None => {
-                    let window = self.window(attempt);
+                    let window = self.window(attempt, replay_follows);
                     match self.provider.list_charges(&attempt.reference, window).await {
                         Ok(found) => Answer {
                             found,
@@ -694,22 +696,36 @@ impl<P: Provider> Reconciler<P> {
 
     /// The creation times a list must cover to find anything the attempt
     /// made (the provider's whole seconds, widened outwards): from its first
-    /// send less the skew allowance to the moment its last send could no
-    /// longer reach the provider (last send, plus the request timeout, plus
-    /// the allowance). "No effect" is judged only from a list asked after
-    /// that moment (see [`Reconciler::judge`]), so the bound hides nothing
-    /// the attempt's sends could make, and keeps the list to the attempt's
-    /// own window however late the reconciler asks: a backlog of hours on
-    /// a busy account pages through minutes of objects, not hours.
-    fn window(&self, attempt: &AttemptRow) -> Window {
+    /// send less the skew allowance to the last moment the provider could
+    /// make an object for it. When a replay of the key follows the read
+    /// (`replay_follows`), that is the moment its last send could no longer
+    /// reach the provider (last send, plus the request timeout, plus the
+    /// allowance): a request the provider still holds answers the replay
+    /// "in progress", and one it acted on since leaves a stored answer,
+    /// after which the list is read again over the replay's window. With
+    /// no replay (past the key window, in review, an operator's verdict) it
+    /// is the end of the last send's lifetime ([`Reconciler::outlived`]): a
+    /// request held in the provider's queue makes its object when it is
+    /// let through, dated then, and a list that stopped at the send's
+    /// window would miss it (explorer seeds 402680 and 403916: a second
+    /// charge under a new key). "No effect" is judged only from a list
+    /// asked after that moment (see [`Reconciler::judge`]), so the bound
+    /// hides nothing the attempt's sends could make, and keeps the list to
+    /// the attempt's own window however late the reconciler asks.
+    fn window(&self, attempt: &AttemptRow, replay_follows: bool) -> Window {
         let first = attempt
             .first_send_at
             .map(|t| t.0)
             .unwrap_or(attempt.created_at.0);
         let skew = to_chrono(self.config.clock_skew);
+        let until = if replay_follows {
+            self.closed(attempt)
+        } else {
+            self.outlived(attempt)
+        };
         Window {
             from: (first - skew).timestamp(),
-            to: Some((self.closed(attempt) + chrono::TimeDelta::seconds(1)).timestamp()),
+            to: Some((until + chrono::TimeDelta::seconds(1)).timestamp()),
         }
     }
 
@@ -738,22 +754,13 @@ impl<P: Provider> Reconciler<P> {
         refund: Option<&RefundRow>,
         dry_run: bool,
     ) -> Result<Replay, ReconcileError> {
-        let Some(key_window) = self.config.key_window else {
-            return Ok(Replay::Skipped);
-        };
+        // Judged again now, at the send: past the key window the provider
+        // may have forgotten the key, and would charge anew.
         let now = self.clock.now();
-        let first = attempt
-            .first_send_at
-            .map(|t| t.0)
-            .unwrap_or(attempt.created_at.0);
-        let in_review = payment.status == PaymentStatus::NeedsReview
-            || refund.is_some_and(|r| r.status == RefundStatus::NeedsReview);
-        let Some(call) = Call::of(attempt, payment, refund) else {
+        let call = Call::of(attempt, payment, refund);
+        let Some(call) = call.filter(|_| self.replayable(attempt, payment, refund, now)) else {
             return Ok(Replay::Skipped);
         };
-        if in_review || now >= first + to_chrono(key_window) {
-            return Ok(Replay::Skipped);
-        }
         if dry_run {
             return Ok(Replay::DryRun);
         }
@@ -783,6 +790,31 @@ impl<P: Provider> Reconciler<P> {
             Answered::Unknown(_) if stored => Replay::Over(sent),
             answered => Replay::Answered(answered, sent),
         })
+    }
+
+    /// Whether the attempt's own call may be replayed under its key at
+    /// `now`: inside the key window (`first send + key_window`), with the
+    /// payment or refund out of review (cobro sends nothing for one in
+    /// review), and with a call that can be made.
+    fn replayable(
+        &self,
+        attempt: &AttemptRow,
+        payment: &PaymentRow,
+        refund: Option<&RefundRow>,
+        now: DateTime<Utc>,
+    ) -> bool {
+        let Some(key_window) = self.config.key_window else {
+            return false;
+        };
+        let first = attempt
+            .first_send_at
+            .map(|t| t.0)
+            .unwrap_or(attempt.created_at.0);
+        let in_review = payment.status == PaymentStatus::NeedsReview
+            || refund.is_some_and(|r| r.status == RefundStatus::NeedsReview);
+        !in_review
+            && now < first + to_chrono(key_window)
+            && Call::of(attempt, payment, refund).is_some()
     }
 
     /// In span `reconcile.examine`, linked to the trace of the request that
@@ -863,7 +895,8 @@ impl<P: Provider> Reconciler<P> {
         // for what the search did not yet show.
         let clock_off = self.clock_off().await?;
         let asked_at = self.clock.now();
-        let answer = self.ask(attempt, operation, &payment).await;
+        let replay_follows = self.replayable(attempt, &payment, refund.as_ref(), asked_at);
+        let answer = self.ask(attempt, operation, &payment, replay_follows).await;
         let provider_said = said(&answer);
         let now = self.clock.now();
         let finding = self.judge(
@@ -896,6 +929,15 @@ impl<P: Provider> Reconciler<P> {
                     .replay(attempt, &payment, refund.as_ref(), dry_run)
                     .await?
                 {
+                    // The key window closed between the read and the
+                    // replay: the read stopped at the send's window, which
+                    // a request let through late can pass. The next run
+                    // reads to the end of the request's lifetime.
+                    Replay::Skipped if replay_follows => {
+                        let reason = "not found by the consistent read, and the key window closed before the key could be replayed: read again over the request's lifetime".to_owned();
+                        self.undecided(&ctx, operation, &payment, refund.as_ref(), reason)
+                            .await?
+                    }
                     // No replay asked the provider whether a request under
                     // the key is still queued: the read proves absence only
                     // past the last send's lifetime.
@@ -916,7 +958,7 @@ impl<P: Provider> Reconciler<P> {
                     // Read again, over the replay's window, before deciding:
                     // nothing found now is absence.
                     Replay::Over(sent) => {
-                        let again = self.ask(&sent, operation, &payment).await;
+                        let again = self.ask(&sent, operation, &payment, true).await;
                         let said_again = said(&again);
                         let asked_again = self.clock.now();
                         let ctx = Ctx {

@@ -515,7 +515,9 @@ impl<P: Provider> crate::Reconciler<P> {
             crate::ReconcileError::Store(e) => ResolveError::Store(e),
         })?;
         let asked_at = self.clock.now();
-        let answer = self.ask(&attempt, operation, &payment).await;
+        // No replay follows an operator's check: the list reaches the end
+        // of the last send's lifetime.
+        let answer = self.ask(&attempt, operation, &payment, false).await;
         let showed = crate::said(&answer).to_string();
         // A PaymentIntent whose confirmation failed stays open for another
         // one, and the customer's browser holds its client secret once the

@@ -48,6 +48,7 @@ on_both_backends!(
     a_charge_held_in_the_providers_queue_is_never_taken_for_absence,
     a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime,
     a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it,
+    the_books_never_call_a_charge_the_provider_made_late_missing,
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
@@ -1434,5 +1435,50 @@ async fn a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it(backen
     assert_eq!(payment["status"], "captured");
     assert_eq!(payment["provider_ref"], late.id.as_str(), "the late charge");
     assert_eq!(rig.attempts(&id).await.len(), 1, "no new key");
+    assert_eq!(rig.ledger().totals.charges, 1, "charged once");
+}
+
+/// The books, once a charge the provider made late was adopted: a run
+/// whose listed window covers the attempt's sends but not the moment the
+/// provider let the held request through reads the charge by its id and
+/// does not call it missing. Before, the list alone decided: a critical
+/// `missing_at_provider` conflict sent a healthy captured payment to
+/// review.
+async fn the_books_never_call_a_charge_the_provider_made_late_missing(backend: Backend) {
+    let rig = Rig::new(backend).await;
+    let id = held_past_the_key_window(&rig).await;
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(3600));
+    assert_eq!(rig.provider.control().release_held(), 1);
+    rig.app.clock.advance(Duration::hours(2));
+    let summary = reconciler(&rig, with_lifetime)
+        .run(&every_candidate_now(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::Resolved { .. }),
+        "{summary:?}"
+    );
+    let sent = rig.attempts(&id).await[0]
+        .first_send_at
+        .expect("sent")
+        .0
+        .timestamp();
+    let report = rig
+        .books(rig.connector())
+        .run((sent - 600, sent + 600), false, "test")
+        .await
+        .expect("books run");
+    let c = report.counts;
+    assert_eq!((c.objects, c.missing), (0, 0), "{report:?}");
+    assert_eq!(
+        rig.app
+            .db
+            .count("evidence_conflicts WHERE kind = 'missing_at_provider'")
+            .await,
+        0
+    );
+    assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(rig.ledger().totals.charges, 1, "charged once");
 }

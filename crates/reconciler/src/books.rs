@@ -677,6 +677,45 @@ impl<P: Provider> Pass<'_, P> {
         ))
     }
 
+    /// Whether the provider holds `object` after all, read by itself: a
+    /// request the provider held in its queue and let through later (inside
+    /// its key retention, which its contract allows) made the object then,
+    /// dated after the listed window, and the attempt adopted it. A charge
+    /// is read by its id (consistent); a refund among its charge's refunds
+    /// (Stripe's list, consistent; the fake's search, which may lag and
+    /// then leaves it missing). A read that fails shows nothing, and the
+    /// list's word stands: a critical finding an operator checks is better
+    /// than a missing success nobody sees.
+    async fn made_later(
+        &self,
+        attempt: &cobro_store::AttemptRow,
+        object: &str,
+    ) -> Result<bool, BooksError> {
+        let provider = &self.books.provider;
+        let found = match attempt.operation {
+            cobro_core::Operation::Refund => {
+                let payment = self
+                    .books
+                    .store
+                    .payment_any_account(attempt.payment_id)
+                    .await?;
+                let charge = payment.and_then(|p| p.provider_ref);
+                provider
+                    .search_refunds(&attempt.reference, charge.as_deref())
+                    .await
+                    .map(|refunds| refunds.into_iter().any(|r| r.id == object))
+            }
+            _ => provider
+                .get_charge(object)
+                .await
+                .map(|charge| charge.is_some_and(|c| c.id == object)),
+        };
+        Ok(found.unwrap_or_else(|e| {
+            tracing::warn!(object, error = %e, "books: reading a missing object by itself failed");
+            false
+        }))
+    }
+
     /// Each successful authorisation and refund sent to this provider whose
     /// whole send window lies inside the listed window, and whose object
     /// the listing did not show, is missing (critical: a conflict).
@@ -720,7 +759,7 @@ impl<P: Provider> Pass<'_, P> {
                     Seen::Listed(_) => false,
                     Seen::Memory(seen) => seen.contains(object),
                 };
-                if !ends_inside || listed {
+                if !ends_inside || listed || self.made_later(attempt, object).await? {
                     continue;
                 }
                 self.counts.add(Class::Missing);

@@ -277,8 +277,13 @@ pub struct Reconciler<P: Provider> {
     config: ReconcilerConfig,
 }
 
+/// A setting as a time span, capped at a century: added to a time, a
+/// span near `chrono::Duration::MAX` overflows and panics, and no
+/// window, lifetime or horizon of cobro's means anything past that.
 fn to_chrono(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+    chrono::Duration::from_std(d)
+        .unwrap_or(chrono::Duration::MAX)
+        .min(chrono::Duration::days(36_525))
 }
 
 fn said(answer: &Result<Answer, QueryError>) -> serde_json::Value {

@@ -164,6 +164,25 @@ pub struct ProviderSpec {
     pub contract: Contract,
 }
 
+impl ProviderSpec {
+    /// How long the provider may still act on a request after it reached
+    /// it: its key retention, since no provider acts on a request whose key
+    /// it has forgotten. A retention set shorter than the one a provider
+    /// documents and does not let cobro set (Stripe's 24 h) shortens
+    /// cobro's resends and replays, never what the provider keeps: the
+    /// longer of the two. The fake's retention is its own setting, which
+    /// cobro's mirrors.
+    pub fn request_lifetime(&self) -> Duration {
+        match self.kind {
+            ProviderKind::Stripe => self
+                .contract
+                .key_retention
+                .max(self.kind.documented().key_retention),
+            ProviderKind::Fake => self.contract.key_retention,
+        }
+    }
+}
+
 /// Every configured provider and the default one.
 #[derive(Clone, Debug)]
 pub struct Registry {
@@ -820,8 +839,7 @@ impl ReconcileSettings {
             clock_skew: provider.contract.clock_skew,
             stuck_after: self.reconcile_stuck_after,
             request_timeout: provider.contract.request_timeout,
-            // No provider acts on a request whose key it has forgotten.
-            request_lifetime: provider.contract.key_retention,
+            request_lifetime: provider.request_lifetime(),
             key_window: provider
                 .contract
                 .key_retention
@@ -930,6 +948,27 @@ mod tests {
         // A row that names no provider is the default's.
         assert_eq!(registry.of_row(None).expect("default").name, "fake");
         assert!(registry.of_row(Some("adyen")).is_err());
+    }
+
+    /// A shorter retention set for Stripe shortens cobro's key window, not
+    /// the time Stripe may act on a held request: the reconciler proves no
+    /// absence before Stripe's own 24 h have passed.
+    #[test]
+    fn a_shorter_key_retention_never_shortens_how_long_a_request_lives() {
+        let short = TWO.replace(
+            "webhook_secret_env = \"STRIPE_WHSEC\"",
+            "webhook_secret_env = \"STRIPE_WHSEC\"\n        key_retention = \"2h\"",
+        );
+        let short = short.replace(
+            "search_lag = \"5s\"",
+            "search_lag = \"5s\"\n        key_retention = \"2h\"",
+        );
+        let registry = parse(&short).expect("valid");
+        let stripe = registry.get("stripe").expect("stripe");
+        assert_eq!(stripe.contract.key_retention, Duration::from_secs(7_200));
+        assert_eq!(stripe.request_lifetime(), Duration::from_secs(86_400));
+        let fake = registry.get("fake").expect("fake");
+        assert_eq!(fake.request_lifetime(), Duration::from_secs(7_200));
     }
 
     #[test]

@@ -1399,6 +1399,31 @@ async fn a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime
     assert_eq!(rig.ledger().totals.charges, 1, "charged once");
 }
 
+/// A payment whose charge the provider held and let through an hour after
+/// its send (dated then), adopted by a reconciler run past the send's
+/// lifetime (last send + request timeout + lifetime + skew).
+async fn late_charge_adopted_past_its_lifetime(rig: &Rig) -> String {
+    let id = held_past_the_key_window(rig).await;
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(3600));
+    assert_eq!(
+        rig.provider.control().release_held(),
+        1,
+        "made an hour late"
+    );
+    rig.app.clock.advance(Duration::hours(2));
+    let summary = reconciler(rig, with_lifetime)
+        .run(&every_candidate_now(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    assert!(
+        matches!(summary.items[0].verdict, Verdict::Resolved { .. }),
+        "{summary:?}"
+    );
+    id
+}
+
 /// A request held in the provider's queue and let through an hour after it
 /// arrived makes its charge then, dated then: long after the attempt's
 /// window closed (last send + request timeout + skew), well inside its
@@ -1409,26 +1434,8 @@ async fn a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime
 /// in review only afterwards).
 async fn a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it(backend: Backend) {
     let rig = Rig::new(backend).await;
-    let id = held_past_the_key_window(&rig).await;
-    rig.provider
-        .control()
-        .advance_clock(std::time::Duration::from_secs(3600));
-    assert_eq!(
-        rig.provider.control().release_held(),
-        1,
-        "made an hour late"
-    );
+    let id = late_charge_adopted_past_its_lifetime(&rig).await;
     let late = rig.ledger().charges[0].clone();
-    // Past the lifetime: last send + request timeout + lifetime + skew.
-    rig.app.clock.advance(Duration::hours(2));
-    let summary = reconciler(&rig, with_lifetime)
-        .run(&every_candidate_now(), false, "test", &|_, _| {})
-        .await
-        .expect("run");
-    assert!(
-        matches!(summary.items[0].verdict, Verdict::Resolved { .. }),
-        "{summary:?}"
-    );
     rig.provider.control().clear_faults();
     rig.drain(3).await;
     let payment = rig.payment(&id).await;
@@ -1446,20 +1453,7 @@ async fn a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it(backen
 /// review.
 async fn the_books_never_call_a_charge_the_provider_made_late_missing(backend: Backend) {
     let rig = Rig::new(backend).await;
-    let id = held_past_the_key_window(&rig).await;
-    rig.provider
-        .control()
-        .advance_clock(std::time::Duration::from_secs(3600));
-    assert_eq!(rig.provider.control().release_held(), 1);
-    rig.app.clock.advance(Duration::hours(2));
-    let summary = reconciler(&rig, with_lifetime)
-        .run(&every_candidate_now(), false, "test", &|_, _| {})
-        .await
-        .expect("run");
-    assert!(
-        matches!(summary.items[0].verdict, Verdict::Resolved { .. }),
-        "{summary:?}"
-    );
+    let id = late_charge_adopted_past_its_lifetime(&rig).await;
     let sent = rig.attempts(&id).await[0]
         .first_send_at
         .expect("sent")

@@ -20,6 +20,7 @@ on_both_backends!(
     a_completed_challenge_ends_captured_with_one_charge_and_the_merchant_can_follow_it,
     a_failed_challenge_ends_declined_with_no_charge_and_frees_the_order,
     a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_charged_once,
+    a_customer_authorising_after_a_failed_challenge_is_voided_by_the_cancel,
     a_cancel_that_ends_unknown_is_never_done_while_the_payment_intent_is_open,
     a_card_declined_on_the_open_payment_intent_ends_declined_without_a_conflict,
     a_cancel_of_a_never_authorised_payment_intent_is_sent_again_whatever_the_policy,
@@ -683,6 +684,69 @@ async fn a_customer_paying_after_a_failed_challenge_before_the_cancel_is_shown_c
         ]
     );
     rig.shutdown().await;
+}
+
+/// The same race on a manual payment: the customer's second card is
+/// authorised (funds held) just before cobro's cancel reaches the
+/// PaymentIntent, and the cancel voids that authorisation. Its event
+/// (`payment_intent.amount_capturable_updated`) comes before the cancel is
+/// sent (a payment `canceling` takes no authorisation: the cancel on its
+/// way decides) or after the cancel's own event. Either way the
+/// authorisation is voided by the cancel: nothing held or captured at the
+/// provider, the payment `declined` with the decline that started the
+/// cancel, no conflict, and the books agree. (The record is not the whole
+/// story: the customer did authorise, briefly. Showing that as
+/// `canceled`, with the authorisation `succeeded`, needs the cancel's
+/// proof to say whether it voided an authorisation; it moves no money.)
+async fn a_customer_authorising_after_a_failed_challenge_is_voided_by_the_cancel(backend: Backend) {
+    for late_event in [false, true] {
+        let rig = rig(backend).await;
+        let mut body = body_3ds("pedido-3ds-manual");
+        body["capture_method"] = json!("manual");
+        let created = rig.create_payment("k-manual", &body).await;
+        let id = created["id"].as_str().expect("id").to_owned();
+        rig.drain(3).await;
+        let payment = rig.payment(&id).await;
+        assert_eq!(payment["status"], "requires_action", "{payment}");
+        let pi = payment["provider_ref"].as_str().expect("PI").to_owned();
+        press(&challenge_url(&payment), "fail").await;
+        wait_status(&rig, &id, "canceling").await;
+        if late_event {
+            rig.provider
+                .control()
+                .add_fault(FaultRule::new(FOp::Webhook, FaultAction::Reorder).with_next(1));
+        }
+        assert_eq!(confirm_again(&rig, &pi, "pm_card_visa").await, 200);
+        if !late_event {
+            wait_acked(&rig, "payment_intent.amount_capturable_updated").await;
+            assert_eq!(rig.payment(&id).await["status"], "canceling");
+        }
+        rig.drain(3).await;
+        wait_acked(&rig, "payment_intent.canceled").await;
+        wait_acked(&rig, "payment_intent.amount_capturable_updated").await;
+        let now = rig.payment(&id).await;
+        assert_eq!(now["status"], "declined", "late event {late_event}: {now}");
+        assert_eq!(now["amount_captured"], 0);
+        assert_eq!(
+            conflicts(&rig).await,
+            0,
+            "late event {late_event}: no review"
+        );
+        let totals = rig.ledger().totals;
+        assert_eq!(
+            (totals.charges, totals.voids, totals.captures),
+            (1, 1, 0),
+            "late event {late_event}: the authorisation voided, nothing taken"
+        );
+        let report = rig
+            .books(rig.connector())
+            .run(ALL_TIME, true, "test")
+            .await
+            .expect("books");
+        let c = report.counts;
+        assert_eq!((c.objects, c.matched), (1, 1), "{report:?}");
+        rig.shutdown().await;
+    }
 }
 
 async fn a_waiting_payment_is_never_resent_nor_handed_to_the_reconciler(backend: Backend) {

@@ -22,6 +22,7 @@ on_every_provider!(
     a_search_that_never_catches_up_proves_nothing_and_the_list_adopts_the_charge,
     with_no_consistent_read_it_waits_and_escalates_never_charging_again,
     a_send_that_may_still_reach_the_provider_is_waited_for,
+    a_refund_send_is_waited_for_two_request_timeouts,
     a_request_still_in_progress_under_its_key_is_never_absence,
     a_charge_answered_processing_is_read_until_it_ends_never_resent,
     a_failing_status_query_decides_nothing,
@@ -302,6 +303,62 @@ async fn a_send_that_may_still_reach_the_provider_is_waited_for(
     rig.drain(2).await;
     assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(rig.ledger().totals.charges, 1, "one charge in the end");
+}
+
+/// A refund's send is two requests at Stripe (the PaymentIntent's charge
+/// read, then the refund posted), each bounded by the request timeout: the
+/// refund may reach the provider two timeouts after the send began, so
+/// "no effect" waits for both (last send + 2 x timeout + skew). Past one
+/// timeout and the skew, where an authorisation would be decided, nothing
+/// is (found by a read-only review, 2026-12-07); past both, the refund is
+/// retried under a new key and refunds once.
+async fn a_refund_send_is_waited_for_two_request_timeouts(backend: Backend, dialect: Dialect) {
+    let rig = Rig::with_in(backend, dialect, |_, worker| {
+        worker.key_retention = std::time::Duration::from_secs(2 * 3600);
+        worker.safety_margin =
+            std::time::Duration::from_secs(2 * 3600) - std::time::Duration::from_millis(1);
+    })
+    .await;
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    rig.drain(2).await;
+    assert_eq!(rig.payment(&id).await["status"], "captured");
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Refund, FaultAction::FailBeforeEffect));
+    rig.post_ok(
+        &format!("/v1/payments/{id}/refunds"),
+        "r-1",
+        serde_json::json!({ "amount": 500 }),
+    )
+    .await;
+    assert_eq!(rig.drain(1).await, vec![Step::HandedOver]);
+    rig.provider.control().clear_faults();
+    let recon = reconciler(&rig, |c| {
+        c.request_timeout = std::time::Duration::from_secs(10);
+        c.key_window = None;
+    });
+    // One timeout and the skew (20 s) passed, not two (30 s).
+    advance(&rig, 25);
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    match &summary.items[0].verdict {
+        Verdict::StillUnknown { reason } => {
+            assert!(reason.contains("could still reach"), "{reason}")
+        }
+        other => panic!("nothing is proven yet: {other:?}"),
+    }
+    assert_eq!(rig.app.db.count("attempts").await, 2, "no new attempt");
+    advance(&rig, 10);
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
+    rig.drain(2).await;
+    assert_eq!(rig.ledger().totals.refunds, 1, "one refund in the end");
 }
 
 /// A request the provider holds (its key in progress, no charge made yet)

@@ -37,6 +37,7 @@ on_both_backends!(
     a_soft_decline_whose_answer_was_lost_moves_on_when_the_reconciler_reads_it_at_stripe,
     a_webhook_and_the_reconciler_settling_one_soft_decline_move_the_payment_once,
     a_soft_decline_the_reconciler_reads_while_the_worker_still_retries_sends_nothing_more,
+    an_operators_verdict_supersedes_an_authorisation_queued_at_the_next_provider,
     a_start_is_refused_while_a_payment_being_reconciled_may_still_move_to_a_removed_provider,
 );
 
@@ -1266,6 +1267,76 @@ async fn a_soft_decline_the_reconciler_reads_while_the_worker_still_retries_send
         "the settled attempt is never sent again"
     );
     soft_declined_at_a_and_charged_once_at_b(&world, &ids).await;
+}
+
+/// A move to `b` commits (a soft decline read by the reconciler at `a`)
+/// and queues the authorisation at `b`; before `b`'s worker sends it, the
+/// line stops (a late effect at `a`, here any conflict) and an operator
+/// resolves the payment on its attempt at `a`. The queued authorisation
+/// is never sent: it is settled without effect, its outbox row closed, in
+/// the resolution's transaction. Before, `b`'s worker sent it once the
+/// payment left review, and charged a payment the operator had resolved
+/// (found by a read-only review, 2026-12-07). Both accounts, one order ref.
+async fn an_operators_verdict_supersedes_an_authorisation_queued_at_the_next_provider(
+    backend: Backend,
+) {
+    use cobro_reconciler::{ManualOutcome, ManualResolution};
+    let world = World::with_breaker(backend, A::Up, 1000).await;
+    decline_and_lose_the_answer(&world.a, "o-queued", true);
+    let ids = world
+        .create_twins("o-queued", &payment_body("o-queued"))
+        .await;
+    world.send_unknown("a").await;
+    world.app.clock.advance(chrono::Duration::minutes(10));
+    let checker = world.reconciler("a");
+    checker
+        .run(&Scope::default(), false, "test", &|_, _| {})
+        .await
+        .expect("run");
+    let store = &world.app.db.store;
+    for id in &ids {
+        let pid: PaymentId = id.parse().expect("id");
+        let attempts = store
+            .attempts_of_payment_any_account(pid)
+            .await
+            .expect("attempts");
+        let [at_a, queued] = attempts.as_slice() else {
+            panic!("moved, one queued at b: {attempts:?}")
+        };
+        assert_eq!(
+            (queued.provider.as_deref(), queued.send_count),
+            (Some("b"), 0)
+        );
+        cobro_test_support::stop_the_line(store, at_a, world.app.clock.now()).await;
+        let mut verdict = ManualResolution {
+            payment: pid,
+            attempt: at_a.id,
+            outcome: ManualOutcome::Declined,
+            provider_ref: None,
+            operator: "alice".into(),
+            reason: "declined at a, as the provider shows".into(),
+            invoked_by: "alice@desk".into(),
+            verified: None,
+        };
+        verdict.verified = Some(checker.check_verdict(&verdict).await.expect("checked at a"));
+        let after = cobro_reconciler::resolve_by_hand(store, &verdict, world.app.clock.now())
+            .await
+            .expect("resolved");
+        assert_eq!(after, "declined");
+        let queued = store
+            .attempts_of_payment_any_account(pid)
+            .await
+            .expect("attempts")
+            .remove(1);
+        assert_eq!(queued.state.as_str(), "no_effect", "superseded");
+    }
+    world.drain("b").await;
+    let (a, b) = (world.a.control().ledger(), world.b.control().ledger());
+    assert_eq!((a.totals.charges, a.totals.declines), (0, 2));
+    assert_eq!(b.totals.charges, 0, "nothing charged at b: {b:?}");
+    for id in &ids {
+        assert_eq!(world.payment(id).await["status"], "declined");
+    }
 }
 
 /// A payment of both accounts handed to the reconciler at `a` (its sends

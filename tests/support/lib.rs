@@ -1288,23 +1288,8 @@ impl Rig {
     /// attempt, as evidence against it would: that attempt's id.
     pub async fn stop_the_line(&self, id: &str) -> cobro_core::AttemptId {
         let attempt = self.attempts(id).await.remove(0);
-        let pid: cobro_core::PaymentId = id.parse().expect("id");
-        let mut tx = self.app.db.store.begin().await.expect("begin");
-        cobro_settle::stop_the_line(
-            &mut tx,
-            Some(&attempt),
-            Some(pid),
-            cobro_store::conflicts::ConflictKind::Unmatched,
-            "a conflict for the operator",
-            &cobro_settle::Source {
-                name: "test",
-                said: "{}",
-            },
-            cobro_core::Clock::now(&self.app.clock),
-        )
-        .await
-        .expect("stop the line");
-        tx.commit().await.expect("commit");
+        let now = cobro_core::Clock::now(&self.app.clock);
+        stop_the_line(&self.app.db.store, &attempt, now).await;
         assert_eq!(self.payment(id).await["status"], "needs_review");
         attempt.id
     }
@@ -1492,4 +1477,29 @@ pub async fn create(app: &TestApp, key: &str, body: &serde_json::Value) -> reqwe
         .send()
         .await
         .expect("send")
+}
+
+/// Keeps a conflict on `attempt` and stops its payment's line
+/// (`needs_review`), as evidence against it would.
+pub async fn stop_the_line(
+    store: &cobro_store::Store,
+    attempt: &cobro_store::AttemptRow,
+    now: chrono::DateTime<chrono::Utc>,
+) {
+    let mut tx = store.begin().await.expect("begin");
+    cobro_settle::stop_the_line(
+        &mut tx,
+        Some(attempt),
+        Some(attempt.payment_id),
+        cobro_store::conflicts::ConflictKind::Unmatched,
+        "a conflict for the operator",
+        &cobro_settle::Source {
+            name: "test",
+            said: "{}",
+        },
+        now,
+    )
+    .await
+    .expect("stop the line");
+    tx.commit().await.expect("commit");
 }

@@ -735,14 +735,23 @@ impl<P: Provider> Reconciler<P> {
     }
 
     /// When the attempt's last send can no longer reach the provider: the
-    /// last send (a replay counts as one), plus the request timeout, plus
-    /// the skew allowance.
+    /// last send (a replay counts as one), plus the request timeout for
+    /// each request a send makes, plus the skew allowance. A refund's send
+    /// is two requests at Stripe (it reads its PaymentIntent's charge, then
+    /// posts the refund), each with its own timeout, so its refund may
+    /// reach Stripe two timeouts after the send began (the books allow the
+    /// same, `Books::send_reach`).
     fn closed(&self, attempt: &AttemptRow) -> DateTime<Utc> {
         let last = attempt
             .last_send_at
             .map(|t| t.0)
             .unwrap_or(attempt.created_at.0);
-        last + to_chrono(self.config.request_timeout) + to_chrono(self.config.clock_skew)
+        let requests = if attempt.operation == Operation::Refund {
+            2
+        } else {
+            1
+        };
+        last + to_chrono(self.config.request_timeout) * requests + to_chrono(self.config.clock_skew)
     }
 
     /// The ladder's last rung before "no effect": while the provider still

@@ -384,6 +384,25 @@ async fn resolve_in(
             to.as_str().to_owned(),
         )
     };
+    // An authorisation queued and never sent (a move to the next provider,
+    // or a retry under a new key, enqueued before the line stopped): the
+    // verdict decides the payment, so it never goes out now. Sent once the
+    // payment left review, it charged a payment the operator had resolved,
+    // beside whatever charge the verdict named. A worker about to send it
+    // waits for this transaction (the payment's lock) and finds it settled.
+    if operation != Operation::Refund {
+        for queued in attempts.iter().filter(|a| {
+            a.id != r.attempt
+                && a.operation == Operation::Authorize
+                && a.state == AttemptState::Pending
+                && a.send_count == 0
+        }) {
+            let note = Some("never sent: superseded by an operator's verdict");
+            tx.resolve_attempt(queued.id, AttemptState::NoEffect, None, note, now)
+                .await?;
+            tx.close_outbox_of(queued.id, now).await?;
+        }
+    }
     tx.record_decision(
         &NewDecision {
             run_id: None,

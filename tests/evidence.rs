@@ -41,6 +41,7 @@ on_both_backends!(
     a_charge_event_for_a_no_effect_attempt_is_not_stale_behind_its_retrys_charge,
     a_capture_event_of_another_charge_is_not_taken_for_the_open_capture,
     a_refund_the_provider_makes_late_after_no_effect_stops_the_line,
+    a_refund_whose_first_attempt_refunded_late_is_never_failed_on_its_retry,
     an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_window,
     the_reconciler_reads_what_a_stale_worker_kept,
     a_charge_sent_and_never_recorded_is_found_with_no_worker_left,
@@ -823,16 +824,10 @@ async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_wi
     );
 }
 
-/// A refund the provider makes late, after cobro proved it had none. The
-/// refund's request is held (`hold_effect`: no answer, its key in
-/// progress, nothing in search); the worker hands it over when its key
-/// window closes; the reconciler proves it had no effect and retries it
-/// under a new key, and the retry refunds. Then the provider lets the held
-/// request through: two refunds at the provider for one refund, its own
-/// doing. The late refund's event is evidence against the no-effect
-/// record: a conflict that stops the line, and nothing more is sent.
-async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend: Backend) {
-    let rig = rig_taking_signed_events(backend).await;
+/// A captured payment whose refund the provider holds (no answer, its key
+/// in progress), handed over past the key window, proven without effect
+/// and retried under a new key (the retry not sent yet). Its id.
+async fn refund_held_then_retried(rig: &Rig) -> String {
     let id = rig.create_payment("k-1", &payment_body("o-1")).await["id"]
         .as_str()
         .expect("id")
@@ -850,7 +845,22 @@ async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend
     rig.drain(1).await;
     assert_eq!((control.held(), rig.ledger().refunds.len()), (1, 0));
     rig.pass_the_key_window().await;
-    proven_no_effect_and_retried(&rig).await;
+    proven_no_effect_and_retried(rig).await;
+    id
+}
+
+/// A refund the provider makes late, after cobro proved it had none. The
+/// refund's request is held (`hold_effect`: no answer, its key in
+/// progress, nothing in search); the worker hands it over when its key
+/// window closes; the reconciler proves it had no effect and retries it
+/// under a new key, and the retry refunds. Then the provider lets the held
+/// request through: two refunds at the provider for one refund, its own
+/// doing. The late refund's event is evidence against the no-effect
+/// record: a conflict that stops the line, and nothing more is sent.
+async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend: Backend) {
+    let rig = rig_taking_signed_events(backend).await;
+    let id = refund_held_then_retried(&rig).await;
+    let control = rig.provider.control();
     rig.drain(2).await;
     assert_eq!(rig.ledger().refunds.len(), 1, "the retry refunded");
 
@@ -876,6 +886,69 @@ async fn a_refund_the_provider_makes_late_after_no_effect_stops_the_line(backend
     assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
     assert!(rig.drain(3).await.is_empty(), "nothing more is sent");
     assert_eq!(rig.ledger().refunds.len(), 2);
+}
+
+/// The late refund of the test above, with the retry's outcome unknown:
+/// the refund's first attempt refunded late (a conflict kept on it, the
+/// payment in review), and its retry is then proven without effect. The
+/// refund is not failed, which would release its amount to be refunded
+/// again beside the late refund: the money the provider showed for one
+/// attempt is the refund's. An operator's "failed" for the retry is
+/// refused too. (Found by a read-only review, 2026-12-07: the rule was
+/// kept per attempt, and the retry had no conflict of its own.)
+async fn a_refund_whose_first_attempt_refunded_late_is_never_failed_on_its_retry(backend: Backend) {
+    let rig = rig_taking_signed_events(backend).await;
+    let id = refund_held_then_retried(&rig).await;
+    let control = rig.provider.control();
+    // The retry's sends all fail before any effect, and it is handed over.
+    control.add_fault(FaultRule::new(FOp::Refund, FaultAction::FailBeforeEffect));
+    rig.drain(1).await;
+    rig.pass_the_key_window().await;
+    control.clear_faults();
+    assert_eq!(control.release_held(), 1);
+    let late = rig.ledger().refunds[0].clone();
+    let refund = fake_object(&rig, "refunds", &late.id).await;
+    let event = json!({"id": "evt_late_refund", "type": "refund.succeeded",
+        "created": "2026-11-30T12:00:00Z", "sequence": refund["sequence"], "data": refund});
+    assert_eq!(deliver_fake_event(&rig, &event).await, "conflict");
+    assert_stopped_for_an_effect_after_no_effect(&rig, &id).await;
+
+    rig.app.clock.advance(Duration::minutes(2));
+    let summary = reconcile(&rig, Scope::default()).await;
+    assert!(
+        summary
+            .items
+            .iter()
+            .all(|i| i.verdict == Verdict::NoEffectInReview),
+        "{summary:?}"
+    );
+    let in_review = "refunds WHERE status = 'needs_review'";
+    assert_eq!(rig.app.db.count(in_review).await, 1, "not failed");
+    let retry = rig
+        .attempts(&id)
+        .await
+        .into_iter()
+        .rfind(|a| a.refund_id.is_some())
+        .expect("the retry");
+    let failed = ManualResolution {
+        payment: id.parse().expect("payment id"),
+        attempt: retry.id,
+        outcome: ManualOutcome::Failed,
+        provider_ref: None,
+        operator: "alice".into(),
+        reason: "the retry made nothing".into(),
+        invoked_by: "alice@desk".into(),
+        verified: None,
+    };
+    let refused =
+        cobro_reconciler::resolve_by_hand(&rig.app.db.store, &failed, rig.app.clock.now()).await;
+    assert!(
+        matches!(&refused, Err(ResolveError::KeptEffect(_))),
+        "{refused:?}"
+    );
+    assert_eq!(rig.app.db.count(in_review).await, 1);
+    assert!(rig.drain(3).await.is_empty(), "nothing more is sent");
+    assert_eq!(rig.ledger().refunds.len(), 1, "the late refund only");
 }
 
 /// cobro captures and voids only the charge it adopted. A manual

@@ -1427,8 +1427,16 @@ impl<P: Provider> Reconciler<P> {
         };
         let in_review = before == PaymentStatus::NeedsReview
             || refund_status == Some(RefundStatus::NeedsReview);
-        let (verdict, after, name) = if let (true, Operation::Refund, Some(r), Some(from)) =
-            (in_review, operation, refund_id, refund_status)
+        // Money the provider showed for another attempt of this refund (a
+        // late effect, kept as a conflict) is this refund's: failing the
+        // refund would release its amount to be refunded again.
+        let kept_effect = operation == Operation::Refund
+            && tx
+                .open_conflict_of_attempt(attempt.id, ConflictKind::EffectAfterNoEffect)
+                .await?
+                .is_some();
+        let (verdict, after, name) = if let (true, Operation::Refund, Some(r), Some(from), false) =
+            (in_review, operation, refund_id, refund_status, kept_effect)
         {
             // A refund proven without effect while it (or its payment) is
             // in review is failed: nothing is sent, and its reservation is

@@ -51,10 +51,16 @@ const CONFLICT_COLUMNS: &str = "id, payment_id, refund_id, attempt_id, source, k
 /// The oldest open conflict of one kind kept on one attempt ($1 the
 /// attempt, $2 the kind), through `evidence_conflicts_open` as
 /// [`WriteTx::conflict_is_open`].
+/// The attempt's own open conflicts, and for a refund's attempt those of
+/// every attempt of its refund: money the provider showed for one attempt
+/// of a refund is that refund's, whichever attempt is decided next.
 fn open_of_attempt_sql() -> String {
     format!(
-        "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE attempt_id = $1 AND kind = $2 \
-         AND resolved_at IS NULL AND found_at IS NOT NULL ORDER BY found_at LIMIT 1"
+        "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE kind = $2 \
+         AND resolved_at IS NULL AND found_at IS NOT NULL \
+         AND attempt_id IN (SELECT s.id FROM attempts s WHERE s.id = $1 \
+           OR s.refund_id = (SELECT a.refund_id FROM attempts a WHERE a.id = $1)) \
+         ORDER BY found_at LIMIT 1"
     )
 }
 
@@ -208,7 +214,8 @@ impl Store {
             .await?))
     }
 
-    /// The oldest open conflict of `kind` kept on `attempt`, if any.
+    /// The oldest open conflict of `kind` kept on `attempt` (or, for a
+    /// refund's attempt, on any attempt of its refund), if any.
     pub async fn open_conflict_of_attempt(
         &self,
         attempt: AttemptId,

@@ -48,12 +48,10 @@ pub struct ConflictRow {
 const CONFLICT_COLUMNS: &str = "id, payment_id, refund_id, attempt_id, source, kind, detail, \
     evidence, found_at, resolved_at";
 
-/// The oldest open conflict of one kind kept on one attempt ($1 the
-/// attempt, $2 the kind), through `evidence_conflicts_open` as
-/// [`WriteTx::conflict_is_open`].
-/// The attempt's own open conflicts, and for a refund's attempt those of
-/// every attempt of its refund: money the provider showed for one attempt
-/// of a refund is that refund's, whichever attempt is decided next.
+/// The oldest open conflict of one kind ($2) kept on one attempt ($1), or,
+/// for a refund's attempt, on any attempt of its refund: money the
+/// provider showed for one attempt of a refund is that refund's, whichever
+/// attempt is decided next.
 fn open_of_attempt_sql() -> String {
     format!(
         "SELECT {CONFLICT_COLUMNS} FROM evidence_conflicts WHERE kind = $2 \

@@ -50,6 +50,7 @@ on_both_backends!(
     a_held_charge_the_provider_abandoned_is_proven_absent_past_its_lifetime,
     a_charge_the_provider_made_late_in_its_lifetime_is_found_past_it,
     the_books_never_call_a_charge_the_provider_made_late_missing,
+    an_operators_no_money_verdict_is_refused_over_a_charge_made_late_in_its_lifetime,
 );
 
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
@@ -796,26 +797,7 @@ async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_past_the_wi
         1,
         "the conflict is still open"
     );
-    let named = ManualResolution {
-        outcome: ManualOutcome::Captured,
-        provider_ref: Some(late.id.clone()),
-        ..failed
-    };
-    let showed = checker.check_verdict(&named).await.expect("read by its id");
-    assert!(showed.contains(&late.id), "{showed}");
-    assert_eq!(rig.payment(&id).await["status"], "needs_review");
-    // The true verdict, checked, is applied: the payment holds the late
-    // charge and the conflict is closed.
-    let named = ManualResolution {
-        verified: Some(showed),
-        ..named
-    };
-    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &named, rig.app.clock.now())
-        .await
-        .expect("the true verdict");
-    assert_eq!(after, "captured");
-    let payment = rig.payment(&id).await;
-    assert_eq!(payment["provider_ref"], late.id.as_str());
+    captured_by_naming_the_late_charge(&rig, &checker, failed, &late.id).await;
     let totals = rig.ledger().totals;
     assert_eq!(
         (totals.charges, totals.declines),
@@ -1548,4 +1530,70 @@ async fn the_books_never_call_a_charge_the_provider_made_late_missing(backend: B
     );
     assert_eq!(rig.payment(&id).await["status"], "captured");
     assert_eq!(rig.ledger().totals.charges, 1, "charged once");
+}
+
+/// The operator's side of the same late charge, with no event of it and no
+/// conflict kept: the payment in review, the charge let through an hour
+/// after its send, the operator's "failed" checked past the lifetime. The
+/// check lists to the end of the lifetime, finds the attempt's charge and
+/// refuses "no money moved"; naming the charge, "captured" is accepted.
+/// With the check's list stopped at the send's window, "failed" passed and
+/// freed the order while the customer's card held the charge.
+async fn an_operators_no_money_verdict_is_refused_over_a_charge_made_late_in_its_lifetime(
+    backend: Backend,
+) {
+    let rig = Rig::new(backend).await;
+    let id = held_past_the_key_window(&rig).await;
+    rig.provider
+        .control()
+        .advance_clock(std::time::Duration::from_secs(3600));
+    assert_eq!(rig.provider.control().release_held(), 1);
+    let late = rig.ledger().charges[0].clone();
+    let attempt = rig.stop_the_line(&id).await;
+    rig.app.clock.advance(Duration::hours(2));
+    let checker = reconciler(&rig, with_lifetime);
+    let failed = ManualResolution {
+        payment: id.parse().expect("payment id"),
+        attempt,
+        outcome: ManualOutcome::Failed,
+        provider_ref: None,
+        operator: "alice".into(),
+        reason: "nothing in the window".into(),
+        invoked_by: "alice@desk".into(),
+        verified: None,
+    };
+    let refused = checker.check_verdict(&failed).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    captured_by_naming_the_late_charge(&rig, &checker, failed, &late.id).await;
+    assert_eq!(rig.ledger().totals.charges, 1, "charged once");
+}
+
+/// The operator, refused "no money moved", names the late charge: read by
+/// its id, it is the attempt's own, and the true verdict, checked, is
+/// applied (the payment holds the late charge, its conflicts closed).
+async fn captured_by_naming_the_late_charge(
+    rig: &Rig,
+    checker: &Reconciler<Connector>,
+    refused: ManualResolution,
+    late: &str,
+) {
+    let id = refused.payment.to_string();
+    let named = ManualResolution {
+        outcome: ManualOutcome::Captured,
+        provider_ref: Some(late.to_owned()),
+        ..refused
+    };
+    let showed = checker.check_verdict(&named).await.expect("read by its id");
+    assert!(showed.contains(late), "{showed}");
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    let named = ManualResolution {
+        verified: Some(showed),
+        ..named
+    };
+    let after = cobro_reconciler::resolve_by_hand(&rig.app.db.store, &named, rig.app.clock.now())
+        .await
+        .expect("the true verdict");
+    assert_eq!(after, "captured");
+    assert_eq!(rig.payment(&id).await["provider_ref"], late);
 }

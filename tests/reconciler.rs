@@ -34,6 +34,12 @@ on_every_provider!(
     an_unreadable_candidate_is_an_error_and_the_run_settles_the_rest_on_later_pages,
 );
 
+/// Faults only the Stripe dialect knows.
+mod stripe_only {
+    use super::*;
+    cobro_test_support::on_both_backends!(a_500_stripe_saved_under_the_key_never_proves_absence);
+}
+
 fn reconciler(rig: &Rig, tweak: impl FnOnce(&mut ReconcilerConfig)) -> Reconciler<Connector> {
     rig.reconciler(tweak)
 }
@@ -340,16 +346,7 @@ async fn a_refund_send_is_waited_for_two_request_timeouts(backend: Backend, dial
     });
     // One timeout and the skew (20 s) passed, not two (30 s).
     advance(&rig, 25);
-    let summary = recon
-        .run(&Scope::default(), false, "test", &no_progress)
-        .await
-        .expect("run");
-    match &summary.items[0].verdict {
-        Verdict::StillUnknown { reason } => {
-            assert!(reason.contains("could still reach"), "{reason}")
-        }
-        other => panic!("nothing is proven yet: {other:?}"),
-    }
+    unknown_because(&recon, "could still reach").await;
     assert_eq!(rig.app.db.count("attempts").await, 2, "no new attempt");
     advance(&rig, 10);
     let summary = recon
@@ -359,6 +356,44 @@ async fn a_refund_send_is_waited_for_two_request_timeouts(backend: Backend, dial
     assert_eq!(summary.items[0].verdict, Verdict::Retried, "{summary:?}");
     rig.drain(2).await;
     assert_eq!(rig.ledger().totals.refunds, 1, "one refund in the end");
+}
+
+/// Stripe saves the 500 of a request that began executing and rolled back
+/// (`fail_saved_before_effect`): nothing made, and every replay under the
+/// key answers the same 500. Stripe documents such an answer as
+/// indeterminate (it may complete the request later by itself), so the
+/// replay's saved 500 and an empty list prove nothing: no new key, no
+/// PaymentIntent; the attempt stays unknown and reaches `needs_review` at
+/// the horizon. Before, the list read again after the replay "proved" no
+/// effect a minute after the 500, and a new key charged (found by a
+/// read-only review, 2026-12-07).
+async fn a_500_stripe_saved_under_the_key_never_proves_absence(backend: Backend) {
+    let rig = Rig::new_in(backend, Dialect::Stripe).await;
+    rig.provider
+        .control()
+        .add_fault(FaultRule::new(FOp::Charge, FaultAction::FailSavedBeforeEffect).with_next(1));
+    let p = rig.create_payment("k-1", &payment_body("o-1")).await;
+    let id = p["id"].as_str().expect("id").to_owned();
+    assert_eq!(rig.drain(1).await, vec![Step::HandedOver]);
+    advance(&rig, 120);
+    // As cobro sets it for Stripe: a request lives as long as its key.
+    let recon = reconciler(&rig, |c| {
+        c.request_lifetime = std::time::Duration::from_secs(24 * 3600);
+    });
+    unknown_because(&recon, "indeterminate").await;
+    let attempts = rig.attempts(&id).await;
+    assert_eq!(attempts.len(), 1, "no new key");
+    assert_eq!(attempts[0].send_count, 2, "the send and the replay");
+    assert!(rig.drain(3).await.is_empty(), "nothing to send");
+    advance(&rig, 24 * 3600);
+    let summary = recon
+        .run(&Scope::default(), false, "test", &no_progress)
+        .await
+        .expect("run");
+    assert_eq!(summary.items[0].verdict, Verdict::Escalated, "{summary:?}");
+    assert_eq!(rig.payment(&id).await["status"], "needs_review");
+    assert_eq!(rig.attempts(&id).await.len(), 1);
+    assert!(rig.ledger().charges.is_empty(), "no PaymentIntent charged");
 }
 
 /// A request the provider holds (its key in progress, no charge made yet)
@@ -473,6 +508,14 @@ async fn decides_nothing<P: cobro_provider::Provider>(
     recon: &Reconciler<P>,
     why: &str,
 ) {
+    unknown_because(recon, why).await;
+    assert_eq!(rig.payment(id).await["status"], "requires_reconciliation");
+    assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
+    assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
+}
+
+/// A run of `recon` over its one candidate leaves it unknown, saying `why`.
+async fn unknown_because<P: cobro_provider::Provider>(recon: &Reconciler<P>, why: &str) {
     let summary = recon
         .run(&Scope::default(), false, "test", &no_progress)
         .await
@@ -481,9 +524,6 @@ async fn decides_nothing<P: cobro_provider::Provider>(
         Verdict::StillUnknown { reason } => assert!(reason.contains(why), "{reason}"),
         other => panic!("nothing is proven yet: {other:?}"),
     }
-    assert_eq!(rig.payment(id).await["status"], "requires_reconciliation");
-    assert_eq!(rig.app.db.count("reconciliation_decisions").await, 0);
-    assert_eq!(rig.app.db.count("attempts").await, 1, "no new attempt");
 }
 
 /// Both clocks, cobro's and the provider's, move on by `seconds`.

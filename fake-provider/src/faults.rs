@@ -60,6 +60,13 @@ pub enum FaultAction {
     /// replays of it) also says `Stripe-Should-Retry: false`: Stripe
     /// telling the client a retry under the key would not help.
     FailAfterEffectNoRetry,
+    /// Nothing done, and in the Stripe dialect the 500 saved under the key
+    /// (Stripe's endpoint began executing, then failed and rolled back),
+    /// with `Stripe-Should-Retry: false`: a retry under the key replays the
+    /// same 500 (`Idempotent-Replayed: true`), and only a read shows that
+    /// nothing was made. In the fake dialect (which saves no 5xx), as
+    /// `fail_before_effect`.
+    FailSavedBeforeEffect,
     /// Effect made, then the TCP connection is closed without any response.
     DropResponseAfterEffect,
     /// Effect made, the answer is sent after `delay_ms` (real time).

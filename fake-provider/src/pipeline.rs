@@ -485,6 +485,28 @@ async fn run_call<F: FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome>(
                 Next::Answer(dialect.fail_before_effect(), false)
             }
             (Some((FaultAction::HoldEffect, _)), None) => Next::Hold,
+            // Stripe saves the 500 of an endpoint that began executing; the
+            // fake saves no 5xx.
+            (Some((FaultAction::FailSavedBeforeEffect, _)), Some(key))
+                if dialect == Dialect::Stripe =>
+            {
+                match state.keys.claim(&key.scope, &key.fingerprint, now) {
+                    Claim::Replay(response) => Next::Answer(response, true),
+                    Claim::Mismatch => Next::Answer(dialect.key_mismatch(&key.key), false),
+                    Claim::Busy => Next::Answer(dialect.in_progress(), false),
+                    Claim::Reserved => {
+                        let failed =
+                            StripeError::api_error("injected fault: fail_saved_before_effect")
+                                .into_stored()
+                                .with_retry(false);
+                        state.keys.complete(&key.scope, &failed, now);
+                        Next::Answer(failed, false)
+                    }
+                }
+            }
+            (Some((FaultAction::FailSavedBeforeEffect, _)), _) => {
+                Next::Answer(dialect.fail_before_effect(), false)
+            }
             (Some((FaultAction::InProgress, _)), _) => Next::Answer(dialect.in_progress(), false),
             (_, Some(key)) => match state.keys.claim(&key.scope, &key.fingerprint, now) {
                 Claim::Replay(response) => Next::Answer(response, true),
@@ -530,12 +552,13 @@ async fn run_call<F: FnOnce(&mut ProviderState, Ctx<'_>) -> Outcome>(
                 picked.outcome,
                 Some((
                     FaultAction::FailBeforeEffect
+                        | FaultAction::FailSavedBeforeEffect
                         | FaultAction::InProgress
                         | FaultAction::RateLimit,
                     _
                 ))
             ) {
-                return (respond(dialect, response, false, request_id), None);
+                return (respond(dialect, response, replayed, request_id), None);
             }
             (response, replayed)
         }

@@ -314,12 +314,13 @@ struct Answer {
 enum Replay {
     /// Not replayed: the key may be forgotten, or the payment is in review.
     Skipped,
-    /// A dry run, where a real run would replay the key now: it reports
-    /// what the real run decides when the replay finds the request over.
+    /// A dry run, where a real run would replay the key now (and decide
+    /// nothing "no effect" from the replay's answer).
     DryRun,
-    /// The provider answered from what it stored under the key without
-    /// executing anything (a stored error): the request is over, and the
-    /// consistent read stands. The attempt as re-read after the replay
+    /// The provider answered, without executing anything, an indeterminate
+    /// answer it stored under the key (a 5xx Stripe saved):
+    /// the list is read again to adopt what the request made, and nothing
+    /// found proves nothing yet. The attempt as re-read after the replay
     /// was recorded as a send.
     Over(AttemptRow),
     /// The answer proves an outcome, a conflict, or nothing yet.
@@ -963,14 +964,24 @@ impl<P: Provider> Reconciler<P> {
                         self.undecided(&ctx, operation, &payment, refund.as_ref(), reason)
                             .await?
                     }
-                    Replay::Skipped | Replay::DryRun => self.no_effect(&ctx, operation).await?,
-                    // The key holds a stored answer, so no request under
-                    // it is still acting: whatever made that answer ran
-                    // before this replay returned, perhaps after the read
-                    // above (a request that read covered, held at the
-                    // provider and run late; another reconciler's replay).
-                    // Read again, over the replay's window, before deciding:
-                    // nothing found now is absence.
+                    Replay::Skipped => self.no_effect(&ctx, operation).await?,
+                    // Inside the key window a real run replays the key
+                    // first, and no replay's answer is "no effect".
+                    Replay::DryRun => Verdict::StillUnknown {
+                        reason: "not found; a real run replays the key first".into(),
+                    },
+                    // The key holds a stored indeterminate answer (a 5xx
+                    // Stripe saved): whatever made it ran before this
+                    // replay returned, perhaps after the read above (a
+                    // request that read covered, held at the provider and
+                    // run late; another reconciler's replay). Read again,
+                    // over the replay's window, to adopt what it made. But
+                    // nothing found is no proof: the provider documents
+                    // such an answer as indeterminate and may still
+                    // complete the request by itself while it keeps the
+                    // key, which no replay would see. The attempt stays
+                    // unknown until the request's lifetime is over (past
+                    // the key window, with no replay) or the horizon.
                     Replay::Over(sent) => {
                         let again = self.ask(&sent, operation, &payment, true).await;
                         let said_again = said(&again);
@@ -989,7 +1000,14 @@ impl<P: Provider> Reconciler<P> {
                             asked_again,
                             clock_off,
                         ) {
-                            Finding::NoEffect => self.no_effect(&ctx, operation).await?,
+                            Finding::NoEffect => {
+                                let reason = format!(
+                                    "not found, but the provider saved an indeterminate answer (a 5xx) under the key and may still complete the request while it keeps the key, until {}",
+                                    self.outlived(&sent).to_rfc3339()
+                                );
+                                self.undecided(&ctx, operation, &payment, refund.as_ref(), reason)
+                                    .await?
+                            }
                             Finding::Proof(proof) => self.adopt(&ctx, &proof).await?,
                             Finding::RequiresAction(provider_ref, action) => {
                                 self.await_customer(&ctx, &provider_ref, &action).await?

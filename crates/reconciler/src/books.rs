@@ -681,9 +681,9 @@ impl<P: Provider> Pass<'_, P> {
     /// request the provider held in its queue and let through later (inside
     /// its key retention, which its contract allows) made the object then,
     /// dated after the listed window, and the attempt adopted it. A charge
-    /// is read by its id (consistent); a refund among its charge's refunds
-    /// (Stripe's list, consistent; the fake's search, which may lag and
-    /// then leaves it missing). A read that fails shows nothing, and the
+    /// is read by its id, a refund in the consistent list of its charge's
+    /// refunds (the reconciler's own reads). A read that fails shows
+    /// nothing, and the
     /// list's word stands: a critical finding an operator checks is better
     /// than a missing success nobody sees.
     async fn made_later(
@@ -699,11 +699,13 @@ impl<P: Provider> Pass<'_, P> {
                     .store
                     .payment_any_account(attempt.payment_id)
                     .await?;
-                let charge = payment.and_then(|p| p.provider_ref);
-                provider
-                    .search_refunds(&attempt.reference, charge.as_deref())
-                    .await
-                    .map(|refunds| refunds.into_iter().any(|r| r.id == object))
+                match payment.and_then(|p| p.provider_ref) {
+                    Some(charge) => provider
+                        .list_refunds(&attempt.reference, &charge)
+                        .await
+                        .map(|refunds| refunds.into_iter().any(|r| r.id == object)),
+                    None => Ok(false),
+                }
             }
             _ => provider
                 .get_charge(object)
